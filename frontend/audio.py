@@ -1,0 +1,90 @@
+"""Audio codecs of the HTTP protocol (PyAV / soundfile); no model code.
+
+PCM inside the server is float32 mono in [-1, 1]. Output formats follow OpenAI's names:
+wav, pcm (raw s16le; `pcm16` in chat), flac, mp3, opus (Ogg), aac (ADTS).
+"""
+from __future__ import annotations
+
+import io
+import struct
+
+import av
+import numpy as np
+import soundfile as sf
+
+CONTENT_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "pcm16": "audio/pcm", "flac": "audio/flac",
+                 "mp3": "audio/mpeg", "opus": "audio/ogg", "aac": "audio/aac"}
+# Formats whose byte stream can be sent chunk by chunk as produced (one header at most).
+STREAMABLE = ("wav", "pcm", "pcm16")
+_AV_FORMATS = {"mp3": ("mp3", "libmp3lame", 48000), "opus": ("ogg", "libopus", 48000), "aac": ("adts", "aac", 48000)}
+
+
+class AudioDecodeError(ValueError):
+    """The bytes are not audio that PyAV can decode."""
+
+
+def pcm16(pcm: np.ndarray) -> bytes:
+    """float32 [samples] in [-1, 1] -> little-endian signed 16-bit bytes (clipped)."""
+    return (np.clip(np.asarray(pcm, dtype=np.float32), -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+
+
+def streaming_wav_header(sample_rate: int, channels: int = 1) -> bytes:
+    """RIFF/WAVE header for 16-bit PCM of unknown length (size fields 0xFFFFFFFF), as streamed WAV uses."""
+    byte_rate = sample_rate * channels * 2
+    return (b"RIFF" + struct.pack("<I", 0xFFFFFFFF) + b"WAVEfmt " +
+            struct.pack("<IHHIIHH", 16, 1, channels, sample_rate, byte_rate, channels * 2, 16) +
+            b"data" + struct.pack("<I", 0xFFFFFFFF))
+
+
+def encode(pcm: np.ndarray, sample_rate: int, fmt: str) -> bytes:
+    """Whole-file encoding of float32 mono PCM at sample_rate Hz.
+
+    wav/flac: 16-bit at sample_rate (soundfile); pcm/pcm16: raw s16le; mp3/opus/aac: PyAV at 48 kHz
+    (resampled by libswresample). Raises ValueError for an unknown format.
+    """
+    pcm = np.asarray(pcm, dtype=np.float32).reshape(-1)
+    if fmt in ("pcm", "pcm16"):
+        return pcm16(pcm)
+    if fmt in ("wav", "flac"):
+        buf = io.BytesIO()
+        sf.write(buf, pcm, sample_rate, format=fmt.upper(), subtype="PCM_16")
+        return buf.getvalue()
+    if fmt not in _AV_FORMATS:
+        raise ValueError(f"unsupported audio format {fmt!r}; use one of {', '.join(CONTENT_TYPES)}")
+    container, codec, rate = _AV_FORMATS[fmt]
+    buf = io.BytesIO()
+    with av.open(buf, "w", format=container) as out:
+        stream = out.add_stream(codec, rate=rate)
+        stream.layout = "mono"
+        resampler = av.AudioResampler(format=stream.format, layout="mono", rate=rate)
+        frame = av.AudioFrame.from_ndarray(pcm[None, :], format="flt", layout="mono")
+        frame.sample_rate = sample_rate
+        for resampled in resampler.resample(frame) + resampler.resample(None):
+            for packet in stream.encode(resampled):
+                out.mux(packet)
+        for packet in stream.encode(None):
+            out.mux(packet)
+    return buf.getvalue()
+
+
+def decode(data: bytes, sample_rate: int = 16000) -> np.ndarray:
+    """Any container/codec PyAV reads (wav, mp3, flac, ogg, webm, m4a, ...) -> float32 mono PCM
+    resampled to sample_rate Hz. Raises AudioDecodeError if nothing decodable is found."""
+    if not data:
+        raise AudioDecodeError("audio is empty")
+    try:
+        with av.open(io.BytesIO(data), "r") as container:
+            if not container.streams.audio:
+                raise AudioDecodeError("no audio stream found")
+            resampler = av.AudioResampler(format="flt", layout="mono", rate=sample_rate)
+            chunks = []
+            for frame in container.decode(audio=0):
+                chunks += [f.to_ndarray().reshape(-1) for f in resampler.resample(frame)]
+            chunks += [f.to_ndarray().reshape(-1) for f in resampler.resample(None)]
+    except AudioDecodeError:
+        raise
+    except (av.FFmpegError, ValueError, IndexError) as exc:
+        raise AudioDecodeError(f"could not decode audio: {exc}") from exc
+    if not chunks:
+        raise AudioDecodeError("audio contains no samples")
+    return np.concatenate(chunks).astype(np.float32)

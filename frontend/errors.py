@@ -1,0 +1,96 @@
+"""OpenAI error envelope: every error leaves the frontend as
+`{"error": {"message", "type", "param", "code"}}` with a matching HTTP status.
+
+Pipeline models report request errors through Triton error responses whose message is this same
+envelope as JSON (see omni_backends.triton.events.error_message); `from_triton_message` maps them back.
+"""
+from __future__ import annotations
+
+import json
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+_TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    499: "cancelled",
+    500: "server_error",
+    503: "service_unavailable",
+    504: "timeout",
+}
+
+
+class APIError(Exception):
+    """An error with an HTTP status, rendered as the OpenAI envelope."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 type: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.type = type or _TYPE_BY_STATUS.get(status, "server_error" if status >= 500 else "invalid_request_error")
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status)
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def from_triton_message(message: str) -> APIError:
+    """Maps a Triton error message to an APIError.
+
+    A pipeline model that rejects a request sends the OpenAI envelope as JSON in the message
+    (status in `error.status`, default 400); anything else is an internal failure (500) whose
+    text is passed on so the operator can find it in the logs.
+    """
+    start = message.find("{")
+    if start >= 0:
+        try:
+            err = json.loads(message[start:])["error"]
+            return APIError(int(err.get("status", 400)), err["message"], param=err.get("param"),
+                            code=err.get("code"), type=err.get("type"))
+        except (ValueError, KeyError, TypeError):
+            pass
+    return APIError(500, f"inference failed: {message}", code="inference_error")
+
+
+def install_handlers(app) -> None:
+    """Registers exception handlers so that no route answers with FastAPI's default error shape."""
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError):
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError):
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "header")]
+        msg = first.get("msg", "invalid request")
+        if first.get("type") == "json_invalid":
+            return APIError(400, f"request body is not valid JSON: {first.get('ctx', {}).get('error', msg)}",
+                            code="invalid_json").response()
+        param = ".".join(loc) or None
+        return APIError(400, f"{param}: {msg}" if param else msg, param=param, code="invalid_value").response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException):
+        return APIError(exc.status_code, str(exc.detail)).response()
+
+    @app.exception_handler(Exception)
+    async def _unhandled(_: Request, exc: Exception):
+        return APIError(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error").response()

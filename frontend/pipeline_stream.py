@@ -1,0 +1,52 @@
+"""Calls a client-facing pipeline model and yields its events (see omni_backends.serving.events:
+REQUEST bytes in; EVENT JSON + AUDIO float32 out per response), with the client's disconnect
+cancelling the Triton request."""
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import numpy as np
+from fastapi import Request
+
+from omni_frontend.triton_client import TritonClient
+
+DISCONNECT_POLL_S = 0.1
+
+
+async def events(client: TritonClient, model: str, body: dict, request_id: str,
+                 extra_inputs: dict[str, np.ndarray] | None = None) -> AsyncIterator[tuple[dict, np.ndarray | None]]:
+    """Yields (event, audio) pairs; audio is float32 [samples] or None. Raises APIError on failure."""
+    inputs = {"REQUEST": np.array([json.dumps(body).encode()], dtype=np.object_), **(extra_inputs or {})}
+    async for response in client.stream(model, inputs, request_id=request_id):
+        raw = response.outputs.get("EVENT")
+        if raw is None:
+            continue
+        audio = response.outputs.get("AUDIO")
+        yield json.loads(raw.reshape(-1)[0]), (audio if audio is not None and audio.size else None)
+
+
+async def until_disconnect(request: Request, work):
+    """Awaits coroutine `work` unless the HTTP client goes away first; then cancels it (which
+    cancels its Triton stream) and raises asyncio.CancelledError."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                task.cancel()
+                raise asyncio.CancelledError("client disconnected")
+    finally:
+        if not task.done():
+            task.cancel()
+
+
+async def prepend(first, stream: AsyncIterator):
+    """Re-attaches an event taken with `anext(stream, None)` (used to fail before the 200 head)."""
+    if first is not None:
+        yield first
+    async for item in stream:
+        yield item

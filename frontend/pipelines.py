@@ -1,0 +1,66 @@
+"""Registry of pipelines: the OpenAI model id a client names, the client-facing Triton model that
+serves it, and every Triton model (stages first) the launcher must load for it. No model code."""
+from __future__ import annotations
+
+import dataclasses
+
+CHAT, SPEECH, TRANSCRIPTION = "chat", "speech", "transcription"
+
+
+@dataclasses.dataclass(frozen=True)
+class Pipeline:
+    """name: OpenAI model id; kind: chat | speech | transcription (which routes accept it);
+    entry: client-facing Triton model; models: all Triton models to load; aliases: extra ids."""
+
+    name: str
+    kind: str
+    entry: str
+    models: tuple[str, ...]
+    description: str = ""
+    aliases: tuple[str, ...] = ()
+
+
+REGISTRY: dict[str, Pipeline] = {p.name: p for p in (
+    Pipeline("qwen3_omni", CHAT, "qwen3_omni",
+             ("qwen3_omni_thinker", "qwen3_omni_talker", "qwen3_omni_code2wav", "qwen3_omni"),
+             "Qwen3-Omni thinker -> talker -> code2wav, text and speech out"),
+    Pipeline("voice", CHAT, "voice", ("voice_asr", "voice_llm", "voice_tts", "voice"),
+             "Whisper tiny.en -> SmolLM2-135M-Instruct -> Kokoro-82M, text and speech out"),
+    Pipeline("tts", SPEECH, "tts", ("voice_tts", "tts"), "Kokoro-82M text-to-speech",
+             aliases=("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "kokoro")),
+    Pipeline("asr", TRANSCRIPTION, "voice_asr", ("voice_asr",), "Whisper tiny.en speech recognition",
+             aliases=("whisper-1", "whisper-tiny.en", "gpt-4o-transcribe", "gpt-4o-mini-transcribe")),
+)}
+
+DEFAULT = ("voice", "tts", "asr", "qwen3_omni")
+
+
+def parse_extra(spec: str) -> Pipeline:
+    """`NAME=KIND:model1,model2,...` (the last model is the entry) -> Pipeline; for tests and custom
+    repositories. Raises ValueError on a malformed spec."""
+    try:
+        name, rest = spec.split("=", 1)
+        kind, models = rest.split(":", 1)
+        names = tuple(m for m in models.split(",") if m)
+    except ValueError as exc:
+        raise ValueError(f"bad pipeline spec {spec!r}: expected NAME=KIND:model1,model2") from exc
+    if kind not in (CHAT, SPEECH, TRANSCRIPTION) or not names:
+        raise ValueError(f"bad pipeline spec {spec!r}: kind must be chat|speech|transcription")
+    return Pipeline(name, kind, names[-1], names)
+
+
+def resolve(names: list[str], extra: list[Pipeline] = ()) -> list[Pipeline]:
+    """Pipelines by name (registry plus extras); raises ValueError naming unknown ones."""
+    known = {**REGISTRY, **{p.name: p for p in extra}}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown pipeline(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    return [known[n] for n in names]
+
+
+def triton_models(pipelines: list[Pipeline]) -> list[str]:
+    """Every Triton model the pipelines need, each once, in load order."""
+    seen: dict[str, None] = {}
+    for p in pipelines:
+        seen.update(dict.fromkeys(p.models))
+    return list(seen)

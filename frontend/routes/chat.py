@@ -1,0 +1,132 @@
+"""POST /v1/chat/completions for chat pipelines (text and speech out), non-streamed and SSE.
+
+Audio out: non-streamed `message.audio = {id, data (base64 in audio.format), expires_at,
+transcript}`; streamed `delta.audio = {id, data (base64, only the new audio), expires_at,
+transcript, sample_rate}` where data is raw PCM16 mono (format pcm16) or, for format wav, a
+streaming WAV whose header comes in the first audio chunk. The sample rate is the pipeline's
+(24000 Hz for the built-in pipelines) and is stated in `sample_rate`.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import time
+
+import numpy as np
+from fastapi import APIRouter, Request
+from sse_starlette.sse import EventSourceResponse
+
+from omni_frontend import audio as audio_codec
+from omni_frontend import pipeline_stream
+from omni_frontend.chat_protocol import ChatRequest, to_pipeline
+from omni_frontend.errors import APIError
+from omni_frontend.pipelines import CHAT
+from omni_frontend.routes.common import config, pipeline_for, triton
+
+router = APIRouter()
+
+
+class _Completion:
+    """Accumulates one request's events into OpenAI objects."""
+
+    def __init__(self, req: ChatRequest, request_id: str, expires_s: int):
+        self.req, self.id = req, f"chatcmpl-{request_id}"
+        self.audio_id = f"audio_{request_id}"
+        self.created = int(time.time())
+        self.expires_at = self.created + expires_s
+        self.audio_format = req.audio.format if req.audio else "wav"
+        self.text: list[str] = []
+        self.pcm: list[np.ndarray] = []
+        self.sample_rate = 24000
+        self.finish_reason = "stop"
+        self.usage: dict | None = None
+        self.sent_header = False
+
+    def absorb(self, event: dict, audio: np.ndarray | None) -> None:
+        kind = event.get("type")
+        if kind == "text.delta":
+            self.text.append(event.get("text", ""))
+        elif kind == "audio.delta" and audio is not None:
+            self.sample_rate = int(event.get("sample_rate", self.sample_rate))
+            self.pcm.append(audio)
+        elif kind == "done":
+            self.finish_reason = event.get("finish_reason", "stop")
+            self.usage = event.get("usage")
+
+    def chunk(self, delta: dict, finish_reason: str | None = None) -> str:
+        return json.dumps({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                           "model": self.req.model, "system_fingerprint": None,
+                           "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]})
+
+    def audio_delta(self, audio: np.ndarray) -> dict:
+        data = audio_codec.pcm16(audio)
+        if self.audio_format == "wav" and not self.sent_header:
+            data, self.sent_header = audio_codec.streaming_wav_header(self.sample_rate) + data, True
+        return {"audio": {"id": self.audio_id, "data": base64.b64encode(data).decode(), "expires_at": self.expires_at,
+                          "transcript": "", "sample_rate": self.sample_rate}}
+
+    def usage_dict(self) -> dict:
+        usage = dict(self.usage or {})
+        usage.setdefault("prompt_tokens", 0)
+        usage.setdefault("completion_tokens", 0)
+        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+        return usage
+
+    def response(self) -> dict:
+        text = "".join(self.text)
+        message: dict = {"role": "assistant", "content": text, "refusal": None, "annotations": []}
+        if self.pcm:
+            pcm = np.concatenate(self.pcm)
+            data = audio_codec.encode(pcm, self.sample_rate, self.audio_format)
+            message["audio"] = {"id": self.audio_id, "data": base64.b64encode(data).decode(),
+                                "expires_at": self.expires_at, "transcript": text}
+        return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.req.model,
+                "system_fingerprint": None,
+                "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": self.finish_reason}],
+                "usage": self.usage_dict()}
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(req: ChatRequest, request: Request):
+    cfg = config(request)
+    pipeline = pipeline_for(request, req.model, CHAT, "chat completions")
+    body, input_audio = to_pipeline(req)
+    request_id = request.state.request_id
+    extra = {"INPUT_AUDIO": input_audio} if input_audio is not None else None
+    completion = _Completion(req, request_id, cfg.audio_expires_s)
+    stream = pipeline_stream.events(triton(request), pipeline.entry, body, request_id, extra)
+
+    if not req.stream:
+        async def collect():
+            async for event, audio in stream:
+                completion.absorb(event, audio)
+        await pipeline_stream.until_disconnect(request, collect())
+        return completion.response()
+
+    # Fail before the 200 head when the pipeline rejects the request (first event or error).
+    first = await pipeline_stream.until_disconnect(request, anext(stream, None))
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    started = time.perf_counter()
+
+    async def sse():
+        try:
+            yield completion.chunk({"role": "assistant", "content": ""})
+            async for event, audio in pipeline_stream.prepend(first, stream):
+                completion.absorb(event, audio)
+                if event.get("type") == "text.delta" and event.get("text"):
+                    yield completion.chunk({"content": event["text"]})
+                elif event.get("type") == "audio.delta" and audio is not None:
+                    yield completion.chunk(completion.audio_delta(audio))
+            yield completion.chunk({}, completion.finish_reason)
+            if include_usage:
+                yield json.dumps({"id": completion.id, "object": "chat.completion.chunk", "created": completion.created,
+                                  "model": req.model, "choices": [], "usage": completion.usage_dict()})
+            yield "[DONE]"
+        except Exception as exc:  # noqa: BLE001 - mid-stream failures become an error event, then the stream ends
+            err = exc if isinstance(exc, APIError) else APIError(500, f"internal error: {exc}")
+            yield json.dumps(err.body())
+        finally:
+            await stream.aclose()
+            request.app.state.metrics.stream.labels("/v1/chat/completions").observe(time.perf_counter() - started)
+
+    return EventSourceResponse(sse(), ping=15, headers={"x-request-id": request_id})

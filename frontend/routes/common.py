@@ -1,0 +1,38 @@
+"""Helpers shared by routes: app state access and pipeline lookup with OpenAI errors."""
+from __future__ import annotations
+
+from fastapi import Request
+
+from omni_frontend.config import FrontendConfig
+from omni_frontend.errors import APIError
+from omni_frontend.pipelines import Pipeline
+from omni_frontend.triton_client import TritonClient
+
+
+def config(request: Request) -> FrontendConfig:
+    return request.app.state.config
+
+
+def triton(request: Request) -> TritonClient:
+    return request.app.state.triton
+
+
+def pipeline_for(request: Request, model: str | None, kind: str, route: str) -> Pipeline:
+    """The loaded pipeline of `kind` named by `model`; 404 if none is loaded, 400 if it serves another route.
+
+    A missing `model` picks the first loaded pipeline of that kind.
+    """
+    cfg = config(request)
+    if not model:
+        for p in cfg.pipelines:
+            if p.kind == kind:
+                return p
+        raise APIError(404, f"no {kind} pipeline is loaded", param="model", code="model_not_found")
+    found = cfg.pipeline(model)
+    if found is None:
+        loaded = ", ".join(p.name for p in cfg.pipelines if p.kind == kind) or "none"
+        raise APIError(404, f"model '{model}' is not loaded; {route} models: {loaded}", param="model",
+                       code="model_not_found")
+    if found.kind != kind:
+        raise APIError(400, f"model '{model}' does not serve {route}", param="model", code="model_not_supported")
+    return found

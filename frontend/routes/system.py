@@ -1,0 +1,62 @@
+"""GET /health, GET /v1/models, GET /metrics."""
+from __future__ import annotations
+
+import time
+
+import httpx
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from omni_frontend import liveness
+from omni_frontend.errors import APIError
+from omni_frontend.pipelines import triton_models
+from omni_frontend.routes.common import config, triton
+
+router = APIRouter()
+_CREATED = int(time.time())
+
+
+@router.get("/health")
+async def health(request: Request):
+    """200 only when Triton is ready and every model of every loaded pipeline is READY and its stub
+    is alive (fresh heartbeat); otherwise 503 naming the models that are not."""
+    client = triton(request)
+    if not await client.server_ready():
+        return JSONResponse({"status": "unavailable", "error": "tritonserver is not ready"}, status_code=503)
+    cfg = config(request)
+    models = triton_models(cfg.pipelines)
+    not_ready = [m for m in models if not await client.model_ready(m)]
+    if cfg.triton_metrics_url:
+        try:
+            dead = await liveness.stale_models(cfg.triton_metrics_url, models, cfg.heartbeat_stale_s)
+        except httpx.HTTPError as exc:
+            return JSONResponse({"status": "unavailable", "error": f"triton metrics unreachable: {exc}"},
+                                status_code=503)
+        not_ready += [m for m in dead if m not in not_ready]
+    if not_ready:
+        return JSONResponse({"status": "unavailable", "not_ready": not_ready,
+                             "error": f"model(s) not ready: {', '.join(not_ready)}"}, status_code=503)
+    return {"status": "ok", "models": models}
+
+
+@router.get("/v1/models")
+async def list_models(request: Request):
+    """OpenAI list shape, one entry per loaded client-facing pipeline."""
+    data = [{"id": p.name, "object": "model", "created": _CREATED, "owned_by": "omni-triton",
+             "kind": p.kind, "triton_models": list(p.models), "aliases": list(p.aliases),
+             "description": p.description} for p in config(request).pipelines]
+    return {"object": "list", "data": data}
+
+
+@router.get("/v1/models/{model_id}")
+async def get_model(model_id: str, request: Request):
+    for entry in (await list_models(request))["data"]:
+        if entry["id"] == model_id or model_id in entry["aliases"]:
+            return entry
+    raise APIError(404, f"model '{model_id}' not found", param="model", code="model_not_found")
+
+
+@router.get("/metrics")
+async def metrics(request: Request):
+    return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,105 @@
+"""POST /v1/audio/transcriptions (multipart) for transcription pipelines (e.g. `asr` -> voice_asr).
+
+Triton contract of the ASR model (stateless, dynamic batching, max_batch_size > 0):
+  AUDIO   FP32 [1, samples]  mono 16 kHz PCM
+  OPTIONS BYTES [1, 1]       JSON {"language": str|null, "prompt": str|null, "temperature": float,
+                             "word_timestamps": bool}
+  RESULT  BYTES [1, 1]       JSON {"text", "language", "duration" (s), "segments": [{"id", "start",
+                             "end", "text", ...}], "words": [{"word", "start", "end"}]}
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+from fastapi import APIRouter, Request, UploadFile
+from fastapi.responses import PlainTextResponse
+from sse_starlette.sse import EventSourceResponse
+
+from omni_frontend import audio as audio_codec
+from omni_frontend.errors import APIError, bad_request
+from omni_frontend.pipeline_stream import until_disconnect
+from omni_frontend.pipelines import TRANSCRIPTION
+from omni_frontend.routes.common import config, pipeline_for, triton
+
+router = APIRouter()
+_FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
+
+
+def _timestamp(seconds: float, sep: str) -> str:
+    ms = int(round(seconds * 1000))
+    h, ms = divmod(ms, 3_600_000)
+    m, ms = divmod(ms, 60_000)
+    s, ms = divmod(ms, 1000)
+    return f"{h:02d}:{m:02d}:{s:02d}{sep}{ms:03d}"
+
+
+def subtitles(segments: list[dict], fmt: str) -> str:
+    """SRT (1-based cues, `,` before ms) or WebVTT (`WEBVTT` header, `.` before ms) text."""
+    sep = "," if fmt == "srt" else "."
+    cues = []
+    for i, seg in enumerate(segments, 1):
+        span = f"{_timestamp(seg['start'], sep)} --> {_timestamp(seg['end'], sep)}"
+        cues.append(f"{i}\n{span}\n{seg['text'].strip()}\n" if fmt == "srt" else f"{span}\n{seg['text'].strip()}\n")
+    return ("WEBVTT\n\n" if fmt == "vtt" else "") + "\n".join(cues)
+
+
+def _float(value: str | None, name: str, default: float) -> float:
+    if value in (None, ""):
+        return default
+    try:
+        return float(value)
+    except ValueError as exc:
+        raise bad_request(f"{name} must be a number", param=name) from exc
+
+
+@router.post("/v1/audio/transcriptions")
+async def transcriptions(request: Request):
+    cfg = config(request)
+    form = await request.form(max_part_size=cfg.max_upload_bytes + 1)
+    upload = form.get("file")
+    if not isinstance(upload, UploadFile):
+        raise bad_request("multipart field 'file' is required", param="file")
+    data = await upload.read(cfg.max_upload_bytes + 1)
+    if len(data) > cfg.max_upload_bytes:
+        raise APIError(413, f"file exceeds the {cfg.max_upload_bytes} byte limit", param="file", code="file_too_large")
+    fmt = form.get("response_format") or "json"
+    if fmt not in _FORMATS:
+        raise bad_request(f"response_format must be one of {', '.join(_FORMATS)}", param="response_format")
+    temperature = _float(form.get("temperature"), "temperature", 0.0)
+    if not 0.0 <= temperature <= 1.0:
+        raise bad_request("temperature must be in [0, 1]", param="temperature")
+    granularities = form.getlist("timestamp_granularities[]") + form.getlist("timestamp_granularities")
+    if any(g not in ("word", "segment") for g in granularities):
+        raise bad_request("timestamp_granularities must be 'word' and/or 'segment'", param="timestamp_granularities")
+    stream = str(form.get("stream", "false")).lower() == "true"
+    pipeline = pipeline_for(request, form.get("model"), TRANSCRIPTION, "transcriptions")
+    try:
+        pcm = audio_codec.decode(data, 16000)
+    except audio_codec.AudioDecodeError as exc:
+        raise bad_request(f"file is not decodable audio: {exc}", param="file", code="invalid_audio") from exc
+
+    options = {"language": form.get("language") or None, "prompt": form.get("prompt") or None,
+               "temperature": temperature, "word_timestamps": "word" in granularities}
+    inputs = {"AUDIO": pcm[None, :], "OPTIONS": np.array([[json.dumps(options).encode()]], dtype=np.object_)}
+    reply = await until_disconnect(request, triton(request).infer(pipeline.entry, inputs, request.state.request_id))
+    result = json.loads(reply["RESULT"].reshape(-1)[0])
+    usage = {"type": "duration", "seconds": round(float(result.get("duration", pcm.size / 16000)), 3)}
+
+    if stream:
+        async def sse():
+            for seg in result.get("segments", []):
+                yield json.dumps({"type": "transcript.text.delta", "delta": seg["text"]})
+            yield json.dumps({"type": "transcript.text.done", "text": result["text"], "usage": usage})
+        return EventSourceResponse(sse(), headers={"x-request-id": request.state.request_id})
+    if fmt == "json":
+        return {"text": result["text"], "usage": usage}
+    if fmt == "text":
+        return PlainTextResponse(result["text"])
+    if fmt in ("srt", "vtt"):
+        return PlainTextResponse(subtitles(result.get("segments", []), fmt))
+    verbose = {"task": "transcribe", "language": result.get("language"), "duration": result.get("duration"),
+               "text": result["text"], "segments": result.get("segments", []), "usage": usage}
+    if "word" in granularities:
+        verbose["words"] = result.get("words", [])
+    return verbose

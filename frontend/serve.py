@@ -1,0 +1,120 @@
+"""Launcher: prepare models, start tritonserver on the model repository, then the frontend.
+
+    python -m omni_frontend.serve [--pipelines voice,tts,...] [--host 127.0.0.1] [--port 8000]
+                                  [--triton-grpc-port 8001] [--api-key KEY] ...
+
+Loads only the selected pipelines' models (explicit model control), waits until every model is
+ready, serves the OpenAI API with uvicorn, and on SIGINT/SIGTERM stops both, leaving no child
+process behind. Failures (port in use, missing binary, a model that does not load) print one
+clear line (plus the relevant server-log lines) and exit non-zero.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import uvicorn
+
+from omni_frontend import pipelines as registry
+from omni_frontend.app import create_app
+from omni_frontend.config import FrontendConfig
+from omni_frontend.tritonserver import LaunchError, TritonServer, port_in_use
+
+ROOT = Path(__file__).resolve().parent.parent
+log = logging.getLogger("omni_frontend.serve")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="omni_frontend.serve", description=__doc__.split("\n\n")[0])
+    p.add_argument("--pipelines", default=",".join(registry.DEFAULT),
+                   help=f"comma-separated pipelines (known: {', '.join(registry.REGISTRY)}; default: %(default)s)")
+    p.add_argument("--extra-pipeline", action="append", default=[], metavar="NAME=KIND:model1,model2",
+                   help="serve a pipeline that is not in the registry (tests, custom repositories)")
+    p.add_argument("--model-repository", action="append", type=Path, default=None,
+                   help="model repository folder (repeatable; default: ./model_repository)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--triton-grpc-port", type=int, default=8001)
+    p.add_argument("--triton-http-port", type=int, default=8002)
+    p.add_argument("--triton-metrics-port", type=int, default=8003)
+    p.add_argument("--api-key", default=os.environ.get("OMNI_API_KEY"), help="require Bearer KEY on /v1 routes")
+    p.add_argument("--log-dir", type=Path, default=ROOT / "var" / "log")
+    p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for every model")
+    p.add_argument("--no-prepare", action="store_true", help="skip preparing the default model checkpoints")
+    return p.parse_args(argv)
+
+
+def prepare_models(names: list[str]) -> None:
+    """Runs model preparation in a subprocess (the frontend never imports model code)."""
+    known = [n for n in names if n in registry.REGISTRY]
+    if not known:
+        return
+    done = subprocess.run([sys.executable, "-m", "omni_backends.prepare", *known])
+    if done.returncode != 0:
+        raise LaunchError(f"model preparation failed for {', '.join(known)} (see the lines above)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    try:
+        extra = [registry.parse_extra(s) for s in args.extra_pipeline]
+        names = [n for n in args.pipelines.split(",") if n] + [p.name for p in extra]
+        selected = registry.resolve(list(dict.fromkeys(names)), extra)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    server = None
+    try:
+        if port_in_use(args.host, args.port):
+            raise LaunchError(f"port {args.host}:{args.port} is already in use (pass --port)")
+        if not args.no_prepare:
+            prepare_models([p.name for p in selected])
+        server = TritonServer(
+            repositories=[r.resolve() for r in (args.model_repository or [ROOT / "model_repository"])],
+            models=registry.triton_models(selected), grpc_port=args.triton_grpc_port,
+            http_port=args.triton_http_port, metrics_port=args.triton_metrics_port,
+            log_path=args.log_dir / "tritonserver.log", ready_timeout_s=args.ready_timeout)
+        started = time.monotonic()
+        log.info("starting tritonserver with models: %s", ", ".join(server.models))
+        server.start()
+        log.info("tritonserver ready in %.1f s (log: %s)", time.monotonic() - started, server.log_path)
+        app = create_app(FrontendConfig(triton_url=server.grpc_url, pipelines=selected, api_key=args.api_key,
+                                        triton_metrics_url=server.metrics_url))
+        uv = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+                                           timeout_graceful_shutdown=5))
+        threading.Thread(target=_announce, args=(uv, args, server, selected), daemon=True).start()
+        # uvicorn re-raises the signal that stopped it; make SIGTERM unwind through `finally` too.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        uv.run()
+        return 0
+    except LaunchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        if server is not None:
+            server.stop()
+            log.info("tritonserver stopped")
+
+
+def _announce(uv: uvicorn.Server, args, server: TritonServer, selected) -> None:
+    while not uv.started and not uv.should_exit:
+        time.sleep(0.05)
+    if uv.started:
+        base = f"http://{args.host}:{args.port}"
+        print(f"Omni-Triton ready: {base}/v1 (pipelines: {', '.join(p.name for p in selected)})\n"
+              f"  health {base}/health   models {base}/v1/models   metrics {base}/metrics\n"
+              f"  triton gRPC {server.grpc_url}   triton metrics {server.metrics_url}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

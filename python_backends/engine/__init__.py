@@ -1,0 +1,35 @@
+"""Generic engine core for autoregressive stages: continuous batching over per-request KV caches.
+
+Public API:
+    SamplingParams, sample_next_token, make_generator   (sampling)
+    Prompt, StepOutput, EngineRequest                   (request)
+    KVBatch, cache_layers                               (kv_batch)
+    Runner, DecoderRunner, RowOutput, text_mrope_position_ids   (runner)
+    EngineLoop, EngineStats                             (loop)
+    IncrementalDetokenizer, StopStringMatcher           (detokenizer)
+"""
+from omni_backends.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from omni_backends.engine.kv_batch import KVBatch, cache_layers
+from omni_backends.engine.loop import EngineLoop, EngineStats
+from omni_backends.engine.request import EngineRequest, Prompt, StepOutput
+from omni_backends.engine.runner import DecoderRunner, RowOutput, Runner, text_mrope_position_ids
+from omni_backends.engine.sampling import SamplingParams, make_generator, sample_next_token
+
+__all__ = [
+    "DecoderRunner",
+    "EngineLoop",
+    "EngineRequest",
+    "EngineStats",
+    "IncrementalDetokenizer",
+    "KVBatch",
+    "Prompt",
+    "RowOutput",
+    "Runner",
+    "SamplingParams",
+    "StepOutput",
+    "StopStringMatcher",
+    "cache_layers",
+    "make_generator",
+    "sample_next_token",
+    "text_mrope_position_ids",
+]

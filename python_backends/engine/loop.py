@@ -1,0 +1,223 @@
+"""EngineLoop: a background thread that continuously batches all live requests of one runner.
+
+Each iteration: apply pending aborts, admit waiting requests (prefill: their first token), apply
+aborts again, then ONE decode forward for every live request (the just-admitted ones included), sample each row with its own params, and call
+each request's `on_output`. The thread sleeps on a Condition while nothing is live.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from omni_backends.engine.request import EngineRequest, FinishReason, OnOutput, Prompt, StepOutput
+from omni_backends.engine.runner import Runner, RowOutput
+from omni_backends.engine.sampling import SamplingParams, sample_next_token
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """Counters of an EngineLoop.
+
+    Fields:
+        in_flight: requests submitted and not yet finished (waiting + running).
+        running: requests holding a KV cache in the runner.
+        waiting: requests submitted but not yet prefilled.
+        steps: forwards run so far (prefill and decode).
+        generated_tokens: tokens emitted so far.
+    """
+
+    in_flight: int
+    running: int
+    waiting: int
+    steps: int
+    generated_tokens: int
+
+
+class EngineLoop:
+    """Owns a runner on a background thread; thread-safe submit/abort.
+
+    Args:
+        runner: the model runner (see `omni_backends.engine.runner.Runner`).
+        max_running: most requests decoded together; more wait in FIFO order.
+        name: thread name.
+
+    `on_output(request_id, StepOutput)` is called on the engine thread, once per generated token and
+    exactly once with `finished=True` per request; keep it fast (hand off to a queue). If it raises,
+    that request is aborted. A runner error finishes the affected requests with finish_reason "error".
+    """
+
+    def __init__(self, runner: Runner, *, max_running: int = 32, name: str = "engine-loop") -> None:
+        if max_running < 1:
+            raise ValueError(f"max_running must be >= 1, got {max_running}")
+        self.runner = runner
+        self.max_running = max_running
+        self._cond = threading.Condition()
+        self._waiting: deque[EngineRequest] = deque()
+        self._running: dict[str, EngineRequest] = {}
+        self._aborts: set[str] = set()
+        self._in_flight: set[str] = set()
+        self._stopping = False
+        self._steps = 0
+        self._tokens = 0
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    # ---- public, thread-safe -------------------------------------------------------------------
+
+    def submit(self, request_id: str, prompt: Prompt, params: SamplingParams, on_output: OnOutput) -> None:
+        """Queue a request; it joins the batch at the next iteration.
+
+        Raises:
+            ValueError: when request_id is already in flight.
+            RuntimeError: after shutdown().
+        """
+        request = EngineRequest(request_id, prompt, params, on_output)
+        with self._cond:
+            if self._stopping:
+                raise RuntimeError("EngineLoop is shut down")
+            if request_id in self._in_flight:
+                raise ValueError(f"request id {request_id!r} is already in flight")
+            self._in_flight.add(request_id)
+            self._waiting.append(request)
+            self._cond.notify()
+
+    def abort(self, request_id: str) -> bool:
+        """Cancel a request before its next step; it gets a final StepOutput with finish_reason "abort".
+
+        Returns:
+            True when the request was in flight, False when unknown or already finished.
+        """
+        with self._cond:
+            if request_id not in self._in_flight:
+                return False
+            self._aborts.add(request_id)
+            self._cond.notify()
+            return True
+
+    def stats(self) -> EngineStats:
+        """Current counters (see EngineStats)."""
+        with self._cond:
+            return EngineStats(
+                in_flight=len(self._in_flight),
+                running=len(self._running),
+                waiting=len(self._waiting),
+                steps=self._steps,
+                generated_tokens=self._tokens,
+            )
+
+    @property
+    def num_in_flight(self) -> int:
+        """Requests submitted and not finished (the metric the Triton adapters export)."""
+        with self._cond:
+            return len(self._in_flight)
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Abort every request in flight, stop the thread and join it."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join(timeout)
+
+    # ---- engine thread -------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._waiting or self._running or self._aborts or self._stopping):
+                    self._cond.wait()
+                if self._stopping:
+                    self._aborts.update(self._in_flight)
+                    admitted = []
+                else:
+                    room = self.max_running - len(self._running)
+                    admitted = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
+                    self._running.update((r.request_id, r) for r in admitted)
+            self._apply_aborts()
+            if self._stopping:
+                return
+            admitted = [r for r in admitted if r.request_id in self._running]
+            if admitted:
+                self._forward(admitted, prefill=True)
+            self._apply_aborts()
+            if self._running:
+                self._forward(list(self._running.values()), prefill=False)
+
+    def _forward(self, requests: list[EngineRequest], prefill: bool) -> None:
+        """Run one prefill or decode forward for `requests`, then sample and emit per request."""
+        try:
+            if prefill:
+                rows = self.runner.prefill(requests)
+            else:
+                tokens = torch.tensor([r.output_ids[-1] for r in requests], dtype=torch.long)
+                rows = self.runner.decode(requests, tokens)
+        except Exception as exc:  # the engine must survive a bad request or model error
+            log.exception("runner %s failed", "prefill" if prefill else "decode")
+            self._finish_all(requests if prefill else list(self._running.values()), "error", repr(exc))
+            return
+        with self._cond:
+            self._steps += 1
+        for request, row in zip(requests, rows):
+            self._emit_token(request, row)
+
+    def _emit_token(self, request: EngineRequest, row: RowOutput) -> None:
+        params = request.params
+        with self._cond:
+            if request.request_id in self._aborts:
+                return  # aborted during the forward: _apply_aborts sends its final output
+        seen = request.seen_token_ids() if params.repetition_penalty != 1.0 else None
+        token = sample_next_token(row.logits, params, seen, len(request.output_ids), request.generator)
+        request.output_ids.append(token)
+        reason: FinishReason | None = None
+        if token in params.stop_token_ids:
+            reason = "stop"
+        elif len(request.output_ids) >= params.max_tokens:
+            reason = "length"
+        output = StepOutput(
+            token_id=token,
+            index=len(request.output_ids) - 1,
+            hidden_states=row.hidden_states,
+            finished=reason is not None,
+            finish_reason=reason,
+        )
+        with self._cond:
+            self._tokens += 1
+        if reason is not None:
+            self._retire(request)
+        self._call(request, output)
+
+    def _apply_aborts(self) -> None:
+        with self._cond:
+            aborts, self._aborts = self._aborts, set()
+            waiting = [r for r in self._waiting if r.request_id in aborts]
+            self._waiting = deque(r for r in self._waiting if r.request_id not in aborts)
+        running = [self._running[rid] for rid in aborts if rid in self._running]
+        self._finish_all(waiting + running, "abort")
+
+    def _finish_all(self, requests: Sequence[EngineRequest], reason: FinishReason, error: str | None = None) -> None:
+        for request in requests:
+            self._retire(request)
+            self._call(request, StepOutput(token_id=None, finished=True, finish_reason=reason, error=error))
+
+    def _retire(self, request: EngineRequest) -> None:
+        """Free the request's cache and drop it from the counters (before its final callback)."""
+        with self._cond:
+            was_running = self._running.pop(request.request_id, None) is not None
+        if was_running:
+            self.runner.release([request.request_id])
+        with self._cond:
+            self._in_flight.discard(request.request_id)
+
+    def _call(self, request: EngineRequest, output: StepOutput) -> None:
+        try:
+            request.on_output(request.request_id, output)
+        except Exception:
+            log.exception("on_output of request %s failed; aborting it", request.request_id)
+            if not output.finished:
+                self.abort(request.request_id)

@@ -1,0 +1,181 @@
+"""Model runners: the model-specific half of the engine.
+
+`EngineLoop` schedules and samples; a runner owns the model and the KV caches and turns requests into
+next-token logits. `DecoderRunner` wraps any transformers decoder LM that accepts
+`(input_ids | inputs_embeds, attention_mask, position_ids, cache, use_cache, output_hidden_states)`
+and returns `.logits` / `.hidden_states` (Llama, Qwen2/3, the Qwen3-Omni thinker, ...). A new model
+plugs in by constructor arguments (`position_ids_fn`, `hidden_layers`) or by overriding
+`decode_inputs` (e.g. a talker feeding embeddings it builds from its own state); anything else can
+implement the `Runner` protocol directly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence
+
+import torch
+from transformers.cache_utils import DynamicCache
+
+from omni_backends.engine.kv_batch import KVBatch, cache_layers
+from omni_backends.engine.request import EngineRequest
+
+PositionIdsFn = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class RowOutput:
+    """One request's result of a forward.
+
+    Fields:
+        logits: float32 [vocab], next-token logits after the last fed token.
+        hidden_states: {layer: float [n_fed, hidden]} for the requested hidden layers.
+    """
+
+    logits: torch.Tensor
+    hidden_states: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+class Runner(Protocol):
+    """What EngineLoop needs from a model runner. All calls come from the engine thread."""
+
+    def prefill(self, requests: Sequence[EngineRequest]) -> list[RowOutput]:
+        """Run the prompts of new requests, keep their caches, return one RowOutput per request (same order)."""
+
+    def decode(self, requests: Sequence[EngineRequest], token_ids: torch.Tensor) -> list[RowOutput]:
+        """Feed token_ids (int64 [B], one per request, same order) to all given live requests in one step."""
+
+    def release(self, request_ids: Sequence[str]) -> None:
+        """Forget these requests' caches (unknown ids are ignored)."""
+
+
+def text_mrope_position_ids(positions: torch.Tensor, sections: int = 4) -> torch.Tensor:
+    """mRoPE position ids for text-only tokens: int64 [B, L] -> [sections, B, L], all rows equal.
+
+    Qwen3-Omni's thinker takes 4 rows (text, t, h, w); Qwen2.5-VL style models take 3.
+    """
+    return positions.unsqueeze(0).expand(sections, *positions.shape)
+
+
+class DecoderRunner:
+    """Runner for a transformers causal LM with a full-attention DynamicCache.
+
+    Args:
+        model: the causal LM (eval mode is set here); forward must accept `cache=` (transformers 5).
+        hidden_layers: indexes into the model's `hidden_states` tuple to return per token (0 = input
+            embeddings, i = output of decoder layer i); empty: hidden states are not computed.
+        position_ids_fn: maps text positions int64 [B, L] to the model's position_ids layout
+            (default: unchanged [B, L]; Qwen3-Omni thinker: `text_mrope_position_ids`).
+        max_prefill_batch: most plain prompts prefilled together in one forward.
+
+    Per-request caches live in one `KVBatch`; `decode` runs ONE forward for every live request.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        hidden_layers: Sequence[int] = (),
+        position_ids_fn: PositionIdsFn | None = None,
+        max_prefill_batch: int = 8,
+    ) -> None:
+        if max_prefill_batch < 1:
+            raise ValueError(f"max_prefill_batch must be >= 1, got {max_prefill_batch}")
+        self.model = model.eval()
+        self.hidden_layers = tuple(hidden_layers)
+        self.position_ids_fn = position_ids_fn or (lambda positions: positions)
+        self.max_prefill_batch = max_prefill_batch
+        self.kv = KVBatch()
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def decode_inputs(self, requests: Sequence[EngineRequest], token_ids: torch.Tensor) -> dict:
+        """Forward inputs for one decode step (override for models fed with embeddings).
+
+        Args:
+            requests: the live requests in KV-batch row order.
+            token_ids: int64 [B] the token each request feeds now (its last generated token).
+
+        Returns:
+            kwargs for the model forward, e.g. {"input_ids": int64 [B, 1]} (the default) or
+            {"inputs_embeds": float [B, 1, hidden], ...}. attention_mask, position_ids and cache are
+            added by the runner.
+        """
+        return {"input_ids": token_ids.to(self.device).unsqueeze(1)}
+
+    @torch.inference_mode()
+    def prefill(self, requests: Sequence[EngineRequest]) -> list[RowOutput]:
+        results: dict[str, RowOutput] = {}
+        plain = [r for r in requests if not r.prompt.solo]
+        groups = [[r] for r in requests if r.prompt.solo]
+        for kind in ("input_ids", "inputs_embeds"):
+            same = [r for r in plain if getattr(r.prompt, kind) is not None]
+            groups += [same[i : i + self.max_prefill_batch] for i in range(0, len(same), self.max_prefill_batch)]
+        for group in groups:
+            results.update(zip((r.request_id for r in group), self._prefill_group(group)))
+        return [results[r.request_id] for r in requests]
+
+    @torch.inference_mode()
+    def decode(self, requests: Sequence[EngineRequest], token_ids: torch.Tensor) -> list[RowOutput]:
+        by_id = {r.request_id: (r, t) for r, t in zip(requests, token_ids.tolist())}
+        if sorted(by_id) != sorted(self.kv.request_ids):
+            raise ValueError("decode() must get exactly the live requests of the KV batch")
+        rows = [by_id[rid][0] for rid in self.kv.request_ids]
+        tokens = torch.tensor([by_id[rid][1] for rid in self.kv.request_ids], dtype=torch.long)
+        cache, mask = self.kv.step_inputs(1)
+        positions = torch.tensor([[r.next_position] for r in rows], dtype=torch.long, device=self.device)
+        out = self.model(
+            **self.decode_inputs(rows, tokens),
+            attention_mask=mask,
+            position_ids=self.position_ids_fn(positions),
+            cache=cache,
+            use_cache=True,
+            output_hidden_states=bool(self.hidden_layers),
+        )
+        self.kv.advance(1)
+        for r in rows:
+            r.next_position += 1
+        outputs = {r.request_id: self._row_output(out, i, 1) for i, r in enumerate(rows)}
+        return [outputs[r.request_id] for r in requests]
+
+    def release(self, request_ids: Sequence[str]) -> None:
+        self.kv.remove(list(request_ids))
+
+    def _prefill_group(self, group: list[EngineRequest]) -> list[RowOutput]:
+        """One right-padded forward over prompts of one kind; caches join the KV batch."""
+        lengths = [len(r.prompt) for r in group]
+        width = max(lengths)
+        mask = torch.tensor([[1] * n + [0] * (width - n) for n in lengths], dtype=torch.long, device=self.device)
+        first = group[0].prompt
+        if first.input_ids is not None:
+            ids = torch.zeros(len(group), width, dtype=torch.long)
+            for row, r in enumerate(group):
+                ids[row, : lengths[row]] = r.prompt.input_ids
+            inputs = {"input_ids": ids.to(self.device)}
+        else:
+            embeds = first.inputs_embeds.new_zeros(len(group), width, first.inputs_embeds.shape[-1])
+            for row, r in enumerate(group):
+                embeds[row, : lengths[row]] = r.prompt.inputs_embeds
+            inputs = {"inputs_embeds": embeds.to(self.device)}
+        if first.position_ids is not None:  # a solo prompt with explicit positions
+            position_ids = first.position_ids.to(self.device)
+        else:
+            position_ids = self.position_ids_fn(torch.arange(width, device=self.device).expand(len(group), width))
+        cache = DynamicCache(config=self.model.config)
+        out = self.model(
+            **inputs,
+            **first.model_kwargs,
+            attention_mask=mask,
+            position_ids=position_ids,
+            cache=cache,
+            use_cache=True,
+            output_hidden_states=bool(self.hidden_layers),
+        )
+        self.kv.add([(r.request_id, cache_layers(out.cache, row, lengths[row])) for row, r in enumerate(group)])
+        return [self._row_output(out, row, lengths[row]) for row in range(len(group))]
+
+    def _row_output(self, out, row: int, n_fed: int) -> RowOutput:
+        """Logits after the row's last real token and hidden states of its n_fed real tokens."""
+        hidden = {layer: out.hidden_states[layer][row, :n_fed].clone() for layer in self.hidden_layers}
+        return RowOutput(logits=out.logits[row, n_fed - 1].float(), hidden_states=hidden)

@@ -1,0 +1,288 @@
+"""Qwen3-Omni talker stage: thinker text embeddings -> codec frames (16 codes per 80 ms frame).
+
+Reproduces `Qwen3OmniMoeForConditionalGeneration.generate` (transformers 5.24) with the talker fed in a
+stream: the prefill is the user turns (text positions: `text_projection(thinker layer-0 embedding)`,
+multimodal placeholders: `hidden_projection(thinker accept-layer hidden)`) plus the 9-position assistant
+prefill (`<|im_start|>assistant\\n`, 4 x tts_pad, tts_bos, first generated token, each summed with the
+codec specials nothink / think_bos / think_eos / speaker / pad / bos). Every frame then consumes ONE thinker
+text embedding (generated token k+1 at frame k), then tts_eos after the text, then tts_pad. A request
+whose next text embedding has not arrived yet waits (it is never padded). Per frame the talker head picks
+code group 0 and the code predictor (an MTP-style inner loop) the other 15 groups.
+
+Batching: the code predictor runs batched over all requests that advance in a step; the talker's own
+forward runs per request (each request keeps its own `DynamicCache`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers.cache_utils import DynamicCache
+
+from omni_backends.engine.sampling import SamplingParams, make_generator, sample_next_token
+from omni_backends.errors import RequestError
+
+CODE_PREDICTOR_SAMPLING = SamplingParams(do_sample=True, top_k=50, top_p=0.8)   # generate()'s, when sampling
+
+
+@dataclass
+class TalkerPrompt:
+    """What the thinker hands the talker once per request.
+
+    Fields:
+        prompt_ids: int64 [P] the thinker prompt ids (ChatML, placeholders expanded).
+        prompt_embeds: float [P, H_thinker] thinker layer-0 hidden states of the prompt.
+        mm_hidden: float [M, H_thinker] thinker hidden states at layer `accept_hidden_layer` for the
+            M audio/image/video placeholder positions of the prompt, in prompt order (M may be 0).
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_embeds: torch.Tensor
+    mm_hidden: torch.Tensor
+
+
+@dataclass
+class TalkerOutput:
+    """One step's output of one request: `codes` int64 [16, n] (n = 0 or 1 frame at 12.5 Hz, layout of
+    transformers `Qwen3OmniMoeCode2Wav` input); `finished` with `finish_reason` "stop" (codec_eos or the
+    text ended before a frame), "length" (max_frames) or "abort"."""
+
+    codes: torch.Tensor
+    finished: bool = False
+    finish_reason: str | None = None
+
+
+@dataclass
+class _Request:
+    prompt: TalkerPrompt
+    speaker_id: int
+    max_frames: int
+    params: SamplingParams
+    generator: torch.Generator | None
+    first_text: torch.Tensor | None = None          # projected embedding of generated token 0 [H]
+    trailing: list[torch.Tensor] = field(default_factory=list)   # projected text per frame [H] each
+    text_ended: bool = False
+    cache: DynamicCache | None = None
+    position: int = 0                                # next talker position
+    logits: torch.Tensor | None = None               # [V] next code-0 logits
+    hidden: torch.Tensor | None = None               # [H] talker last-layer hidden of the last position
+    code0_ids: list[int] = field(default_factory=list)
+
+    def text_ready(self) -> bool:
+        """True when the text embedding of the next frame exists (or the text ended: tts_pad)."""
+        return self.text_ended or len(self.trailing) > len(self.code0_ids)
+
+    def can_step(self) -> bool:
+        """True when `Talker.step` would advance this request (prefill, a frame, or finish)."""
+        if self.cache is None:
+            return self.first_text is not None or self.text_ended
+        return self.text_ready()
+
+
+class Talker:
+    """Streaming talker over live requests; not thread-safe (one engine thread drives `step`).
+
+    Args:
+        model: `Qwen3OmniMoeTalkerForConditionalGeneration` (eval mode).
+        config: the checkpoint's `Qwen3OmniMoeConfig` (top level: token ids of the thinker vocabulary).
+        tts_embeds: float [3, H_thinker] thinker layer-0 embeddings of [tts_bos, tts_eos, tts_pad]
+            (`loading.load_tts_embeds`).
+    """
+
+    def __init__(self, model, config, tts_embeds: torch.Tensor):
+        self.model, self.config, self.tc = model, config, config.talker_config
+        self.device = next(model.parameters()).device
+        self.groups = self.tc.num_code_groups
+        vocab = self.tc.text_config.vocab_size
+        self.suppress = tuple(i for i in range(vocab - 1024, vocab) if i != self.tc.codec_eos_token_id)
+        self.mm_ids = torch.tensor([config.thinker_config.audio_token_id, config.thinker_config.image_token_id,
+                                    config.thinker_config.video_token_id])
+        with torch.no_grad():
+            self.tts_bos, self.tts_eos, self.tts_pad = self._project_text(tts_embeds)
+        self._requests: dict[str, _Request] = {}
+
+    @property
+    def voices(self) -> list[str]:
+        """Speaker names of the checkpoint (`talker_config.speaker_id` keys), sorted."""
+        return sorted(self.tc.speaker_id)
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._requests
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    def has_ready(self) -> bool:
+        """True when `step` would advance at least one request (else it must wait for thinker text)."""
+        return any(req.can_step() for req in self._requests.values())
+
+    def speaker_id(self, voice: str) -> int:
+        """Codec id of a voice, case-insensitive. Raises RequestError (a ValueError) naming the valid voices."""
+        speaker = self.tc.speaker_id.get(voice.lower())
+        if speaker is None:
+            raise RequestError(f"unknown voice {voice!r}; valid voices: {', '.join(self.voices)}", param="voice")
+        return speaker
+
+    def sampling_params(self, *, do_sample: bool = True, temperature: float = 0.9, top_k: int = 50,
+                        top_p: float = 1.0, repetition_penalty: float = 1.05, seed: int | None = None,
+                        max_frames: int = 4095) -> SamplingParams:
+        """Code-group-0 sampling with `generate()`'s talker defaults; codec specials other than codec_eos
+        are suppressed and codec_eos stops. `repetition_penalty` applies to the generated code-0 ids."""
+        return SamplingParams(max_tokens=max_frames, do_sample=do_sample, temperature=temperature, top_k=top_k,
+                              top_p=top_p, repetition_penalty=repetition_penalty, seed=seed,
+                              stop_token_ids=(self.tc.codec_eos_token_id,), suppress_token_ids=self.suppress)
+
+    def add_request(self, request_id: str, prompt: TalkerPrompt, voice: str, params: SamplingParams) -> None:
+        """Start a request; it prefills once its first text token arrives (`push_text`).
+
+        `params.max_tokens` is the most frames (generate's `talker_max_new_tokens - 1`).
+        Raises RequestError on an unknown voice, ValueError on a duplicate request id.
+        """
+        if request_id in self._requests:
+            raise ValueError(f"talker request {request_id!r} already exists")
+        self._requests[request_id] = _Request(prompt=prompt, speaker_id=self.speaker_id(voice),
+                                              max_frames=params.max_tokens, params=params,
+                                              generator=make_generator(params.seed, self.device))
+
+    @torch.no_grad()
+    def push_text(self, request_id: str, embeds: torch.Tensor, final: bool = False) -> None:
+        """Thinker layer-0 embeddings of newly generated tokens, in order (generated token 0 first).
+
+        embeds: float [n, H_thinker] (n >= 0). final: the last of these tokens is the thinker's last one
+        (its EOS, or the token that hit max_tokens); like `generate`, it is not spoken and tts_eos follows.
+        Raises KeyError for an unknown request, RuntimeError when text arrives after `final`.
+        """
+        req = self._requests[request_id]
+        if req.text_ended:
+            raise RuntimeError(f"talker request {request_id!r}: text pushed after the final token")
+        embeds = embeds.to(self.device, self.model.dtype)
+        if final:
+            embeds = embeds[:-1]
+        projected = list(self._project_text(embeds)) if len(embeds) else []
+        if req.first_text is None and projected:
+            req.first_text = projected.pop(0)
+        req.trailing += projected
+        if final:
+            req.text_ended = True
+            if req.first_text is not None:
+                req.trailing.append(self.tts_eos)
+
+    def cancel(self, request_id: str) -> None:
+        """Forget a request (no error when it is unknown)."""
+        self._requests.pop(request_id, None)
+
+    @torch.no_grad()
+    def step(self) -> dict[str, TalkerOutput]:
+        """Advance every request that can: prefill new ones, then one codec frame each for those whose
+        next text embedding exists. Returns request id -> TalkerOutput for requests that produced a frame
+        or finished; finished requests are forgotten."""
+        out: dict[str, TalkerOutput] = {}
+        for rid, req in self._requests.items():
+            if req.cache is None and req.first_text is not None:
+                self._prefill(req)
+            elif req.cache is None and req.text_ended:
+                out[rid] = TalkerOutput(self._no_codes(), True, "stop")   # the thinker said nothing to speak
+        frame_rids = []
+        for rid, req in self._requests.items():
+            if req.cache is None or not req.text_ready():
+                continue
+            code0 = sample_next_token(req.logits, req.params, torch.tensor(req.code0_ids, dtype=torch.long),
+                                      len(req.code0_ids), req.generator)
+            if code0 == self.tc.codec_eos_token_id:
+                out[rid] = TalkerOutput(self._no_codes(), True, "stop")
+                continue
+            req.code0_ids.append(code0)
+            frame_rids.append(rid)
+        frames = self._predict_residual_codes(frame_rids)
+        for rid, codes in zip(frame_rids, frames):
+            req = self._requests[rid]
+            done = len(req.code0_ids) >= req.max_frames
+            out[rid] = TalkerOutput(codes[:, None], done, "length" if done else None)
+            if not done:
+                self._forward(req, self._next_input(req, codes))
+        for rid, result in out.items():
+            if result.finished:
+                del self._requests[rid]
+        return out
+
+    def _no_codes(self) -> torch.Tensor:
+        return torch.zeros(self.groups, 0, dtype=torch.long)
+
+    def _project_text(self, embeds: torch.Tensor) -> torch.Tensor:
+        """text_projection of thinker layer-0 embeddings [n, H_thinker] -> [n, H_talker]."""
+        return self.model.text_projection(embeds.to(self.device, self.model.dtype))
+
+    def _prefill_embeds(self, req: _Request) -> torch.Tensor:
+        """[U + 9, H_talker]: the user-turn positions, then the assistant prefill (as `generate` builds it)."""
+        prompt, cfg = req.prompt, self.config
+        ids = prompt.prompt_ids.to(torch.long)
+        positions = torch.arange(len(ids))
+        im_start = torch.where(ids == cfg.im_start_token_id, positions, -1).cummax(0).values.clamp_min(0)
+        user = ids[(im_start + 1).clamp_max(len(ids) - 1)] == cfg.user_token_id
+        mm = torch.isin(ids, self.mm_ids)
+        user_embeds = torch.empty(int(user.sum()), self.tc.text_config.hidden_size, dtype=self.model.dtype,
+                                  device=self.device)
+        user_mm = mm[user]
+        if user_mm.any():
+            mm_rows = mm.cumsum(0)[user & mm] - 1          # rank of each user mm position among all mm positions
+            user_embeds[user_mm.to(self.device)] = self.model.hidden_projection(
+                prompt.mm_hidden[mm_rows].to(self.device, self.model.dtype))
+        user_embeds[~user_mm.to(self.device)] = self._project_text(prompt.prompt_embeds[user & ~mm])
+        starts = ((ids[:-1] == cfg.im_start_token_id) & (ids[1:] == cfg.assistant_token_id)).nonzero().flatten()
+        if not len(starts):
+            raise RequestError("the thinker prompt has no '<|im_start|>assistant' turn", param="messages")
+        head = self._project_text(prompt.prompt_embeds[int(starts[-1]):int(starts[-1]) + 3])
+        text = torch.cat([head, self.tts_pad.expand(4, -1), self.tts_bos[None], req.first_text[None]])
+        specials = torch.tensor([self.tc.codec_nothink_id, self.tc.codec_think_bos_id, self.tc.codec_think_eos_id,
+                                 req.speaker_id, self.tc.codec_pad_id, self.tc.codec_bos_id], device=self.device)
+        codec = torch.cat([text.new_zeros(3, text.shape[-1]), self.model.get_input_embeddings()(specials)])
+        return torch.cat([user_embeds, text + codec])
+
+    def _prefill(self, req: _Request) -> None:
+        req.cache = DynamicCache(config=self.tc.text_config)
+        self._forward(req, self._prefill_embeds(req))
+
+    def _forward(self, req: _Request, embeds: torch.Tensor) -> None:
+        """Append embeds [n, H_talker] to the request's cache; keep the last logits and last hidden."""
+        n = embeds.shape[0]
+        positions = torch.arange(req.position, req.position + n, device=self.device).view(1, 1, n).expand(3, 1, n)
+        out = self.model(inputs_embeds=embeds[None], attention_mask=torch.ones(1, req.position + n, dtype=torch.long,
+                                                                                device=self.device),
+                         position_ids=positions, cache=req.cache, use_cache=True, output_hidden_states=True,
+                         generation_step=0)
+        req.position += n
+        req.logits, req.hidden = out.logits[0, -1], out.hidden_states[0][-1][0, -1]
+
+    def _predict_residual_codes(self, rids: list[str]) -> list[torch.Tensor]:
+        """Code predictor inner loop, batched over `rids`: code groups 1..15 from the talker hidden and
+        code 0. Returns one int64 [16] frame per request (on CPU)."""
+        if not rids:
+            return []
+        reqs = [self._requests[rid] for rid in rids]
+        predictor = self.model.code_predictor
+        code0 = torch.tensor([r.code0_ids[-1] for r in reqs], device=self.device)
+        embeds = torch.stack([torch.stack([r.hidden for r in reqs]), self.model.get_input_embeddings()(code0)], 1)
+        cache = DynamicCache(config=predictor.config)
+        codes = [code0]
+        for group in range(1, self.groups):
+            hidden = predictor.model(inputs_embeds=embeds, cache=cache, use_cache=True).last_hidden_state[:, -1]
+            logits = predictor.lm_head[group - 1](hidden)
+            codes.append(torch.tensor([self._pick_residual(row, req) for row, req in zip(logits, reqs)],
+                                      device=self.device))
+            embeds = predictor.get_input_embeddings()[group - 1](codes[-1])[:, None]
+        return list(torch.stack(codes, 1).cpu())
+
+    def _pick_residual(self, logits: torch.Tensor, req: _Request) -> int:
+        if req.params.greedy:
+            return int(logits.argmax())
+        return sample_next_token(logits, CODE_PREDICTOR_SAMPLING, generator=req.generator)
+
+    def _next_input(self, req: _Request, codes: torch.Tensor) -> torch.Tensor:
+        """[1, H_talker]: sum of the frame's 16 codec embeddings + this frame's text embedding."""
+        codes = codes.to(self.device)
+        residual_tables = self.model.code_predictor.get_input_embeddings()
+        embeds = [self.model.get_input_embeddings()(codes[:1])]
+        embeds += [residual_tables[group - 1](codes[group:group + 1]) for group in range(1, self.groups)]
+        frame = len(req.code0_ids) - 1
+        text = req.trailing[frame] if frame < len(req.trailing) else self.tts_pad
+        return torch.cat(embeds).sum(0, keepdim=True) + text[None]

@@ -1,0 +1,116 @@
+"""Qwen3-Omni thinker stage: chat messages (+ 16 kHz audio) -> text tokens, continuously batched.
+
+Runs `Qwen3OmniMoeThinkerForConditionalGeneration` on the generic engine core (`EngineLoop` over a
+`DecoderRunner`: one decode forward for all live requests, per-request sampling). Per generated token it
+reports the token id and its layer-0 embedding (what the talker consumes, one per codec frame); with the
+first token it also reports the prompt's layer-0 embeddings and the accept-layer hidden states of the
+multimodal placeholder positions (`TalkerPrompt`, what the talker prefill needs).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from omni_backends.engine import DecoderRunner, EngineLoop, Prompt, SamplingParams, StepOutput, \
+    text_mrope_position_ids
+from omni_backends.qwen3_omni.prompt import PromptBuilder, ThinkerInputs
+from omni_backends.qwen3_omni.talker import TalkerPrompt
+
+
+@dataclass
+class ThinkerToken:
+    """One thinker output of one request.
+
+    Fields:
+        token_id: generated token id, or None on a final output without a token (abort / error).
+        index: 0-based index among the request's generated tokens (-1 without a token).
+        embed: float [1, H_thinker] thinker layer-0 embedding (`embed_tokens`) of token_id, or None.
+        talker_prompt: on index 0 only: the prompt tensors for the talker prefill.
+        finished / finish_reason ("stop" | "length" | "abort" | "error") / error: as engine StepOutput.
+    """
+
+    token_id: int | None
+    index: int
+    embed: torch.Tensor | None
+    talker_prompt: TalkerPrompt | None = None
+    finished: bool = False
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+OnToken = Callable[[str, ThinkerToken], None]
+
+
+class Thinker:
+    """Continuous-batching thinker; thread-safe `submit` / `abort` (the engine thread calls `on_token`).
+
+    Args:
+        model: `Qwen3OmniMoeThinkerForConditionalGeneration` (eval mode).
+        config: the checkpoint's `Qwen3OmniMoeConfig`.
+        tokenizer, feature_extractor: the checkpoint's tokenizer and `WhisperFeatureExtractor`.
+        max_running: most requests decoded together.
+    """
+
+    def __init__(self, model, config, tokenizer, feature_extractor, max_running: int = 32):
+        self.config = config
+        self.accept_layer = config.talker_config.accept_hidden_layer
+        self.prompts = PromptBuilder(tokenizer, feature_extractor, config.thinker_config.audio_config.n_window)
+        self.mm_ids = torch.tensor([config.thinker_config.audio_token_id, config.thinker_config.image_token_id,
+                                    config.thinker_config.video_token_id])
+        self.embed_tokens = model.get_input_embeddings()
+        self.loop = EngineLoop(DecoderRunner(model, hidden_layers=(0, self.accept_layer),
+                                             position_ids_fn=text_mrope_position_ids),
+                               max_running=max_running, name="qwen3-omni-thinker")
+
+    def sampling_params(self, **overrides) -> SamplingParams:
+        """SamplingParams stopping at `<|im_end|>` (im_end_token_id) unless `stop_token_ids` is given."""
+        return SamplingParams(**{"stop_token_ids": (self.config.im_end_token_id,), **overrides})
+
+    def submit(self, request_id: str, messages: Sequence[dict], params: SamplingParams, on_token: OnToken,
+               audios: Sequence[np.ndarray] = ()) -> ThinkerInputs:
+        """Build the prompt and queue the request; returns the thinker inputs (prompt ids etc.).
+
+        messages / audios: see `PromptBuilder.build` (audios: float32 mono 16 kHz, one per input_audio part).
+        Raises RequestError on a bad message, ValueError on a duplicate request id.
+        """
+        inputs = self.prompts.build(messages, audios)
+        self.submit_inputs(request_id, inputs, params, on_token)
+        return inputs
+
+    def submit_inputs(self, request_id: str, inputs: ThinkerInputs, params: SamplingParams,
+                      on_token: OnToken) -> None:
+        """Queue a request from prebuilt `ThinkerInputs` (as `submit`, without prompt building)."""
+        model_kwargs = {}
+        if inputs.input_features is not None:
+            model_kwargs = {"input_features": inputs.input_features,
+                            "feature_attention_mask": inputs.feature_attention_mask}
+        prompt = Prompt(input_ids=inputs.input_ids, model_kwargs=model_kwargs)
+        ids = inputs.input_ids
+
+        def on_output(rid: str, out: StepOutput) -> None:
+            on_token(rid, self._token(ids, out))
+
+        self.loop.submit(request_id, prompt, params, on_output)
+
+    def abort(self, request_id: str) -> bool:
+        """Cancel a request; it gets a final ThinkerToken with finish_reason "abort". False if unknown."""
+        return self.loop.abort(request_id)
+
+    def shutdown(self) -> None:
+        """Abort everything in flight and stop the engine thread."""
+        self.loop.shutdown()
+
+    @torch.inference_mode()
+    def _token(self, prompt_ids: torch.Tensor, out: StepOutput) -> ThinkerToken:
+        embed = None if out.token_id is None else self.embed_tokens(
+            torch.tensor([out.token_id], device=self.embed_tokens.weight.device))
+        talker_prompt = None
+        if out.index == 0:
+            mm = torch.isin(prompt_ids, self.mm_ids).to(out.hidden_states[0].device)
+            talker_prompt = TalkerPrompt(prompt_ids=prompt_ids, prompt_embeds=out.hidden_states[0],
+                                         mm_hidden=out.hidden_states[self.accept_layer][mm])
+        return ThinkerToken(token_id=out.token_id, index=out.index, embed=embed, talker_prompt=talker_prompt,
+                            finished=out.finished, finish_reason=out.finish_reason, error=out.error)

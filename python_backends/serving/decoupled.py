@@ -1,0 +1,124 @@
+"""Base class for decoupled Python-backend models that serve each request with one coroutine
+(client-facing BLS orchestrators, and test models of the framework).
+
+`async def execute` starts one coroutine per request and returns; each coroutine streams the
+events of `handle()` as responses, then always sends FINAL — also after an error (Triton sends
+no FINAL when a decoupled execute raises, and the client would wait forever) and after
+cancellation (the client cancelled its gRPC stream, or a BLS parent raised the cancel flag of
+omni_backends.serving.sidechannel; `ctx.cancelled()` turns True).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import traceback
+from collections.abc import AsyncIterator
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from omni_backends.errors import RequestError
+from omni_backends.serving import events, sidechannel
+from omni_backends.serving.metrics import StageMetrics
+
+
+class Cancelled(Exception):
+    """Raised inside a request coroutine when the client cancelled the request."""
+
+
+def send_final(sender, request_id: str, error: str | None = None) -> None:
+    """Ends a decoupled request: an error response when there is an error, then FINAL. A BLS
+    parent cannot see a child's error through Triton 2.51, so it is also left on the side channel."""
+    if error is not None:
+        sidechannel.report_error(request_id, error)
+        if not sender.is_cancelled():
+            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error)))
+    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+
+class RequestContext:
+    """What a request coroutine may use: its parsed REQUEST body, raw input tensors, the request
+    id and correlation id, and `cancelled()` (poll it in long loops; `check()` raises Cancelled)."""
+
+    def __init__(self, request, sender):
+        self.request, self._sender = request, sender
+        self.request_id = request.request_id()
+        self.correlation_id = request.correlation_id()
+
+    def input(self, name: str) -> np.ndarray | None:
+        """Input tensor `name` as numpy, or None if the client did not send it."""
+        tensor = pb_utils.get_input_tensor_by_name(self.request, name)
+        return None if tensor is None else tensor.as_numpy()
+
+    def body(self) -> dict:
+        """The REQUEST JSON object; raises RequestError if missing or malformed."""
+        raw = self.input(events.REQUEST)
+        if raw is None:
+            raise RequestError("missing input tensor REQUEST")
+        return events.decode_request(raw)
+
+    def cancelled(self) -> bool:
+        """The client cancelled (gRPC) or the BLS parent asked this request to stop."""
+        return self._sender.is_cancelled() or sidechannel.cancel_requested(self.request_id)
+
+    def check(self) -> None:
+        if self.cancelled():
+            raise Cancelled()
+
+
+class AsyncDecoupledModel:
+    """Subclass and implement `handle(ctx)`: an async generator of `(event_dict, audio_or_None)`.
+
+    Optional hooks: `setup(args)` (after the model config is parsed) and `teardown()`.
+    Exposes per-model metrics (in-flight requests, requests by outcome) on Triton's metrics port.
+    """
+
+    def initialize(self, args: dict) -> None:
+        self.model_config = json.loads(args["model_config"])
+        self.model_name = args["model_name"]
+        self.parameters = {k: v.get("string_value", "") for k, v in self.model_config.get("parameters", {}).items()}
+        self.metrics = StageMetrics(self.model_name)
+        self.setup(args)
+
+    def setup(self, args: dict) -> None:
+        """Load what the model needs; override."""
+
+    def teardown(self) -> None:
+        """Release resources; override."""
+
+    async def handle(self, ctx: RequestContext) -> AsyncIterator[tuple[dict, np.ndarray | None]]:
+        raise NotImplementedError
+        yield  # pragma: no cover  (makes this an async generator)
+
+    async def execute(self, requests) -> None:
+        await asyncio.gather(*(self._serve(r) for r in requests))
+
+    async def _serve(self, request) -> None:
+        sender = request.get_response_sender()
+        ctx = RequestContext(request, sender)
+        outcome = "ok"
+        stream = self.handle(ctx)
+        try:
+            self.metrics.started()
+            async for event, audio in stream:
+                ctx.check()
+                tensors = events.encode_event(event, audio)
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in tensors.items()]))
+            ctx.check()
+        except Cancelled:
+            outcome = "cancelled"
+        except RequestError as exc:
+            outcome, error = "rejected", exc.envelope()
+        except Exception as exc:  # noqa: BLE001 - every failure must reach the client as an error + FINAL
+            outcome, error = "error", f"{self.model_name}: {type(exc).__name__}: {exc}"
+            pb_utils.Logger.log_error(f"{self.model_name} request {ctx.request_id} failed:\n{traceback.format_exc()}")
+        else:
+            error = None
+        finally:
+            await stream.aclose()  # runs the handler's cleanup (e.g. cancels its BLS children)
+            sidechannel.clear(ctx.request_id)
+            self.metrics.finished(outcome)
+        send_final(sender, ctx.request_id, error)
+
+    def finalize(self) -> None:
+        self.teardown()

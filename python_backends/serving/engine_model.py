@@ -1,0 +1,134 @@
+"""Base class for engine stages (autoregressive: thinker, LLM): decoupled, `max_batch_size: 0`,
+continuous batching in an `omni_backends.engine.EngineLoop` thread (the vLLM-backend shape).
+
+`execute` only parses and enqueues; the engine thread hands every StepOutput to a queue; a sender
+thread turns outputs into responses (so the forward loop never waits on IPC) and polls each live
+request's `is_cancelled()` (and its BLS cancel flag, omni_backends.serving.cancel) every
+CANCEL_POLL_S, aborting it in the engine. Every request ends with
+FINAL: after its last token, after an error response, or after cancellation.
+"""
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+import traceback
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from omni_backends.engine import EngineLoop, Prompt, SamplingParams, StepOutput
+from omni_backends.errors import RequestError
+from omni_backends.serving import sidechannel
+from omni_backends.serving.decoupled import send_final
+from omni_backends.serving.metrics import StageMetrics
+
+CANCEL_POLL_S = 0.02
+_STOP = object()
+
+
+class EngineStageModel:
+    """Subclass and implement:
+
+    - `build_loop(args) -> EngineLoop` (load the model, make the runner);
+    - `make_prompt(request) -> (Prompt, SamplingParams, context)`: parse one Triton request; raise
+      RequestError for bad input; `context` is any per-request object passed back below;
+    - `encode(context, output: StepOutput) -> dict[name, np.ndarray]`: tensors of one token's
+      response (return None to send nothing for this output).
+    """
+
+    def initialize(self, args: dict) -> None:
+        self.model_config = json.loads(args["model_config"])
+        self.model_name = args["model_name"]
+        self.parameters = {k: v.get("string_value", "") for k, v in self.model_config.get("parameters", {}).items()}
+        self.metrics = StageMetrics(self.model_name)
+        self.loop = self.build_loop(args)
+        self._outputs: queue.Queue = queue.Queue()
+        self._live: dict[str, tuple] = {}  # engine id -> (sender, context, triton request id); sender thread only
+        self._next_id = 0
+        self._sender_thread = threading.Thread(target=self._send_loop, name=f"{self.model_name}-sender", daemon=True)
+        self._sender_thread.start()
+
+    # -- to implement -------------------------------------------------------------------------
+    def build_loop(self, args: dict) -> EngineLoop:
+        raise NotImplementedError
+
+    def make_prompt(self, request) -> tuple[Prompt, SamplingParams, object]:
+        raise NotImplementedError
+
+    def encode(self, context, output: StepOutput) -> dict[str, np.ndarray] | None:
+        raise NotImplementedError
+
+    # -- Triton entry points ------------------------------------------------------------------
+    def execute(self, requests) -> None:
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                prompt, params, context = self.make_prompt(request)
+            except Exception as exc:  # noqa: BLE001 - a bad request must not take the model down
+                message = exc.envelope() if isinstance(exc, RequestError) else f"{self.model_name}: {exc}"
+                send_final(sender, request.request_id(), message)
+                self.metrics.started()
+                self.metrics.finished("rejected" if isinstance(exc, RequestError) else "error")
+                continue
+            self._next_id += 1
+            rid = f"{request.request_id() or 'req'}#{self._next_id}"
+            self.metrics.started()
+            self._outputs.put(("open", rid, (sender, context, request.request_id())))
+            self.loop.submit(rid, prompt, params, self._on_output)
+        return None
+
+    def finalize(self) -> None:
+        self.loop.shutdown(timeout=10)
+        self._outputs.put(_STOP)
+        self._sender_thread.join(timeout=10)
+
+    # -- engine thread -> sender thread ---------------------------------------------------------
+    def _on_output(self, rid: str, output: StepOutput) -> None:
+        self._outputs.put(("output", rid, output))
+
+    def _send_loop(self) -> None:
+        last_poll = 0.0
+        while True:
+            try:
+                item = self._outputs.get(timeout=CANCEL_POLL_S)
+            except queue.Empty:
+                item = None
+            if item is _STOP:
+                return
+            if item is not None:
+                self._handle(*item)
+            if time.monotonic() - last_poll >= CANCEL_POLL_S:
+                last_poll = time.monotonic()
+                for rid, (sender, _, triton_id) in list(self._live.items()):
+                    if sender.is_cancelled() or sidechannel.cancel_requested(triton_id):
+                        self.loop.abort(rid)
+
+    def _handle(self, kind: str, rid: str, payload) -> None:
+        if kind == "open":
+            self._live[rid] = payload
+            return
+        entry = self._live.get(rid)
+        if entry is None:
+            return
+        sender, context, triton_id = entry
+        output: StepOutput = payload
+        error = None
+        try:
+            if output.finish_reason == "error":
+                raise RuntimeError(output.error or "engine error")
+            tensors = self.encode(context, output) if output.token_id is not None or output.finished else None
+            if tensors and not sender.is_cancelled():
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in tensors.items()]))
+        except Exception as exc:  # noqa: BLE001 - report, then finish this request only
+            pb_utils.Logger.log_error(f"{self.model_name} {rid}: {traceback.format_exc()}")
+            self.loop.abort(rid)
+            output = StepOutput(token_id=None, finished=True, finish_reason="error", error=str(exc))
+            error = f"{self.model_name}: {exc}"
+        if output.finished:
+            del self._live[rid]
+            sidechannel.clear(triton_id)
+            outcome = {"abort": "cancelled", "error": "error"}.get(output.finish_reason or "", "ok")
+            self.metrics.finished(outcome)
+            send_final(sender, triton_id, error)

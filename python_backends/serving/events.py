@@ -1,0 +1,43 @@
+"""The tensor protocol of client-facing pipeline models (any Triton gRPC client can speak it).
+
+Inputs
+  REQUEST   BYTES [1]  JSON request (OpenAI-like: messages / input / voice / sampling fields)
+Outputs (decoupled: one response per event, then an empty FINAL response)
+  EVENT     BYTES [1]  JSON event: {"type": "text.delta", "text"} | {"type": "audio.delta",
+                       "sample_rate", "transcript"} | {"type": "done", "finish_reason", "usage"} |
+                       pipeline-specific types
+  AUDIO     FP32 [-1]  PCM samples of an "audio.delta" event (mono, at the event's sample_rate);
+                       an empty tensor for other events
+Errors: a Triton error response whose message is the OpenAI error envelope as JSON (see
+omni_backends.errors.RequestError), then FINAL.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+REQUEST = "REQUEST"
+EVENT = "EVENT"
+AUDIO = "AUDIO"
+_EMPTY_AUDIO = np.zeros((0,), dtype=np.float32)
+
+
+def encode_event(event: dict, audio: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Output tensors for one event: EVENT bytes [1] and AUDIO float32 [samples] (empty if none)."""
+    pcm = _EMPTY_AUDIO if audio is None else np.ascontiguousarray(audio, dtype=np.float32).reshape(-1)
+    return {EVENT: np.array([json.dumps(event).encode()], dtype=np.object_), AUDIO: pcm}
+
+
+def decode_request(raw: np.ndarray) -> dict:
+    """Parses the REQUEST tensor (bytes [1] or [1, 1]); raises RequestError if it is not a JSON object."""
+    from omni_backends.errors import RequestError
+
+    try:
+        value = raw.reshape(-1)[0]
+        body = json.loads(value.decode() if isinstance(value, bytes) else value)
+    except (ValueError, IndexError, UnicodeDecodeError) as exc:
+        raise RequestError(f"REQUEST must hold one JSON object: {exc}") from exc
+    if not isinstance(body, dict):
+        raise RequestError("REQUEST must hold one JSON object")
+    return body

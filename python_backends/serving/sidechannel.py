@@ -1,0 +1,67 @@
+"""Side channel between BLS parents and their child requests (same host, shared memory).
+
+Triton 2.51's Python backend cannot (1) cancel a BLS child request (its response iterator has no
+`cancel()`), nor (2) deliver a decoupled child's error to the parent (the error response arrives
+empty and error-free; an error on the FINAL response hangs the iterator). Parents and children are
+stubs of one tritonserver on one host, so both travel as small files named after the child's
+request id in FLAG_DIR: the parent raises `<id>.cancel`, the framework's base classes poll it
+next to `is_cancelled()`; a failing child writes `<id>.error`, the parent reads it when the
+child's stream ends. Only ids made of [A-Za-z0-9_-] (those `child_request_id` makes) take part.
+"""
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from pathlib import Path
+
+FLAG_DIR = Path(os.environ.get("OMNI_SIDECHANNEL_DIR", f"/dev/shm/omni-triton-{os.getuid()}"))
+_SAFE = re.compile(r"^bls-[A-Za-z0-9_-]{1,124}$")
+
+
+def child_request_id() -> str:
+    """A fresh request id for a BLS child request."""
+    return f"bls-{uuid.uuid4().hex}"
+
+
+def _path(request_id: str, kind: str) -> Path | None:
+    return FLAG_DIR / f"{request_id}.{kind}" if _SAFE.match(request_id or "") else None
+
+
+def request_cancel(request_id: str) -> None:
+    """Asks the model serving child request `request_id` to stop."""
+    path = _path(request_id, "cancel")
+    if path is not None:
+        FLAG_DIR.mkdir(parents=True, exist_ok=True)
+        path.touch()
+
+
+def cancel_requested(request_id: str) -> bool:
+    """True once the BLS parent asked child request `request_id` to stop."""
+    path = _path(request_id, "cancel")
+    return path is not None and path.exists()
+
+
+def report_error(request_id: str, message: str) -> None:
+    """Called by a failing child: leaves `message` (an error text or OpenAI envelope) for the parent."""
+    path = _path(request_id, "error")
+    if path is not None:
+        FLAG_DIR.mkdir(parents=True, exist_ok=True)
+        path.write_text(message)
+
+
+def take_error(request_id: str) -> str | None:
+    """Called by the parent when the child's stream ended: the child's error, if it reported one."""
+    path = _path(request_id, "error")
+    if path is None or not path.exists():
+        return None
+    message = path.read_text()
+    path.unlink(missing_ok=True)
+    return message
+
+
+def clear(request_id: str) -> None:
+    """Removes the cancel flag of a finished child request."""
+    path = _path(request_id, "cancel")
+    if path is not None:
+        path.unlink(missing_ok=True)

@@ -1,0 +1,130 @@
+#!/usr/bin/env python
+"""Measure the voice pipeline's stages on this machine (prints, asserts nothing).
+
+Each stage runs in its own process so its resident memory (RSS) is its own:
+  tts:      Kokoro load time, RSS, real-time factor of one sentence
+  asr:      Whisper load time, RSS, latency for a ~4 s clip (synthesised by Kokoro)
+  llm:      SmolLM2 load time, RSS, time to first token, decode tokens/s (alone and 4 concurrent)
+  pipeline: all three loaded in one process: total RSS and time to first audio
+            (end of user speech -> ASR -> LLM stream -> sentence chunker -> first TTS chunk)
+Usage: .venv/bin/python scripts/bench_voice.py [tts|asr|llm|pipeline ...]
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+SENTENCE = "The quick brown fox jumps over the lazy dog near the river bank."
+QUESTION = [{"role": "user", "content": "Can you tell me something interesting about the ocean?"}]
+CLIP = os.path.join(tempfile.gettempdir(), "omni_bench_voice_clip16k.npy")
+
+
+def rss_mib() -> float:
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2**20
+
+
+def timed(fn, *args, **kwargs):
+    start = time.perf_counter()
+    result = fn(*args, **kwargs)
+    return result, time.perf_counter() - start
+
+
+def bench_tts() -> None:
+    from omni_backends.voice.audio import resample
+    from omni_backends.voice.tts import SAMPLE_RATE, KokoroTTS
+
+    tts, load = timed(KokoroTTS)
+    tts.synthesize("Warm up.")
+    runs = [timed(tts.synthesize, SENTENCE) for _ in range(3)]
+    seconds = len(runs[0][0]) / SAMPLE_RATE
+    best = min(t for _, t in runs)
+    print(f"tts  load {load:.2f} s | RSS {rss_mib():.0f} MiB | {seconds:.2f} s audio in {best:.2f} s "
+          f"(RTF {best / seconds:.3f}, median {sorted(t for _, t in runs)[1] / seconds:.3f})")
+    clip = tts.synthesize("Please tell me about the weather in Paris tomorrow.")
+    np.save(CLIP, resample(clip, SAMPLE_RATE, 16000))
+
+
+def bench_asr() -> None:
+    from omni_backends.voice.asr import WhisperASR
+
+    asr, load = timed(WhisperASR)
+    clip = np.load(CLIP)
+    asr.transcribe(clip)
+    runs = [timed(asr.transcribe, clip) for _ in range(3)]
+    print(f"asr  load {load:.2f} s | RSS {rss_mib():.0f} MiB | {len(clip) / 16000:.2f} s clip in "
+          f"{min(t for _, t in runs):.2f} s (median {sorted(t for _, t in runs)[1]:.2f} s): {runs[0][0].text!r}")
+
+
+def _stream_timing(llm, params):
+    start, first, final = time.perf_counter(), None, None
+    for delta in llm.generate(QUESTION, params):
+        first = first or time.perf_counter() - start
+        final = delta
+    return first, time.perf_counter() - start, final.usage.completion_tokens
+
+
+def bench_llm() -> None:
+    from omni_backends.engine import SamplingParams
+    from omni_backends.voice.llm import ChatLLM
+
+    llm, load = timed(ChatLLM)
+    params = SamplingParams(max_tokens=64, min_tokens=64, temperature=0.0)
+    first, total, n = _stream_timing(llm, params)
+    first, total, n = _stream_timing(llm, params)
+    print(f"llm  load+warmup {load:.2f} s | RSS {rss_mib():.0f} MiB | TTFT {first:.3f} s | "
+          f"{(n - 1) / (total - first):.1f} tokens/s decode alone")
+    done = []
+    threads = [threading.Thread(target=lambda: done.append(llm.complete(QUESTION, params))) for _ in range(4)]
+    start = time.perf_counter()
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    elapsed = time.perf_counter() - start
+    print(f"llm  4 concurrent x {n} tokens in {elapsed:.2f} s: {4 * n / elapsed:.1f} tokens/s aggregate")
+    llm.shutdown()
+
+
+def bench_pipeline() -> None:
+    from omni_backends.engine import SamplingParams
+    from omni_backends.voice.asr import WhisperASR
+    from omni_backends.voice.chunker import SentenceChunker
+    from omni_backends.voice.llm import ChatLLM
+    from omni_backends.voice.tts import KokoroTTS
+
+    asr, llm, tts = WhisperASR(), ChatLLM(), KokoroTTS()
+    tts.synthesize("Warm up.")
+    clip = np.load(CLIP)
+    for attempt in range(2):
+        start = time.perf_counter()
+        heard = asr.transcribe(clip).text
+        t_asr = time.perf_counter() - start
+        chunker, first_text = SentenceChunker(), None
+        for delta in llm.generate([{"role": "user", "content": heard}], SamplingParams(max_tokens=128, temperature=0.0)):
+            chunks = chunker.feed(delta.text) + (chunker.flush() if delta.finished else [])
+            if chunks:
+                first_text, t_chunk = chunks[0], time.perf_counter() - start
+                break
+        audio = next(tts.stream(first_text))
+        ttfa = time.perf_counter() - start
+    print(f"pipe RSS {rss_mib():.0f} MiB (all three) | time to first audio {ttfa:.2f} s "
+          f"(asr {t_asr:.2f}, first chunk {t_chunk - t_asr:.2f}, tts {ttfa - t_chunk:.2f}; "
+          f"chunk {first_text!r} = {len(audio) / 24000:.2f} s audio)")
+    llm.shutdown()
+
+
+BENCHES = {"tts": bench_tts, "asr": bench_asr, "llm": bench_llm, "pipeline": bench_pipeline}
+
+if __name__ == "__main__":
+    names = sys.argv[1:] or list(BENCHES)
+    if len(names) == 1:
+        BENCHES[names[0]]()
+    else:
+        for name in names:  # one process per stage: separate RSS
+            subprocess.run([sys.executable, __file__, name], check=True)

@@ -1,0 +1,21 @@
+"""Session fixtures: real servers started through the launcher (see tests/harness.py)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.harness import TEST_REPOSITORY, start_server
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+MOCK_ARGS = ("--pipelines", "", "--model-repository", str(TEST_REPOSITORY),
+             "--extra-pipeline", "mock=chat:mock_stream", "--extra-pipeline", "relay=chat:mock_stream,mock_relay")
+
+
+@pytest.fixture(scope="session")
+def mock_server(tmp_path_factory):
+    """Launcher with the framework test models only (mock_stream, mock_relay); no pipelines."""
+    server = start_server(tmp_path_factory.mktemp("mock_server"), *MOCK_ARGS)
+    yield server
+    server.stop()

@@ -1,0 +1,103 @@
+"""Starts the real launcher (`python -m omni_frontend.serve`: tritonserver + frontend) on free
+ports for tests, waits for /health, and stops it with SIGINT like a user pressing Ctrl-C."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from omni_frontend.tritonserver import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+TEST_REPOSITORY = ROOT / "tests" / "model_repository"
+MAIN_REPOSITORY = ROOT / "model_repository"
+
+
+@dataclasses.dataclass
+class ServerProcess:
+    """A running launcher; base_url is the frontend, grpc_url / metrics_url are Triton's."""
+
+    process: subprocess.Popen
+    port: int
+    grpc_port: int
+    metrics_port: int
+    log_path: Path
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGINT, timeout_s: float = 30.0) -> int:
+        """SIGINT (Ctrl-C) by default, then wait; returns the exit code (130 after Ctrl-C, 143 after SIGTERM)."""
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+def start_server(tmp_dir: Path, *args: str, ready_timeout_s: float = 600.0, env: dict | None = None) -> ServerProcess:
+    """Launches the server with `args` (e.g. --pipelines ..., --extra-pipeline ...) and waits for
+    /health == 200. Raises RuntimeError with the launcher's output if it exits or times out."""
+    port, grpc, http, metrics = free_port(), free_port(), free_port(), free_port()
+    log_path = tmp_dir / f"serve-{port}.log"
+    cmd = [sys.executable, "-m", "omni_frontend.serve", "--port", str(port), "--triton-grpc-port", str(grpc),
+           "--triton-http-port", str(http), "--triton-metrics-port", str(metrics), "--log-dir", str(tmp_dir), *args]
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                   env={**os.environ, **(env or {})})
+    server = ServerProcess(process, port, grpc, metrics, log_path)
+    deadline = time.monotonic() + ready_timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}:\n{server.log()[-5000:]}")
+        try:
+            if httpx.get(f"{server.base_url}/health", timeout=2).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    server.stop()
+    raise RuntimeError(f"server not healthy after {ready_timeout_s}s:\n{server.log()[-5000:]}")
+
+
+def metric_value(metrics_url: str, name: str, **labels: str) -> float | None:
+    """One sample of a Prometheus metric from Triton's metrics endpoint (None if absent)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(metrics_url, timeout=5).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return None
+
+
+def wait_for(predicate, timeout_s: float, interval_s: float = 0.02):
+    """Polls predicate() until it returns a truthy value or timeout_s passes; returns the last value."""
+    deadline = time.monotonic() + timeout_s
+    value = predicate()
+    while not value and time.monotonic() < deadline:
+        time.sleep(interval_s)
+        value = predicate()
+    return value

@@ -1,0 +1,193 @@
+"""The serving framework end to end: launcher -> tritonserver -> decoupled/BLS models -> frontend,
+driven with real clients (openai SDK, httpx, tritonclient). Uses the framework test models in
+tests/model_repository (never pipelines)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import httpx
+import numpy as np
+import openai
+import psutil
+import pytest
+import tritonclient.grpc as grpcclient
+
+from tests.conftest import MOCK_ARGS
+from tests.harness import TEST_REPOSITORY, metric_value, start_server, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def _client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
+
+
+def test_health_and_models(mock_server):
+    health = httpx.get(f"{mock_server.base_url}/health")
+    assert health.status_code == 200 and health.json()["models"] == ["mock_stream", "mock_relay"]
+    assert health.headers["x-request-id"]
+    models = _client(mock_server).models.list()
+    assert [m.id for m in models.data] == ["mock", "relay"]
+    assert all(m.object == "model" for m in models.data)
+
+
+@pytest.mark.parametrize("model", ["mock", "relay"])
+def test_stream_receives_every_chunk_in_order(mock_server, model):
+    stream = _client(mock_server).chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "hi"}], stream=True,
+        stream_options={"include_usage": True}, extra_body={"repeat": 12, "text": "t"})
+    chunks = list(stream)
+    texts = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert texts == [f"t{i}" for i in range(12)]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
+
+
+def test_non_streamed_completion(mock_server):
+    reply = _client(mock_server).chat.completions.create(
+        model="relay", messages=[{"role": "user", "content": "hi"}], extra_body={"repeat": 3, "text": "x"})
+    assert reply.choices[0].message.content == "x0x1x2"
+    assert reply.choices[0].finish_reason == "stop" and reply.usage.total_tokens == 3
+
+
+@pytest.mark.parametrize("model, cancelled_models", [("mock", ["mock_stream"]),
+                                                     ("relay", ["mock_relay", "mock_stream"])])
+def test_client_disconnect_cancels_the_model_within_1s(mock_server, model, cancelled_models):
+    metrics = mock_server.metrics_url
+    before = {m: metric_value(metrics, "omni_requests_total", model=m, outcome="cancelled") or 0
+              for m in cancelled_models}
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": True,
+            "repeat": 1000, "delay_ms": 20}
+    with httpx.stream("POST", f"{mock_server.base_url}/v1/chat/completions", json=body, timeout=30) as response:
+        assert response.status_code == 200
+        got = None
+        for line in response.iter_lines():  # read until the first text delta arrived, then hang up
+            if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["delta"].get("content"):
+                got = line
+                break
+    closed_at = time.monotonic()
+    assert got
+    for m in cancelled_models:
+        observed = wait_for(lambda m=m: (metric_value(metrics, "omni_requests_total", model=m, outcome="cancelled")
+                                         or 0) > before[m], timeout_s=1.0)
+        assert observed, f"{m} did not observe the cancellation within 1 s"
+    assert time.monotonic() - closed_at < 1.5
+    for m in cancelled_models:
+        assert wait_for(lambda m=m: metric_value(metrics, "omni_inflight_requests", model=m) == 0, 1.0)
+    # ... and the server keeps serving.
+    assert _client(mock_server).chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "again"}], extra_body={"repeat": 2}).choices[0]
+
+
+def test_triton_grpc_clients_drive_pipeline_models_directly(mock_server):
+    """Client-facing models speak plain Triton tensors: any gRPC streaming client works."""
+    responses = []
+    client = grpcclient.InferenceServerClient(mock_server.grpc_url)
+    client.start_stream(callback=lambda result, error: responses.append((result, error)))
+    tensor = grpcclient.InferInput("REQUEST", [1], "BYTES")
+    tensor.set_data_from_numpy(np.array([json.dumps({"repeat": 2, "audio": True}).encode()], dtype=np.object_))
+    client.async_stream_infer("mock_relay", [tensor], enable_empty_final_response=True)
+    assert wait_for(lambda: any(r and r.get_response().parameters["triton_final_response"].bool_param
+                                for r, _ in responses), 10)
+    client.stop_stream()
+    events = [json.loads(r.as_numpy("EVENT")[0]) for r, e in responses if r is not None and r.as_numpy("EVENT") is not None]
+    assert [e["type"] for e in events] == ["text.delta", "text.delta", "done"]
+    audio = [r.as_numpy("AUDIO") for r, _ in responses if r is not None and r.as_numpy("AUDIO") is not None]
+    assert audio[0].dtype == np.float32 and audio[0].shape == (100,)
+
+
+@pytest.mark.parametrize("body, status, param", [
+    ("{not json", 400, None),
+    (json.dumps({"model": "nope", "messages": [{"role": "user", "content": "x"}]}), 404, "model"),
+    (json.dumps({"model": "mock", "messages": "x"}), 400, "messages"),
+    (json.dumps({"model": "mock", "messages": []}), 400, "messages"),
+    (json.dumps({"model": "mock", "messages": [{"role": "user", "content": "x"}], "temperature": "hot"}), 400, "temperature"),
+    (json.dumps({"model": "mock", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}), 400, "max_tokens"),
+    (json.dumps({"model": "mock", "messages": [{"role": "user", "content": "x"}], "reject": True}), 400, "reject"),
+    (json.dumps({"model": "mock", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}), 400,
+     "messages[0].content"),
+])
+def test_bad_requests_get_openai_errors(mock_server, body, status, param):
+    response = httpx.post(f"{mock_server.base_url}/v1/chat/completions", content=body,
+                          headers={"content-type": "application/json"})
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    assert error["param"] == param
+    assert httpx.get(f"{mock_server.base_url}/health").status_code == 200
+
+
+def test_model_failure_mid_stream_is_reported_and_server_survives(mock_server):
+    with pytest.raises(openai.InternalServerError) as info:
+        _client(mock_server).chat.completions.create(
+            model="relay", messages=[{"role": "user", "content": "hi"}], extra_body={"fail_at": 1})
+    assert "mock failure at 1" in str(info.value)
+    texts = []
+    with pytest.raises(openai.APIError, match="mock failure at 2"):
+        for chunk in _client(mock_server).chat.completions.create(
+                model="relay", messages=[{"role": "user", "content": "hi"}], stream=True,
+                extra_body={"fail_at": 2, "repeat": 5}):
+            texts += [c.delta.content for c in chunk.choices if c.delta.content]
+    assert texts == ["tok0", "tok1"]
+    assert _client(mock_server).chat.completions.create(
+        model="mock", messages=[{"role": "user", "content": "ok?"}]).choices[0].message.content == "tok0tok1tok2"
+
+
+def test_frontend_metrics(mock_server):
+    httpx.get(f"{mock_server.base_url}/v1/models")
+    text = httpx.get(f"{mock_server.base_url}/metrics").text
+    assert 'omni_frontend_requests_total{method="GET",route="/v1/models",status="200"}' in text
+    assert "omni_frontend_request_seconds_bucket" in text
+
+
+def test_api_key_and_dead_stub_and_clean_shutdown(tmp_path):
+    """A separate server: Bearer auth; a killed stage stub turns /health into 503 naming it;
+    Ctrl-C leaves no tritonserver or stub process behind."""
+    server = start_server(tmp_path, "--pipelines", "", "--model-repository", str(TEST_REPOSITORY),
+                          "--extra-pipeline", "relay=chat:mock_stream,mock_relay", "--api-key", "sekret")
+    try:
+        url = f"{server.base_url}/v1/models"
+        denied = httpx.get(url)
+        assert denied.status_code == 401 and denied.json()["error"]["type"] == "authentication_error"
+        assert httpx.get(url, headers={"authorization": "Bearer sekret"}).status_code == 200
+        children = psutil.Process(server.process.pid).children(recursive=True)
+        stubs = [p for p in children if "triton_python_backend_stub" in " ".join(p.cmdline())]
+        assert len(stubs) == 2
+        victim = next(p for p in stubs if "mock_stream/1/model.py" in " ".join(p.cmdline()))
+        os.kill(victim.pid, signal.SIGKILL)
+        unhealthy = wait_for(lambda: (r := httpx.get(f"{server.base_url}/health")).status_code == 503 and r, 15, 0.2)
+        assert unhealthy, "health stayed 200 after the stub died"
+        assert unhealthy.json()["not_ready"] == ["mock_stream"]
+    finally:
+        assert server.stop(signal.SIGTERM) == 143
+    assert not [p for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_ctrl_c_leaves_no_process_behind(tmp_path):
+    server = start_server(tmp_path, *MOCK_ARGS)
+    children = psutil.Process(server.process.pid).children(recursive=True)
+    assert any("tritonserver" in " ".join(p.cmdline()) for p in children)
+    assert server.stop(signal.SIGINT) == 130
+    assert not [p for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert "tritonserver stopped" in server.log()
+
+
+def test_launcher_reports_port_in_use_and_missing_model(tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "omni_frontend.serve", "--port", str(port), "--no-prepare"],
+                              capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and f"port 127.0.0.1:{port} is already in use" in done.stderr
+    done = subprocess.run([sys.executable, "-m", "omni_frontend.serve", "--pipelines", "", "--no-prepare",
+                           "--extra-pipeline", "x=chat:no_such_model", "--model-repository", str(TEST_REPOSITORY),
+                           "--port", "0"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "no_such_model not found" in done.stderr

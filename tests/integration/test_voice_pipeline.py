@@ -1,0 +1,135 @@
+"""The voice, tts and asr pipelines served by tritonserver with the real default models, driven by real
+clients (openai SDK, httpx, tritonclient gRPC)."""
+from __future__ import annotations
+
+import base64
+import io
+import json
+import time
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import soundfile as sf
+import tritonclient.grpc as grpcclient
+
+from omni_backends.voice.audio import resample
+from omni_backends.voice.models import prepare_voice_models
+from tests.harness import metric_value, start_server, wait_for
+
+pytestmark = pytest.mark.integration
+QUESTION = "What is the capital of France?"
+
+
+@pytest.fixture(scope="module")
+def voice_server(tmp_path_factory):
+    prepare_voice_models()
+    server = start_server(tmp_path_factory.mktemp("voice_server"), "--pipelines", "voice,tts,asr", "--no-prepare")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(voice_server):
+    return openai.OpenAI(base_url=f"{voice_server.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def _asr_grpc(server, pcm16k: np.ndarray, **options) -> dict:
+    """voice_asr through Triton's own gRPC client (the stage's tensor contract)."""
+    with grpcclient.InferenceServerClient(server.grpc_url) as triton:
+        audio = grpcclient.InferInput("AUDIO", [1, pcm16k.size], "FP32")
+        audio.set_data_from_numpy(pcm16k[None, :].astype(np.float32))
+        opts = grpcclient.InferInput("OPTIONS", [1, 1], "BYTES")
+        opts.set_data_from_numpy(np.array([[json.dumps(options).encode()]], dtype=np.object_))
+        result = triton.infer("voice_asr", [audio, opts])
+    return json.loads(result.as_numpy("RESULT").reshape(-1)[0])
+
+
+def _wav(data: bytes) -> tuple[np.ndarray, int]:
+    pcm, rate = sf.read(io.BytesIO(data), dtype="float32")
+    return pcm, rate
+
+
+def test_chat_answers_in_text_and_speech(voice_server, client):
+    reply = client.chat.completions.create(model="voice", messages=[{"role": "user", "content": QUESTION}],
+                                           modalities=["text", "audio"], audio={"voice": "alloy", "format": "wav"},
+                                           temperature=0)
+    text = reply.choices[0].message.content
+    assert "Paris" in text and reply.choices[0].finish_reason == "stop"
+    assert reply.usage.prompt_tokens > 0 and reply.usage.completion_tokens > 0
+    pcm, rate = _wav(base64.b64decode(reply.choices[0].message.audio.data))
+    assert rate == 24000 and len(pcm) / rate > 1.0
+    heard = _asr_grpc(voice_server, resample(pcm, rate, 16000))
+    assert "paris" in heard["text"].lower()
+
+
+def test_streamed_chat_sends_text_before_the_first_audio(client):
+    start, first_text, first_audio, audio_chunks = time.perf_counter(), None, None, 0
+    stream = client.chat.completions.create(model="voice", messages=[{"role": "user", "content": "Tell me about Paris."}],
+                                            modalities=["text", "audio"], audio={"voice": "jf_alpha", "format": "pcm16"},
+                                            max_tokens=60, temperature=0, stream=True)
+    for chunk in stream:
+        delta = chunk.choices[0].delta if chunk.choices else None
+        if delta and delta.content and first_text is None:
+            first_text = time.perf_counter() - start
+        audio = getattr(delta, "audio", None) if delta else None
+        if audio:
+            audio_chunks += 1
+            first_audio = first_audio or time.perf_counter() - start
+    print(f"\nstreamed voice chat: first text {first_text:.2f} s, first audio {first_audio:.2f} s, {audio_chunks} chunks")
+    assert first_text is not None and first_audio is not None and first_text < first_audio
+    assert audio_chunks >= 2  # sentence-chunked speech, not one clip at the end
+
+
+def test_spoken_question_is_transcribed_and_answered(client):
+    question = client.audio.speech.create(model="tts-1", voice="jf_alpha", input=QUESTION, response_format="wav")
+    reply = client.chat.completions.create(
+        model="voice", modalities=["text"], temperature=0,
+        messages=[{"role": "user", "content": [{"type": "input_audio", "input_audio": {
+            "data": base64.b64encode(question.content).decode(), "format": "wav"}}]}])
+    assert "Paris" in reply.choices[0].message.content and reply.choices[0].message.audio is None
+
+
+def test_speech_route_voices_and_speed(voice_server, client):
+    text = "The weather is sunny and warm today."
+    normal, rate = _wav(client.audio.speech.create(model="tts-1", voice="alloy", input=text, response_format="wav").content)
+    fast, _ = _wav(client.audio.speech.create(model="tts-1", voice="alloy", input=text, response_format="wav",
+                                              speed=2.0).content)
+    assert rate == 24000 and len(fast) < 0.7 * len(normal)
+    assert "sunny" in _asr_grpc(voice_server, resample(normal, rate, 16000))["text"].lower()
+    voices = httpx.get(f"{voice_server.base_url}/v1/audio/voices").json()
+    assert {v["id"] for v in voices["voices"]} == {"jf_alpha", "jf_gongitsune", "jf_nezumi", "jf_tebukuro", "jm_kumo"}
+    assert voices["default"] == {"tts": "jf_alpha"}
+    with pytest.raises(openai.BadRequestError, match="unknown voice"):
+        client.audio.speech.create(model="tts-1", voice="nobody", input=text)
+
+
+def test_long_speech_input_streams_several_chunks(voice_server):
+    text = " ".join(f"This is sentence number {n}, spoken by the server." for n in range(1, 6))
+    with httpx.stream("POST", f"{voice_server.base_url}/v1/audio/speech", timeout=120,
+                      json={"model": "tts-1", "voice": "alloy", "input": text, "response_format": "pcm"}) as response:
+        parts = [len(part) for part in response.iter_bytes() if part]
+    seconds = sum(parts) / 2 / 24000
+    assert response.status_code == 200 and 8 < seconds < 30
+
+
+def test_asr_stage_contract_segments_and_words(voice_server, client):
+    speech, rate = _wav(client.audio.speech.create(model="tts-1", voice="jm_kumo", response_format="wav",
+                                                   input="Open the window, because it is too hot in here.").content)
+    result = _asr_grpc(voice_server, resample(speech, rate, 16000), word_timestamps=True)
+    assert "window" in result["text"].lower() and result["language"] == "en"
+    assert abs(result["duration"] - len(speech) / rate) < 0.05
+    starts = [w["start"] for w in result["words"]]
+    assert len(starts) >= 8 and starts == sorted(starts)
+    assert all(s["end"] > s["start"] for s in result["segments"])
+
+
+def test_disconnect_cancels_the_llm_stage(voice_server):
+    body = {"model": "voice", "messages": [{"role": "user", "content": "Write a very long story about a dragon."}],
+            "modalities": ["text"], "max_tokens": 2000, "temperature": 0, "stream": True}
+    with httpx.stream("POST", f"{voice_server.base_url}/v1/chat/completions", json=body, timeout=60) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["delta"].get("content"):
+                break
+    assert wait_for(lambda: metric_value(voice_server.metrics_url, "omni_inflight_requests", model="voice_llm") == 0, 3.0)

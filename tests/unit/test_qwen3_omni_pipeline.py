@@ -1,0 +1,101 @@
+"""Qwen3-Omni stage split (thinker -> talker -> code2wav, streamed) == transformers' monolithic generate()."""
+import numpy as np
+import pytest
+from transformers import Qwen3OmniMoeForConditionalGeneration
+
+from omni_backends.errors import RequestError
+from omni_backends.qwen3_omni.checkpoint import write_checkpoint
+from omni_backends.qwen3_omni.loading import load_stages, load_tts_embeds
+from omni_backends.qwen3_omni.pipeline import LocalOmniPipeline, OmniRequest
+
+pytestmark = pytest.mark.unit
+
+MAX_TOKENS, MAX_FRAMES = 16, 29
+PROMPTS = ["Hello, who are you?", "Tell me a story.", "What is the weather like today?", "Say hello to the world"]
+VOICES = ["Ethan", "chelsie", "AIDEN", "ethan"]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return write_checkpoint(tmp_path_factory.getbasetemp() / "qwen3_omni_tiny")
+
+
+@pytest.fixture(scope="module")
+def reference(ckpt):
+    return Qwen3OmniMoeForConditionalGeneration.from_pretrained(ckpt).eval()
+
+
+@pytest.fixture(scope="module")
+def pipeline(ckpt):
+    stages = load_stages(ckpt)
+    # left context larger than any answer: the streamed audio must equal one full decode
+    pipe = LocalOmniPipeline(stages, load_tts_embeds(ckpt, stages.config), chunk_frames=4, first_chunk_frames=2,
+                             left_context_frames=1000)
+    yield pipe
+    pipe.close()
+
+
+def _request(pipe, rid, messages, voice, audios=()):
+    return OmniRequest(rid, messages, pipe.thinker.sampling_params(max_tokens=MAX_TOKENS, do_sample=False),
+                       pipe.talker.sampling_params(do_sample=False, repetition_penalty=1.0, max_frames=MAX_FRAMES),
+                       voice=voice, audios=audios)
+
+
+def _generate(reference, pipe, request, **inputs):
+    ids = inputs.pop("input_ids", None)
+    if ids is None:
+        ids = pipe.thinker.prompts.build(request.messages).input_ids
+    seq, wav = reference.generate(
+        input_ids=ids[None], return_audio=True, speaker=request.voice, thinker_max_new_tokens=MAX_TOKENS,
+        thinker_do_sample=False, thinker_eos_token_id=reference.config.im_end_token_id,
+        talker_max_new_tokens=MAX_FRAMES + 1, talker_do_sample=False, talker_repetition_penalty=1.0, **inputs)
+    return seq[0, len(ids):].tolist(), wav[0, 0].numpy()
+
+
+def _assert_same(result, expected_ids, expected_wav):
+    assert result.token_ids == expected_ids
+    assert result.audio.dtype == np.float32
+    assert result.audio.shape == expected_wav.shape
+    assert result.audio.shape[0] == result.codes.shape[-1] * 1920 - 555
+    np.testing.assert_allclose(result.audio, expected_wav, atol=1e-5)
+
+
+def test_single_request_matches_generate(pipeline, reference):
+    request = _request(pipeline, "one", [{"role": "system", "content": "You are a helpful assistant."},
+                                         {"role": "user", "content": PROMPTS[0]}], "Ethan")
+    result = pipeline.run([request])["one"]
+    ids, wav = _generate(reference, pipeline, request)
+    _assert_same(result, ids, wav)
+    assert len(result.token_ids) == MAX_TOKENS and result.finish_reason == "length"
+    assert len(result.chunks) > 3                   # streamed in several chunks
+    assert result.audio.std() > 0.01                 # audible, not silence
+
+
+def test_four_concurrent_requests_match_generate(pipeline, reference):
+    requests = [_request(pipeline, f"r{i}", [{"role": "user", "content": p}], v)
+                for i, (p, v) in enumerate(zip(PROMPTS, VOICES))]
+    results = pipeline.run(requests)
+    frames = set()
+    for request in requests:
+        ids, wav = _generate(reference, pipeline, request)
+        _assert_same(results[request.request_id], ids, wav)
+        frames.add(results[request.request_id].codes.shape[-1])
+    assert len(frames) > 1   # one answer ends by codec_eos before max frames, others by the frame limit
+
+
+def test_input_audio_prompt_matches_generate(pipeline, reference):
+    tone = (0.3 * np.sin(2 * np.pi * 220 * np.arange(16000) / 16000)).astype(np.float32)
+    messages = [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}},
+                                             {"type": "text", "text": "What did I say?"}]}]
+    request = _request(pipeline, "audio", messages, "aiden", audios=[tone])
+    inputs = pipeline.thinker.prompts.build(messages, [tone])
+    assert int((inputs.input_ids == reference.config.thinker_config.audio_token_id).sum()) == 13   # 1 s of audio
+    result = pipeline.run([request])["audio"]
+    ids, wav = _generate(reference, pipeline, request, input_ids=inputs.input_ids,
+                         input_features=inputs.input_features, feature_attention_mask=inputs.feature_attention_mask)
+    _assert_same(result, ids, wav)
+
+
+def test_unknown_voice_names_valid_voices(pipeline):
+    with pytest.raises(RequestError, match="aiden, chelsie, ethan"):
+        pipeline.run([_request(pipeline, "bad", [{"role": "user", "content": "hi"}], "nobody")])
