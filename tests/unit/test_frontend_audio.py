@@ -1,0 +1,56 @@
+"""Audio codecs of the HTTP protocol: every output format decodes back to the same signal."""
+import io
+import struct
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from omni_frontend import audio
+
+pytestmark = pytest.mark.unit
+RATE = 24000
+
+
+@pytest.fixture(scope="module")
+def tone():
+    t = np.arange(RATE) / RATE  # 1 s, 440 Hz at 0.3 amplitude
+    return (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+
+
+@pytest.mark.parametrize("fmt", ["wav", "flac", "mp3", "opus", "aac"])
+def test_encoded_formats_decode_back(tone, fmt):
+    data = audio.encode(tone, RATE, fmt)
+    decoded = audio.decode(data, 16000)
+    # Length within codec padding (aac/mp3 add priming frames), amplitude preserved.
+    assert abs(decoded.size - 16000) <= 1100
+    assert 0.25 < float(np.abs(decoded).max()) < 0.5
+
+
+def test_wav_and_flac_are_lossless_at_16_bit(tone):
+    for fmt in ("wav", "flac"):
+        pcm, rate = sf.read(io.BytesIO(audio.encode(tone, RATE, fmt)), dtype="float32")
+        assert rate == RATE and pcm.shape == tone.shape
+        np.testing.assert_allclose(pcm, tone, atol=1 / 32767)
+
+
+def test_pcm16_is_clipped_little_endian():
+    data = audio.pcm16(np.array([0.0, 1.0, -1.0, 2.0], dtype=np.float32))
+    assert struct.unpack("<4h", data) == (0, 32767, -32767, 32767)
+
+
+def test_streaming_wav_header_then_chunks_is_a_valid_file(tone):
+    data = audio.streaming_wav_header(RATE) + audio.pcm16(tone[:1000]) + audio.pcm16(tone[1000:])
+    assert data[4:8] == b"\xff\xff\xff\xff" and data[40:44] == b"\xff\xff\xff\xff"
+    np.testing.assert_allclose(audio.decode(data, RATE), tone, atol=2 / 32767)
+
+
+@pytest.mark.parametrize("data", [b"", b"definitely not audio" * 20])
+def test_undecodable_input_raises(data):
+    with pytest.raises(audio.AudioDecodeError):
+        audio.decode(data)
+
+
+def test_unknown_output_format():
+    with pytest.raises(ValueError, match="unsupported audio format"):
+        audio.encode(np.zeros(10, np.float32), RATE, "ogg-vorbis")
