@@ -1,7 +1,8 @@
 """Maps the repository folders to their import names (see docs/architecture.md, "Layout")."""
 from setuptools import find_packages, setup
 
-PACKAGE_DIRS = {"omni_backends": "python_backends", "omni_kernels": "kernels", "omni_frontend": "frontend"}
+PACKAGE_DIRS = {"omni_backends": "python_backends", "omni_kernels": "kernels", "omni_frontend": "frontend",
+                "omni_bench": "bench"}
 
 packages = []
 for name, folder in PACKAGE_DIRS.items():

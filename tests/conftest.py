@@ -19,3 +19,14 @@ def mock_server(tmp_path_factory):
     server = start_server(tmp_path_factory.mktemp("mock_server"), *MOCK_ARGS)
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def voice_server(tmp_path_factory):
+    """Launcher serving the real voice models: pipelines voice, tts and asr."""
+    from omni_backends.voice.models import prepare_voice_models
+
+    prepare_voice_models()
+    server = start_server(tmp_path_factory.mktemp("voice_server"), "--pipelines", "voice,tts,asr", "--no-prepare")
+    yield server
+    server.stop()

@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 
 import numpy as np
-from fastapi import APIRouter, Request, UploadFile
+from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 from sse_starlette.sse import EventSourceResponse
+from starlette.datastructures import UploadFile  # what request.form() returns (fastapi.UploadFile subclasses it)
 
 from omni_frontend import audio as audio_codec
 from omni_frontend.errors import APIError, bad_request

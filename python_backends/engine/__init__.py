@@ -7,6 +7,7 @@ Public API:
     Runner, DecoderRunner, RowOutput, text_mrope_position_ids   (runner)
     EngineLoop, EngineStats                             (loop)
     IncrementalDetokenizer, StopStringMatcher           (detokenizer)
+    TextStream, TextDelta, Usage                        (text_stream)
 """
 from omni_backends.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from omni_backends.engine.kv_batch import KVBatch, cache_layers
@@ -14,6 +15,7 @@ from omni_backends.engine.loop import EngineLoop, EngineStats
 from omni_backends.engine.request import EngineRequest, Prompt, StepOutput
 from omni_backends.engine.runner import DecoderRunner, RowOutput, Runner, text_mrope_position_ids
 from omni_backends.engine.sampling import SamplingParams, make_generator, sample_next_token
+from omni_backends.engine.text_stream import TextDelta, TextStream, Usage
 
 __all__ = [
     "DecoderRunner",
@@ -28,6 +30,9 @@ __all__ = [
     "SamplingParams",
     "StepOutput",
     "StopStringMatcher",
+    "TextDelta",
+    "TextStream",
+    "Usage",
     "cache_layers",
     "make_generator",
     "sample_next_token",

@@ -116,6 +116,11 @@ class Talker:
         """True when `step` would advance at least one request (else it must wait for thinker text)."""
         return any(req.can_step() for req in self._requests.values())
 
+    def ready(self, request_id: str) -> bool:
+        """True when `step` would advance this request; False while it waits for thinker text (or is unknown)."""
+        req = self._requests.get(request_id)
+        return req is not None and req.can_step()
+
     def speaker_id(self, voice: str) -> int:
         """Codec id of a voice, case-insensitive. Raises RequestError (a ValueError) naming the valid voices."""
         speaker = self.tc.speaker_id.get(voice.lower())

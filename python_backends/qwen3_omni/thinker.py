@@ -83,17 +83,21 @@ class Thinker:
     def submit_inputs(self, request_id: str, inputs: ThinkerInputs, params: SamplingParams,
                       on_token: OnToken) -> None:
         """Queue a request from prebuilt `ThinkerInputs` (as `submit`, without prompt building)."""
+        ids = inputs.input_ids
+
+        def on_output(rid: str, out: StepOutput) -> None:
+            on_token(rid, self.token(ids, out))
+
+        self.loop.submit(request_id, self.engine_prompt(inputs), params, on_output)
+
+    @staticmethod
+    def engine_prompt(inputs: ThinkerInputs) -> Prompt:
+        """The engine `Prompt` of `inputs` (audio features go to the prefill as model kwargs)."""
         model_kwargs = {}
         if inputs.input_features is not None:
             model_kwargs = {"input_features": inputs.input_features,
                             "feature_attention_mask": inputs.feature_attention_mask}
-        prompt = Prompt(input_ids=inputs.input_ids, model_kwargs=model_kwargs)
-        ids = inputs.input_ids
-
-        def on_output(rid: str, out: StepOutput) -> None:
-            on_token(rid, self._token(ids, out))
-
-        self.loop.submit(request_id, prompt, params, on_output)
+        return Prompt(input_ids=inputs.input_ids, model_kwargs=model_kwargs)
 
     def abort(self, request_id: str) -> bool:
         """Cancel a request; it gets a final ThinkerToken with finish_reason "abort". False if unknown."""
@@ -104,7 +108,9 @@ class Thinker:
         self.loop.shutdown()
 
     @torch.inference_mode()
-    def _token(self, prompt_ids: torch.Tensor, out: StepOutput) -> ThinkerToken:
+    def token(self, prompt_ids: torch.Tensor, out: StepOutput) -> ThinkerToken:
+        """The `ThinkerToken` of one engine output of a request whose prompt ids are `prompt_ids` (int64 [P]):
+        adds the token's layer-0 embedding and, on index 0, the `TalkerPrompt`."""
         embed = None if out.token_id is None else self.embed_tokens(
             torch.tensor([out.token_id], device=self.embed_tokens.weight.device))
         talker_prompt = None

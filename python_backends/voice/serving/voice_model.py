@@ -1,0 +1,95 @@
+"""voice: the client-facing voice chat orchestrator (BLS, decoupled): voice_asr -> voice_llm -> voice_tts.
+
+REQUEST/INPUT_AUDIO/EVENT/AUDIO follow omni_frontend.chat_protocol and omni_backends.serving.events.
+Events: {"type": "input_audio.transcription", "text"} per input_audio part, then text deltas as the LLM
+writes them ("text" modality) and, concurrently, {"type": "audio.delta", "sample_rate": 24000,
+"transcript"} + AUDIO for each sentence chunk as soon as it is spoken ("audio" modality), then
+{"type": "done", "finish_reason", "usage"}.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+
+from omni_backends.errors import RequestError
+from omni_backends.serving.fanin import FanIn
+from omni_backends.serving import bls, events
+from omni_backends.serving.decoupled import AsyncDecoupledModel
+from omni_backends.voice.chunker import SentenceChunker
+from omni_backends.chat_request import audio_clips
+from omni_backends.voice.protocol import SAMPLING_FIELDS, text_messages
+from omni_backends.voice.serving.speech_model import speak
+from omni_backends.voice.tts import SAMPLE_RATE, resolve_voice, voice_names
+
+INPUT_AUDIO = "INPUT_AUDIO"
+_END = object()
+
+
+class TritonPythonModel(AsyncDecoupledModel):
+    def setup(self, args: dict) -> None:
+        self.voices = voice_names()
+
+    async def handle(self, ctx):
+        body = ctx.body()
+        modalities = body.get("modalities") or ["text", "audio"]
+        voice = resolve_voice(body.get("voice"), self.voices) if "audio" in modalities else None
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise RequestError("messages must be a non-empty list", param="messages")
+        transcripts = []
+        for clip in audio_clips(messages, ctx.input(INPUT_AUDIO)):
+            transcripts.append(await _transcribe(clip))
+            yield {"type": "input_audio.transcription", "text": transcripts[-1]}, None
+        llm_body = {"messages": text_messages(messages, transcripts), **{k: body.get(k) for k in SAMPLING_FIELDS}}
+
+        out = FanIn()
+        chunks: asyncio.Queue | None = asyncio.Queue() if voice else None
+        out.spawn(_write(ctx, llm_body, "text" in modalities, chunks, out))
+        if voice:
+            out.spawn(_speak_chunks(voice, chunks, out))
+        done = None
+        try:
+            async for item in out:
+                if item[0].get("type") == "done":
+                    done = item
+                else:
+                    yield item
+        finally:
+            await out.close()
+        if done is None:
+            raise RuntimeError("voice_llm ended its stream without a done event")
+        yield done
+
+
+async def _transcribe(clip: np.ndarray) -> str:
+    options = np.array([[json.dumps({"language": "en"}).encode()]], dtype=np.object_)
+    result = await bls.infer("voice_asr", {"AUDIO": clip[None, :].astype(np.float32), "OPTIONS": options}, ["RESULT"])
+    return json.loads(result["RESULT"].reshape(-1)[0])["text"]
+
+
+async def _write(ctx, llm_body: dict, send_text: bool, chunks: asyncio.Queue | None, out: FanIn) -> None:
+    """Stream the LLM's text: text deltas to `out` (when asked), sentence chunks to `chunks` (when speaking)."""
+    chunker = SentenceChunker()
+    request = {events.REQUEST: np.array([json.dumps(llm_body).encode()], dtype=np.object_)}
+    async for response in bls.stream(ctx, "voice_llm", request, [events.EVENT]):
+        event = json.loads(response[events.EVENT].reshape(-1)[0])
+        text = event.get("text", "")
+        if text and send_text:
+            await out.put(({"type": "text.delta", "text": text}, None))
+        if chunks is not None:
+            for chunk in chunker.feed(text) + (chunker.flush() if event["type"] == "done" else []):
+                await chunks.put(chunk)
+        if event["type"] == "done":
+            await out.put(({"type": "done", "finish_reason": event["finish_reason"], "usage": event["usage"]}, None))
+            break
+    if chunks is not None:
+        await chunks.put(_END)
+
+
+async def _speak_chunks(voice: str, chunks: asyncio.Queue, out: FanIn) -> None:
+    """Speak sentence chunks in order as they arrive; each becomes one audio.delta event."""
+    while (chunk := await chunks.get()) is not _END:
+        audio, _ = await speak(chunk, voice, 1.0)
+        await out.put(({"type": "audio.delta", "sample_rate": SAMPLE_RATE, "transcript": chunk}, audio))

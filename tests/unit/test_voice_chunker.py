@@ -1,0 +1,78 @@
+"""Sentence chunker that cuts streamed LLM text into speakable pieces for TTS."""
+import pytest
+
+from omni_backends.voice.chunker import SentenceChunker
+
+pytestmark = pytest.mark.unit
+
+
+def _run(text: str, pieces: int = 1, **options) -> list[str]:
+    """Feed `text` in deltas of `pieces` characters, then flush; return every chunk."""
+    chunker = SentenceChunker(**options)
+    chunks = []
+    for start in range(0, len(text), pieces):
+        chunks += chunker.feed(text[start:start + pieces])
+    return chunks + chunker.flush()
+
+
+def test_first_chunk_at_first_clause_then_sentences():
+    text = "The capital of France is Paris, a city on the Seine. It has many museums, parks and cafes. Enjoy!"
+    assert _run(text) == [
+        "The capital of France is Paris,",
+        "a city on the Seine.",
+        "It has many museums, parks and cafes.",
+        "Enjoy!",
+    ]
+
+
+def test_same_chunks_whatever_the_delta_size():
+    text = "Hello there, my friend. How are you doing today? I am fine, thanks for asking. Bye now."
+    expected = _run(text, pieces=1)
+    assert _run(text, pieces=7) == expected == _run(text, pieces=len(text))
+    assert " ".join(expected) == text
+
+
+def test_first_chunk_waits_for_min_words():
+    assert _run("Yes, of course, I can help with that.", first_min_words=3) == [
+        "Yes, of course,", "I can help with that."]
+
+
+def test_numbers_and_abbreviations_do_not_split():
+    text = "Mr. Smith paid 3.5 dollars, or 1,000 cents, for it. Dr. Jones did not."
+    assert _run(text) == ["Mr. Smith paid 3.5 dollars,", "or 1,000 cents, for it.", "Dr. Jones did not."]
+
+
+def test_boundary_needs_the_next_character():
+    chunker = SentenceChunker()
+    assert chunker.feed("It costs three dollars.") == []  # "." might be a decimal point until a space arrives
+    assert chunker.feed(" Next") == ["It costs three dollars."]
+    assert chunker.flush() == ["Next"]
+
+
+def test_overlong_sentence_is_cut_at_a_clause_or_word_boundary():
+    words = " ".join(f"w{i}" for i in range(25))
+    assert _run(f"Start here, then go. {words}", max_words=10) == [
+        "Start here, then go.", " ".join(f"w{i}" for i in range(10)),
+        " ".join(f"w{i}" for i in range(10, 20)), " ".join(f"w{i}" for i in range(20, 25))]
+
+
+def test_line_breaks_end_chunks_and_symbols_alone_are_dropped():
+    assert _run("Here is a list of things\n- apples and pears\n***\n") == [
+        "Here is a list of things", "- apples and pears"]
+
+
+def test_flush_resets_for_a_new_stream():
+    chunker = SentenceChunker()
+    chunker.feed("One two three four, five six.")
+    assert chunker.flush() == ["five six."]
+    assert chunker.feed("Again one two, x") == ["Again one two,"]
+
+
+def test_sentence_before_a_line_break_is_cut_first():
+    assert _run("Sure, here it is. Two items follow\n") == ["Sure, here it is.", "Two items follow"]
+
+
+def test_long_first_sentence_is_cut_after_first_max_words():
+    text = "Paris is a city that has captivated me since I was a child. It is big."
+    expected = ["Paris is a city that has captivated me", "since I was a child.", "It is big."]
+    assert _run(text, first_max_words=8) == expected == _run(text, pieces=len(text), first_max_words=8)

@@ -1,0 +1,99 @@
+"""SmolLM2-135M-Instruct chat stage on the engine core (real model, CPU, greedy)."""
+import threading
+
+import pytest
+import torch
+
+from omni_backends.engine import SamplingParams
+from omni_backends.errors import RequestError
+from omni_backends.voice.llm import ChatLLM
+
+pytestmark = pytest.mark.unit
+
+GREEDY = SamplingParams(max_tokens=24, temperature=0.0)
+FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
+JAPANESE = [{"role": "user", "content": "Say hello in Japanese."}]
+
+
+@pytest.fixture(scope="session")
+def llm():
+    model = ChatLLM(max_running=4)
+    yield model
+    model.shutdown()
+
+
+def _hf_greedy(llm, messages, max_new_tokens):
+    """Reference: transformers' own generate() on the same weights, decoded at once."""
+    ids = torch.tensor([llm.prompt_ids(messages)])
+    out = llm.engine.runner.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                           do_sample=False, eos_token_id=list(llm.end_token_ids))
+    return llm.tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
+def test_greedy_answer_names_paris(llm):
+    text, final = llm.complete(FRANCE, GREEDY)
+    assert "Paris" in text
+    assert final.finish_reason == "stop"  # ended by the end-of-turn token, before max_tokens
+    assert final.usage.prompt_tokens == len(llm.prompt_ids(FRANCE))
+    assert 0 < final.usage.completion_tokens < GREEDY.max_tokens
+
+
+def test_streamed_text_equals_transformers_generate(llm):
+    deltas = [d.text for d in llm.generate(JAPANESE, GREEDY)]
+    text = "".join(deltas)
+    assert text == _hf_greedy(llm, JAPANESE, GREEDY.max_tokens)
+    assert any(ord(ch) > 0x3000 for ch in text)  # multi-byte characters over several byte-level tokens
+    assert all("\ufffd" not in d for d in deltas)
+
+
+def test_concurrent_requests_are_batched_and_match_solo_answers(llm):
+    chat = [{"role": "user", "content": "Name three colors."}]
+    alone = {name: llm.complete(msgs, GREEDY)[0] for name, msgs in (("france", FRANCE), ("colors", chat))}
+    together, start = {}, threading.Barrier(2)
+
+    def run(name, msgs):
+        start.wait()
+        together[name] = llm.complete(msgs, GREEDY)[0]
+
+    steps_before = llm.engine.stats().steps
+    threads = [threading.Thread(target=run, args=item) for item in (("france", FRANCE), ("colors", chat))]
+    [t.start() for t in threads]
+    [t.join(60) for t in threads]
+    assert together == alone
+    solo_steps = sum(len(llm.tokenizer(t).input_ids) for t in alone.values())
+    assert llm.engine.stats().steps - steps_before < solo_steps  # shared decode steps
+
+
+def test_max_tokens_and_stop_strings(llm):
+    text, final = llm.complete(FRANCE, SamplingParams(max_tokens=3, temperature=0.0))
+    assert final.finish_reason == "length" and final.usage.completion_tokens == 3
+    text, final = llm.complete(FRANCE, GREEDY, stop=[" Paris"])
+    assert final.finish_reason == "stop" and "Paris" not in text and text.startswith("The capital")
+
+
+def test_closing_the_stream_aborts_the_request(llm):
+    stream = llm.generate(FRANCE, SamplingParams(max_tokens=200, temperature=0.0))
+    next(stream)
+    stream.close()
+    for _ in range(100):
+        if llm.engine.stats().in_flight == 0:
+            break
+        threading.Event().wait(0.05)
+    assert llm.engine.stats().in_flight == 0
+
+
+def test_bad_requests_raise_request_errors(llm):
+    with pytest.raises(RequestError, match="messages"):
+        llm.complete([], GREEDY)
+    with pytest.raises(RequestError, match="context length"):
+        llm.complete(FRANCE, SamplingParams(max_tokens=llm.context_length, temperature=0.0))
+
+
+def test_sampling_params_from_openai_fields(llm):
+    params = llm.sampling_params({"temperature": 0.7, "top_p": 0.9, "top_k": -1, "max_tokens": 5, "seed": 3,
+                                  "stop": ["x"], "messages": []})
+    assert (params.temperature, params.top_p, params.top_k, params.max_tokens, params.seed) == (0.7, 0.9, 0, 5, 3)
+    assert llm.sampling_params({"temperature": None}) == llm.sampling_params({})
+    with pytest.raises(RequestError) as info:
+        llm.sampling_params({"max_tokens": 0})
+    assert info.value.param == "max_tokens"

@@ -1,0 +1,122 @@
+"""Kokoro TTS and Whisper ASR of the voice pipeline, checked against each other (real models, CPU)."""
+import subprocess
+import sys
+
+import jiwer
+import numpy as np
+import pytest
+
+from omni_backends.errors import RequestError
+from omni_backends.voice import asr as asr_module
+from omni_backends.voice import tts as tts_module
+from omni_backends.voice.audio import resample
+from omni_backends.voice.phonemize import EspeakPhonemizer
+
+pytestmark = pytest.mark.unit
+
+SENTENCES = [
+    "The weather is sunny and warm today.",
+    "Please send the report to my office before noon.",
+    "Open the window, because it is too hot in here.",
+]
+
+
+@pytest.fixture(scope="session")
+def tts():
+    return tts_module.KokoroTTS()
+
+
+@pytest.fixture(scope="session")
+def asr():
+    return asr_module.WhisperASR()
+
+
+@pytest.fixture(scope="session")
+def speech(tts):
+    """24 kHz speech of SENTENCES, synthesised once."""
+    return tts.synthesize_batch(SENTENCES)
+
+
+def _normalise(text: str) -> str:
+    return jiwer.RemovePunctuation()(text.lower()).strip()
+
+
+def test_tts_to_asr_round_trip_word_error_rate(asr, speech):
+    heard = [t.text for t in asr.transcribe_batch([resample(pcm, 24000, 16000) for pcm in speech])]
+    wer = jiwer.wer([_normalise(s) for s in SENTENCES], [_normalise(h) for h in heard])
+    assert wer <= 0.20, (wer, heard)
+
+
+def test_tts_output_is_24khz_speech_of_plausible_length(tts, speech):
+    assert tts_module.SAMPLE_RATE == 24000
+    for text, pcm in zip(SENTENCES, speech):
+        assert pcm.dtype == np.float32 and pcm.ndim == 1
+        seconds = len(pcm) / 24000
+        words = len(text.split())
+        assert 0.2 * words <= seconds <= 0.8 * words, (text, seconds)  # ~2.5 words/s spoken English
+        assert 0.02 < np.sqrt(np.mean(pcm**2)) and np.abs(pcm).max() <= 1.0
+
+
+def test_faster_speed_gives_shorter_audio(tts):
+    normal = tts.synthesize(SENTENCES[0], speed=1.0)
+    fast = tts.synthesize(SENTENCES[0], speed=2.0)
+    assert len(fast) < 0.7 * len(normal)
+
+
+@pytest.mark.parametrize("speed", [0.2, 4.5])
+def test_speed_out_of_range_is_a_request_error(tts, speed):
+    with pytest.raises(ValueError, match="speed") as info:
+        tts.synthesize("Hello.", speed=speed)
+    assert isinstance(info.value, RequestError) and info.value.param == "speed"
+
+
+def test_voices_openai_aliases_and_unknown_voice(tts):
+    assert tts_module.DEFAULT_VOICE in tts.voices and tts.voices == tts_module.voice_names()
+    assert len(tts.voices) == 5 and set(tts_module.OPENAI_VOICES.values()) <= set(tts.voices)
+    assert np.array_equal(tts.synthesize("Hello.", voice="echo"), tts.synthesize("Hello.", voice="jm_kumo"))
+    with pytest.raises(RequestError, match="jf_alpha"):
+        tts.synthesize("Hello.", voice="nobody")
+
+
+def test_long_text_is_split_not_truncated(tts):
+    text = " ".join(["This sentence keeps going and going without any stop"] * 30)  # one clause, >510 phonemes
+    phonemes = EspeakPhonemizer.shared().phonemize(text)
+    chunks = tts.tokenize(text)
+    assert len(chunks) >= 2 and all(len(c) <= tts_module.MAX_PHONEMES for c in chunks)
+    # every phoneme is kept; only the spaces where the text was cut are dropped
+    assert sum(len(c) for c in chunks) + len(chunks) - 1 == len(phonemes)
+
+
+def test_phonemizer_keeps_clause_punctuation_and_kokoro_symbols(tts):
+    clauses = EspeakPhonemizer.shared().clauses("Hello, world. It costs 3.5 dollars!")
+    assert clauses == ["həlˈO,", "wˈɜɹld.", "ɪt kˈɔsts θɹˈi pYnt fˈIv dˈɑləɹz!"]
+    pangram = EspeakPhonemizer.shared().phonemize("The quick brown fox jumps over the lazy dog; judge my vow!")
+    assert len(tts.phoneme_ids(pangram)) == len(pangram)  # every symbol is in Kokoro's vocabulary
+
+
+def test_text_without_speech_gives_empty_audio(tts):
+    assert tts.synthesize("...").shape == (0,)
+
+
+def test_asr_segments_have_increasing_timestamps(asr, speech):
+    pcm = np.concatenate([resample(p, 24000, 16000) for p in speech])
+    result = asr.transcribe(pcm, word_timestamps=True)
+    assert result.language == "en" and abs(result.duration - len(pcm) / 16000) < 0.01
+    starts = [s.start for s in result.segments]
+    assert starts == sorted(starts) and all(s.end > s.start for s in result.segments)
+    words = [w for s in result.segments for w in s.words]
+    assert len(words) >= 20 and all(b.start >= a.start for a, b in zip(words, words[1:]))
+    assert "weather" in result.text.lower() and "window" in result.text.lower()
+
+
+def test_asr_prompt_and_rejects_bad_audio(asr, speech):
+    assert asr.transcribe(resample(speech[0], 24000, 16000), prompt="Weather report.").text
+    with pytest.raises(ValueError, match="16 kHz"):
+        asr.transcribe(np.zeros((2, 160), np.float32))
+
+
+def test_asr_and_tts_do_not_import_torch():
+    code = ("import sys; from omni_backends.voice import asr, audio, chunker, models, phonemize, protocol, tts; "
+            "asr.WhisperASR(); tts.KokoroTTS().synthesize('Hi.'); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr
