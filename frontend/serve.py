@@ -63,6 +63,7 @@ def prepare_models(names: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # /health polls Triton's metrics
     args = parse_args(argv)
     try:
         extra = [registry.parse_extra(s) for s in args.extra_pipeline]

@@ -6,11 +6,13 @@ omni_requests_total{model, outcome}      counter: finished requests by outcome
 omni_model_heartbeat_seconds{model}      gauge: unix time of the stub's last heartbeat (every
                                          HEARTBEAT_S); a dead stub leaves it stale, which the
                                          frontend's /health reports (Triton's own readiness stays
-                                         READY when a stub dies: server issue #8604)
+                                         READY when a stub dies: server issue #8604). The same thread
+                                         ends the stub if its tritonserver died.
 Tests read these to assert that cancelled work really stopped (in-flight back to 0).
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -45,8 +47,11 @@ class StageMetrics:
         self._count = 0
 
     def _beat(self) -> None:
+        server = os.getppid()
         while True:
             time.sleep(HEARTBEAT_S)
+            if os.getppid() != server:  # tritonserver died (we were re-parented): do not linger as an orphan
+                os._exit(1)
             self._heartbeat.set(time.time())
 
     @property

@@ -138,3 +138,115 @@ def test_disconnect_cancels_the_llm_stage(voice_server):
             if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["delta"].get("content"):
                 break
     assert wait_for(lambda: metric_value(voice_server.metrics_url, "omni_inflight_requests", model="voice_llm") == 0, 3.0)
+
+
+ROUND_TRIP = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Please call me back when you get home tonight.",
+    "The train to London leaves at seven in the morning.",
+    "She bought three apples and a loaf of bread.",
+    "Our meeting has been moved to Thursday afternoon.",
+    "The museum is closed on Mondays and public holidays.",
+    "Turn left at the second traffic light.",
+    "He plays the piano every evening after dinner.",
+    "The weather will be cold and windy tomorrow.",
+    "Remember to water the plants before you leave.",
+]
+
+
+def test_speech_to_transcription_round_trip_word_error_rate(client):
+    """10 fixed sentences -> /v1/audio/speech (wav) -> /v1/audio/transcriptions: WER <= 20 %."""
+    import jiwer
+
+    heard = []
+    for sentence in ROUND_TRIP:
+        speech = client.audio.speech.create(model="tts-1", voice="alloy", input=sentence, response_format="wav")
+        heard.append(client.audio.transcriptions.create(model="whisper-1", file=("s.wav", speech.content, "audio/wav")).text)
+    normalize = jiwer.Compose([jiwer.ToLowerCase(), jiwer.RemovePunctuation(), jiwer.RemoveMultipleSpaces(),
+                               jiwer.Strip(), jiwer.ReduceToListOfListOfWords()])
+    wer = jiwer.wer(ROUND_TRIP, heard, reference_transform=normalize, hypothesis_transform=normalize)
+    print(f"\nround-trip WER over {len(ROUND_TRIP)} sentences: {wer:.3f}")
+    assert wer <= 0.20, list(zip(ROUND_TRIP, heard))
+
+
+def test_streamed_speech_matches_the_non_streamed_length(voice_server, client):
+    text = "Streaming speech should be as long as the whole clip. Every chunk counts."
+    whole, rate = _wav(client.audio.speech.create(model="tts-1", voice="alloy", input=text, response_format="wav").content)
+    body = {"model": "tts-1", "voice": "alloy", "input": text, "response_format": "wav"}
+    with httpx.stream("POST", f"{voice_server.base_url}/v1/audio/speech", json=body, timeout=120) as response:
+        raw = b"".join(response.iter_bytes())
+    streamed_raw = np.frombuffer(raw[44:], "<i2")  # one streaming WAV header, then PCM16
+    deltas = []
+    with httpx.stream("POST", f"{voice_server.base_url}/v1/audio/speech", timeout=120,
+                      json={**body, "response_format": "pcm", "stream_format": "sse"}) as response:
+        events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+    deltas = [base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta"]
+    assert events[-1]["type"] == "speech.audio.done" and events[-1]["usage"]["total_tokens"] > 0
+    chunk = max(len(d) for d in deltas) // 2
+    for streamed in (streamed_raw.size, sum(len(d) for d in deltas) // 2):
+        assert abs(streamed - len(whole)) <= chunk, (streamed, len(whole), chunk)
+    assert raw[:4] == b"RIFF" and rate == 24000 and len(deltas) >= 2
+
+
+def test_two_concurrent_streamed_chats_both_finish(client):
+    import concurrent.futures
+
+    questions = [QUESTION, "What is the capital of Japan?"]
+
+    def ask(question):
+        text, audio, finish = "", 0, None
+        for chunk in client.chat.completions.create(model="voice", messages=[{"role": "user", "content": question}],
+                                                    audio={"voice": "alloy", "format": "pcm16"}, temperature=0,
+                                                    max_tokens=40, stream=True):
+            for choice in chunk.choices:
+                text += choice.delta.content or ""
+                audio += len(base64.b64decode(choice.delta.audio.data)) if getattr(choice.delta, "audio", None) else 0
+                finish = choice.finish_reason or finish
+        return text, audio, finish
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        (paris, paris_audio, f1), (tokyo, tokyo_audio, f2) = pool.map(ask, questions)
+    assert "Paris" in paris and "Tokyo" in tokyo and "Tokyo" not in paris and "Paris" not in tokyo
+    assert paris_audio > 24000 and tokyo_audio > 24000 and f1 == f2 == "stop"
+
+
+def test_first_audio_chunk_arrives_before_the_last_text_delta(client):
+    events = []
+    for chunk in client.chat.completions.create(
+            model="voice", messages=[{"role": "user", "content": "Describe a walk through a forest in a few sentences."}],
+            audio={"voice": "alloy", "format": "pcm16"}, temperature=0, max_tokens=120, stream=True):
+        for choice in chunk.choices:
+            if choice.delta.content:
+                events.append("text")
+            if getattr(choice.delta, "audio", None):
+                events.append("audio")
+    assert "audio" in events and events.index("audio") < len(events) - 1 - events[::-1].index("text")
+
+
+def test_spoken_question_gets_the_same_answer_as_the_text_one(client):
+    typed = client.chat.completions.create(model="voice", modalities=["text"], temperature=0,
+                                           messages=[{"role": "user", "content": QUESTION}])
+    question = client.audio.speech.create(model="tts-1", voice="jf_alpha", input=QUESTION, response_format="wav")
+    spoken = client.chat.completions.create(model="voice", modalities=["text"], temperature=0, messages=[
+        {"role": "user", "content": [{"type": "input_audio", "input_audio": {
+            "data": base64.b64encode(question.content).decode(), "format": "wav"}}]}])
+    assert spoken.choices[0].message.content == typed.choices[0].message.content
+
+
+@pytest.mark.parametrize("route, kwargs, status, param", [
+    ("speech", {"json": {"model": "tts-1", "voice": "alloy", "input": ""}}, 400, "input"),
+    ("speech", {"json": {"model": "tts-1", "voice": "nobody", "input": "hi"}}, 400, "voice"),
+    ("speech", {"json": {"model": "tts-1", "voice": "alloy", "input": "hi", "speed": 9}}, 400, "speed"),
+    ("speech", {"json": {"model": "tts-1", "voice": "alloy", "input": "x" * 5000}}, 400, "input"),
+    ("transcriptions", {"files": {"file": ("a.wav", b"this is not audio" * 50, "audio/wav")},
+                        "data": {"model": "whisper-1"}}, 400, "file"),
+    ("transcriptions", {"files": {"file": ("a.wav", b"\0" * (25 * 1024 * 1024 + 10), "audio/wav")},
+                        "data": {"model": "whisper-1"}}, 413, "file"),
+    ("transcriptions", {"data": {"model": "whisper-1"}}, 400, "file"),
+])
+def test_bad_audio_requests_get_openai_errors(voice_server, route, kwargs, status, param):
+    response = httpx.post(f"{voice_server.base_url}/v1/audio/{route}", timeout=60, **kwargs)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["param"] == param
+    assert httpx.get(f"{voice_server.base_url}/health").status_code == 200
