@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import hmac
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 
 from omni_frontend import errors, observability
 from omni_frontend.config import FrontendConfig
@@ -11,6 +11,22 @@ from omni_frontend.routes import chat, speech, system, transcriptions
 from omni_frontend.triton_client import TritonClient
 
 _OPEN_PATHS = ("/health", "/metrics", "/docs", "/openapi.json")
+
+
+class BearerAuthMiddleware:
+    """Pure ASGI middleware: /v1 routes need `Authorization: Bearer <api_key>` (401 otherwise)."""
+
+    def __init__(self, app, api_key: str):
+        self.app, self.expected = app, f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and not scope["path"].startswith(_OPEN_PATHS):
+            token = dict(scope.get("headers") or []).get(b"authorization", b"")
+            if not hmac.compare_digest(token, self.expected):
+                response = errors.APIError(401, "invalid or missing API key (Authorization: Bearer ...)",
+                                           code="invalid_api_key").response()
+                return await response(scope, receive, send)
+        await self.app(scope, receive, send)
 
 
 def create_app(config: FrontendConfig) -> FastAPI:
@@ -22,16 +38,8 @@ def create_app(config: FrontendConfig) -> FastAPI:
     errors.install_handlers(app)
 
     if config.api_key:
-        @app.middleware("http")
-        async def _auth(request: Request, call_next):
-            if not request.url.path.startswith(_OPEN_PATHS):
-                token = request.headers.get("authorization", "")
-                if not hmac.compare_digest(token.encode(), f"Bearer {config.api_key}".encode()):
-                    return errors.APIError(401, "invalid or missing API key (Authorization: Bearer ...)",
-                                           code="invalid_api_key").response()
-            return await call_next(request)
-
-    observability.install(app, app.state.metrics)  # outermost: sees auth failures too
+        app.add_middleware(BearerAuthMiddleware, api_key=config.api_key)
+    app.add_middleware(observability.ObservabilityMiddleware, metrics=app.state.metrics)  # outermost
     for module in (system, chat, speech, transcriptions):
         app.include_router(module.router)
 

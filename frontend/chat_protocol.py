@@ -55,7 +55,7 @@ class ChatRequest(BaseModel):
     top_k: int | None = Field(default=None, ge=-1)
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-2**63, le=2**63 - 1)
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None

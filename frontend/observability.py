@@ -26,21 +26,39 @@ class FrontendMetrics:
                                 ["route"], registry=self.registry)
 
 
-def install(app, metrics: FrontendMetrics) -> None:
-    """Adds the middleware: x-request-id in and out, one access-log line, metrics."""
+class ObservabilityMiddleware:
+    """Pure ASGI middleware (BaseHTTPMiddleware would hide client disconnects from the routes):
+    x-request-id in and out (`request.state.request_id`), one access-log line, metrics."""
 
-    @app.middleware("http")
-    async def _observe(request, call_next):
-        request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
-        request.state.request_id = request_id
-        start = time.perf_counter()
-        response = await call_next(request)
-        route = request.scope.get("route")
-        path = getattr(route, "path", "unmatched")
-        elapsed = time.perf_counter() - start
-        metrics.requests.labels(path, request.method, str(response.status_code)).inc()
-        metrics.latency.labels(path).observe(elapsed)
-        response.headers["x-request-id"] = request_id
-        log.info("%s %s -> %d %.1f ms request_id=%s", request.method, request.url.path,
-                 response.status_code, elapsed * 1000, request_id)
-        return response
+    def __init__(self, app, metrics: FrontendMetrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        incoming = dict(scope.get("headers") or []).get(b"x-request-id", b"").decode("latin-1")
+        request_id = incoming or uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = request_id
+        start, status = time.perf_counter(), [500]
+
+        async def send_with_id(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+                headers = list(message.get("headers") or [])
+                if not any(k.lower() == b"x-request-id" for k, _ in headers):
+                    headers.append((b"x-request-id", request_id.encode("latin-1")))
+                message = {**message, "headers": headers}
+                self.metrics.latency.labels(_route(scope)).observe(time.perf_counter() - start)
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            path = _route(scope)
+            self.metrics.requests.labels(path, scope["method"], str(status[0])).inc()
+            log.info("%s %s -> %d %.1f ms request_id=%s", scope["method"], scope["path"], status[0],
+                     (time.perf_counter() - start) * 1000, request_id)
+
+
+def _route(scope) -> str:
+    return getattr(scope.get("route"), "path", "unmatched")

@@ -92,10 +92,12 @@ def main(argv: list[str] | None = None) -> int:
         uv = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                                            timeout_graceful_shutdown=5))
         threading.Thread(target=_announce, args=(uv, args, server, selected), daemon=True).start()
+        died = threading.Event()
+        threading.Thread(target=_watch, args=(uv, server, died), daemon=True).start()
         # uvicorn re-raises the signal that stopped it; make SIGTERM unwind through `finally` too.
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         uv.run()
-        return 0
+        return 1 if died.is_set() else 0
     except LaunchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -105,6 +107,19 @@ def main(argv: list[str] | None = None) -> int:
         if server is not None:
             server.stop()
             log.info("tritonserver stopped")
+
+
+def _watch(uv: uvicorn.Server, server: TritonServer, died: threading.Event) -> None:
+    """Stops the frontend (exit 1) if tritonserver dies under it: a supervisor can then restart us."""
+    while not uv.should_exit:
+        process = server.process
+        if process is not None and process.poll() is not None:
+            print(f"error: {server.failure(f'tritonserver exited unexpectedly with code {process.returncode}')}",
+                  file=sys.stderr, flush=True)
+            died.set()
+            uv.should_exit = True
+            return
+        time.sleep(0.5)
 
 
 def _announce(uv: uvicorn.Server, args, server: TritonServer, selected) -> None:

@@ -162,7 +162,7 @@ class TritonServer:
         try:
             while time.monotonic() < deadline:
                 if self.process.poll() is not None:
-                    raise LaunchError(self._failure("tritonserver exited with code "
+                    raise LaunchError(self.failure("tritonserver exited with code "
                                                     f"{self.process.returncode} during startup"))
                 try:
                     states = self.model_states(client)
@@ -171,12 +171,12 @@ class TritonServer:
                     continue
                 failed = [m for m in self.models if states.get(m) == "UNAVAILABLE"]
                 if failed:
-                    raise LaunchError(self._failure(f"model {failed[0]} failed to load"))
+                    raise LaunchError(self.failure(f"model {failed[0]} failed to load"))
                 if all(states.get(m) == "READY" for m in self.models) and client.is_server_ready():
                     return
                 time.sleep(0.2)
             pending = [m for m in self.models if states.get(m) != "READY"] if "states" in locals() else self.models
-            raise LaunchError(self._failure(f"timed out after {self.ready_timeout_s:.0f}s waiting for "
+            raise LaunchError(self.failure(f"timed out after {self.ready_timeout_s:.0f}s waiting for "
                                             f"model(s) {', '.join(pending)}"))
         finally:
             client.close()
@@ -185,7 +185,7 @@ class TritonServer:
         index = client.get_model_repository_index(as_json=True).get("models", [])
         return {m["name"]: m.get("state", "") for m in index}
 
-    def _failure(self, headline: str) -> str:
+    def failure(self, headline: str) -> str:
         """Headline plus the server-log lines that explain it (errors and the load table)."""
         try:
             lines = self.log_path.read_text(errors="replace").splitlines()

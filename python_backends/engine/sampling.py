@@ -11,6 +11,8 @@ from typing import Any, Mapping
 
 import torch
 
+from omni_backends.errors import RequestError
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -64,6 +66,8 @@ class SamplingParams:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
         if self.seed is not None and not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
+        if self.seed is not None and not -2**63 <= self.seed < 2**63:
+            raise ValueError(f"seed must be a 64-bit signed integer, got {self.seed}")
         if any(t < 0 for t in self.stop_token_ids + self.suppress_token_ids):
             raise ValueError("stop_token_ids and suppress_token_ids must be non-negative token ids")
 
@@ -141,3 +145,11 @@ def sample_next_token(
         scores = scores.masked_fill(remove.scatter(0, order, remove), -float("inf"))
     probs = scores.softmax(-1)
     return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def check_context_length(prompt_tokens: int, max_tokens: int, context_length: int) -> None:
+    """Raises RequestError (HTTP 400, param max_tokens) when the prompt plus max_tokens cannot fit
+    in the model's context (positions 0 .. context_length - 1)."""
+    if prompt_tokens + max_tokens > context_length:
+        raise RequestError(f"prompt ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds the "
+                           f"context length {context_length}", param="max_tokens")

@@ -93,7 +93,10 @@ async def stream(ctx: RequestContext, model: str, inputs: dict[str, np.ndarray],
                 if error is not None:
                     _raise_message(model, error)
                 return
-            _raise_for(model, response)
+            if response.has_error():  # the child sends FINAL right after its error: nothing to cancel
+                finished = True
+                sidechannel.take_error(child_id)
+                _raise_for(model, response)
             tensors = _outputs(response, outputs)
             if tensors:
                 yield tensors
@@ -105,10 +108,12 @@ async def stream(ctx: RequestContext, model: str, inputs: dict[str, np.ndarray],
 
 def _drain(read, child_id: str) -> None:
     """Reads a cancelled child's stream to its FINAL, then removes its side-channel files."""
-    while read() is not _DONE:
-        pass
-    sidechannel.clear(child_id)
-    sidechannel.take_error(child_id)
+    try:
+        while read() is not _DONE:
+            pass
+    finally:
+        sidechannel.clear(child_id)
+        sidechannel.take_error(child_id)
 
 
 async def infer(model: str, inputs: dict[str, np.ndarray], outputs: list[str], **kwargs) -> dict[str, np.ndarray]:

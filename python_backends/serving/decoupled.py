@@ -94,7 +94,7 @@ class AsyncDecoupledModel:
     async def _serve(self, request) -> None:
         sender = request.get_response_sender()
         ctx = RequestContext(request, sender)
-        outcome = "ok"
+        outcome, error = "ok", None
         stream = self.handle(ctx)
         try:
             self.metrics.started()
@@ -110,8 +110,6 @@ class AsyncDecoupledModel:
         except Exception as exc:  # noqa: BLE001 - every failure must reach the client as an error + FINAL
             outcome, error = "error", f"{self.model_name}: {type(exc).__name__}: {exc}"
             pb_utils.Logger.log_error(f"{self.model_name} request {ctx.request_id} failed:\n{traceback.format_exc()}")
-        else:
-            error = None
         finally:
             await stream.aclose()  # runs the handler's cleanup (e.g. cancels its BLS children)
             sidechannel.clear(ctx.request_id)

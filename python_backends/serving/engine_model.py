@@ -45,7 +45,8 @@ class EngineStageModel:
         self.metrics = StageMetrics(self.model_name)
         self.loop = self.build_loop(args)
         self._outputs: queue.Queue = queue.Queue()
-        self._live: dict[str, tuple] = {}  # engine id -> (sender, context, triton request id); sender thread only
+        self._live: dict[str, tuple] = {}  # engine id -> (sender, context, triton request id)
+        self._lock = threading.Lock()
         self._next_id = 0
         self._sender_thread = threading.Thread(target=self._send_loop, name=f"{self.model_name}-sender", daemon=True)
         self._sender_thread.start()
@@ -78,8 +79,16 @@ class EngineStageModel:
             self._next_id += 1
             rid = f"{request.request_id() or 'req'}#{self._next_id}"
             self.metrics.started()
-            self._outputs.put(("open", rid, (sender, context, request.request_id())))
-            self.loop.submit(rid, prompt, params, self._on_output)
+            with self._lock:  # registered before submit: the first output may come at once
+                self._live[rid] = (sender, context, request.request_id())
+            try:
+                self.loop.submit(rid, prompt, params, self._on_output)
+            except Exception as exc:  # noqa: BLE001 - raising here would free the sender under our threads
+                with self._lock:
+                    self._live.pop(rid, None)
+                message = exc.envelope() if isinstance(exc, RequestError) else f"{self.model_name}: {exc}"
+                self.metrics.finished("rejected" if isinstance(exc, (RequestError, ValueError)) else "error")
+                send_final(sender, request.request_id(), message)
         return None
 
     def finalize(self) -> None:
@@ -89,7 +98,7 @@ class EngineStageModel:
 
     # -- engine thread -> sender thread ---------------------------------------------------------
     def _on_output(self, rid: str, output: StepOutput) -> None:
-        self._outputs.put(("output", rid, output))
+        self._outputs.put((rid, output))
 
     def _send_loop(self) -> None:
         last_poll = 0.0
@@ -104,19 +113,18 @@ class EngineStageModel:
                 self._handle(*item)
             if time.monotonic() - last_poll >= CANCEL_POLL_S:
                 last_poll = time.monotonic()
-                for rid, (sender, _, triton_id) in list(self._live.items()):
+                with self._lock:
+                    live = list(self._live.items())
+                for rid, (sender, _, triton_id) in live:
                     if sender.is_cancelled() or sidechannel.cancel_requested(triton_id):
                         self.loop.abort(rid)
 
-    def _handle(self, kind: str, rid: str, payload) -> None:
-        if kind == "open":
-            self._live[rid] = payload
-            return
-        entry = self._live.get(rid)
+    def _handle(self, rid: str, output: StepOutput) -> None:
+        with self._lock:
+            entry = self._live.get(rid)
         if entry is None:
             return
         sender, context, triton_id = entry
-        output: StepOutput = payload
         error = None
         try:
             if output.finish_reason == "error":
@@ -133,7 +141,8 @@ class EngineStageModel:
             output = StepOutput(token_id=None, finished=True, finish_reason="error", error=str(exc))
             error = f"{self.model_name}: {exc}"
         if output.finished:
-            del self._live[rid]
+            with self._lock:
+                del self._live[rid]
             sidechannel.clear(triton_id)
             outcome = {"abort": "cancelled", "error": "error"}.get(output.finish_reason or "", "ok")
             self.metrics.finished(outcome)

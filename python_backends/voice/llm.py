@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from omni_backends.engine.sampling import check_context_length
 from omni_backends.engine import (DecoderRunner, EngineLoop, Prompt, SamplingParams, StepOutput, TextDelta, TextStream)
 from omni_backends.errors import RequestError
 from omni_backends.voice.models import model_home, prepare_llm
@@ -92,9 +93,7 @@ class ChatLLM:
         Raises RequestError for bad messages or when the prompt plus max_tokens exceeds the context length.
         """
         ids = self.prompt_ids(messages)
-        if len(ids) + params.max_tokens > self.context_length:
-            raise RequestError(f"prompt ({len(ids)} tokens) plus max_tokens ({params.max_tokens}) exceeds the "
-                               f"context length {self.context_length}", param="max_tokens")
+        check_context_length(len(ids), params.max_tokens, self.context_length)
         params = dataclasses.replace(params, stop_token_ids=tuple(dict.fromkeys(params.stop_token_ids + self.end_token_ids)))
         return Prompt(input_ids=torch.tensor(ids)), params, TextStream(self.tokenizer, len(ids), stop)
 

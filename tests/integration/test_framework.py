@@ -106,6 +106,7 @@ def test_triton_grpc_clients_drive_pipeline_models_directly(mock_server):
     (json.dumps({"model": "mock", "messages": []}), 400, "messages"),
     (json.dumps({"model": "mock", "messages": [{"role": "user", "content": "x"}], "temperature": "hot"}), 400, "temperature"),
     (json.dumps({"model": "mock", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}), 400, "max_tokens"),
+    (json.dumps({"model": "mock", "messages": [{"role": "user", "content": "x"}], "seed": 2**70}), 400, "seed"),
     (json.dumps({"model": "mock", "messages": [{"role": "user", "content": "x"}], "reject": True}), 400, "reject"),
     (json.dumps({"model": "mock", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}), 400,
      "messages[0].content"),
@@ -191,3 +192,24 @@ def test_launcher_reports_port_in_use_and_missing_model(tmp_path):
                            "--extra-pipeline", "x=chat:no_such_model", "--model-repository", str(TEST_REPOSITORY),
                            "--port", "0"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "no_such_model not found" in done.stderr
+
+
+def test_non_streamed_request_is_cancelled_when_the_client_disconnects(mock_server):
+    metrics = mock_server.metrics_url
+    before = metric_value(metrics, "omni_requests_total", model="mock_stream", outcome="cancelled") or 0
+    body = {"model": "mock", "messages": [{"role": "user", "content": "hi"}], "repeat": 1000, "delay_ms": 20}
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
+        httpx.post(f"{mock_server.base_url}/v1/chat/completions", json=body, timeout=httpx.Timeout(5, read=0.5))
+    assert wait_for(lambda: (metric_value(metrics, "omni_requests_total", model="mock_stream", outcome="cancelled")
+                             or 0) > before, 1.5), "the model kept running after the client left"
+    assert wait_for(lambda: metric_value(metrics, "omni_inflight_requests", model="mock_stream") == 0, 1.0)
+
+
+def test_launcher_exits_when_tritonserver_dies(tmp_path):
+    server = start_server(tmp_path, *MOCK_ARGS)
+    triton = next(p for p in psutil.Process(server.process.pid).children() if p.name() == "tritonserver")
+    stubs = [p for p in triton.children() if "triton_python_backend_stub" in " ".join(p.cmdline())]
+    triton.kill()
+    assert server.process.wait(timeout=20) == 1
+    assert "tritonserver exited unexpectedly" in server.log()
+    assert wait_for(lambda: not [p for p in stubs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], 5.0)

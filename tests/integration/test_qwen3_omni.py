@@ -243,6 +243,8 @@ def test_cancelled_stream_stops_every_stage_and_the_next_request_is_served(serve
     ({"messages": []}, "messages"),
     ({"audio": {"voice": "nobody", "format": "wav"}}, "voice"),
     ({"max_tokens": 0}, "max_tokens"),
+    ({"max_tokens": 10**9, "modalities": ["text"]}, "max_tokens"),   # beyond the thinker's context length
+    ({"seed": 2**70}, "seed"),
     ({"messages": [{"role": "user", "content": [
         {"type": "input_audio", "input_audio": {"data": base64.b64encode(b"not audio").decode(), "format": "wav"}}]}]},
      "messages[0].content.input_audio"),

@@ -238,6 +238,7 @@ def test_spoken_question_gets_the_same_answer_as_the_text_one(client):
     ("speech", {"json": {"model": "tts-1", "voice": "nobody", "input": "hi"}}, 400, "voice"),
     ("speech", {"json": {"model": "tts-1", "voice": "alloy", "input": "hi", "speed": 9}}, 400, "speed"),
     ("speech", {"json": {"model": "tts-1", "voice": "alloy", "input": "x" * 5000}}, 400, "input"),
+    ("speech", {"json": {"model": "tts-1", "voice": "alloy", "input": "...!!!???"}}, 400, "input"),
     ("transcriptions", {"files": {"file": ("a.wav", b"this is not audio" * 50, "audio/wav")},
                         "data": {"model": "whisper-1"}}, 400, "file"),
     ("transcriptions", {"files": {"file": ("a.wav", b"\0" * (25 * 1024 * 1024 + 10), "audio/wav")},
@@ -250,3 +251,34 @@ def test_bad_audio_requests_get_openai_errors(voice_server, route, kwargs, statu
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["param"] == param
     assert httpx.get(f"{voice_server.base_url}/health").status_code == 200
+
+
+def test_rejected_stage_requests_leave_no_side_channel_files(voice_server):
+    """A request that a BLS child stage rejects (voice_llm: context length) is a 400, and the
+    parent/child side channel (cancel flags, error files) is cleaned up."""
+    from omni_backends.serving.sidechannel import FLAG_DIR
+
+    before = set(FLAG_DIR.glob("bls-*")) if FLAG_DIR.exists() else set()
+    for _ in range(3):
+        response = httpx.post(f"{voice_server.base_url}/v1/chat/completions", timeout=60, json={
+            "model": "voice", "max_tokens": 9000, "messages": [{"role": "user", "content": "hi"}]})
+        assert response.status_code == 400 and response.json()["error"]["param"] == "max_tokens"
+    assert wait_for(lambda: (set(FLAG_DIR.glob("bls-*")) if FLAG_DIR.exists() else set()) <= before, 3.0)
+
+
+def test_engine_stage_rejects_a_bad_seed_over_grpc_and_survives(voice_server, client):
+    """Bypassing the frontend's validation: the engine stage answers with an error + FINAL (it used to
+    crash tritonserver when the engine refused a request after it was registered)."""
+    results = []
+    triton = grpcclient.InferenceServerClient(voice_server.grpc_url)
+    triton.start_stream(callback=lambda result, error: results.append((result, error)))
+    request = grpcclient.InferInput("REQUEST", [1], "BYTES")
+    request.set_data_from_numpy(np.array([json.dumps({"messages": [{"role": "user", "content": "hi"}],
+                                                      "seed": 2**70}).encode()], dtype=np.object_))
+    triton.async_stream_infer("voice_llm", [request], enable_empty_final_response=True)
+    assert wait_for(lambda: any(e is not None for _, e in results), 10)
+    triton.stop_stream()
+    assert "seed" in str(next(e for _, e in results if e is not None))
+    assert httpx.get(f"{voice_server.base_url}/health").status_code == 200
+    assert "Paris" in client.chat.completions.create(model="voice", modalities=["text"], temperature=0,
+                                                     messages=[{"role": "user", "content": QUESTION}]).choices[0].message.content

@@ -152,13 +152,15 @@ class TritonPythonModel(AsyncDecoupledModel):
                 inputs = self._talker_inputs(turn, responses)
                 flags = (START if turn.talker_seq is None else 0)
                 flags |= END if any(p.read_json(r[p.EVENT])["type"] == "done" for r in responses) else 0
-                turn.talker_seq = turn.talker_seq or _sequence_id()
+                sequence = turn.talker_seq or _sequence_id()
                 async for out in bls.stream(ctx, TALKER, inputs, [p.CODES, p.FINISH_REASON],
-                                            correlation_id=turn.talker_seq, flags=flags):
+                                            correlation_id=sequence, flags=flags):
+                    turn.talker_seq = sequence  # started: from now on an early end must ABORT it
                     codes = out[p.CODES][0]
                     turn.frames += codes.shape[-1]
                     codes_q.put_nowait(codes)
                     turn.talker_done = p.FINISH_REASON in out
+                turn.talker_seq = sequence  # also when this request ended without codes (waiting for text)
         finally:
             codes_q.put_nowait(_END)
 
@@ -182,9 +184,9 @@ class TritonPythonModel(AsyncDecoupledModel):
                 continue
             codes = np.concatenate(frames, axis=-1) if frames else np.zeros((16, 0), np.int64)
             flags = (START if turn.code2wav_seq is None else 0) | (END if end else 0)
-            turn.code2wav_seq = turn.code2wav_seq or _sequence_id()
-            result = await bls.infer(CODE2WAV, {p.CODES: codes[None]}, [p.PCM], correlation_id=turn.code2wav_seq,
-                                     flags=flags)
+            sequence = turn.code2wav_seq or _sequence_id()
+            result = await bls.infer(CODE2WAV, {p.CODES: codes[None]}, [p.PCM], correlation_id=sequence, flags=flags)
+            turn.code2wav_seq = sequence  # started: from now on an early end must ABORT it
             turn.code2wav_done = end
             pcm = result[p.PCM][0]
             if pcm.size:

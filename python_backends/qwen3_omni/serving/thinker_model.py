@@ -21,6 +21,7 @@ from omni_backends.qwen3_omni.serving import protocol as p
 from omni_backends.qwen3_omni.thinker import Thinker
 from omni_backends.chat_request import audio_clips
 from omni_backends.engine import TextStream
+from omni_backends.engine.sampling import check_context_length
 from omni_backends.serving import events
 from omni_backends.serving.engine_model import EngineStageModel
 
@@ -53,7 +54,10 @@ class TritonPythonModel(EngineStageModel):
         turn = _Turn(inputs, TextStream(self.thinker.prompts.tokenizer, len(inputs.input_ids),
                                         [stop] if isinstance(stop, str) else stop),
                      bool(body.get("talker_inputs", True)))
-        return self.thinker.engine_prompt(inputs), self.sampling_params(body), turn
+        params = self.sampling_params(body)
+        check_context_length(len(inputs.input_ids), params.max_tokens,
+                             self.thinker.config.thinker_config.text_config.max_position_embeddings)
+        return self.thinker.engine_prompt(inputs), params, turn
 
     def sampling_params(self, body: dict) -> SamplingParams:
         """Thinker SamplingParams from the REQUEST fields. Raises RequestError naming a bad field."""

@@ -33,7 +33,9 @@ class TritonPythonModel(AsyncDecoupledModel):
         voice = resolve_voice(body.get("voice"), self.voices)
         speed = check_speed(float(body.get("speed") or 1.0))
         chunker = SentenceChunker()
-        chunks = chunker.feed(text) + chunker.flush()
+        chunks = [c for c in chunker.feed(text) + chunker.flush() if any(ch.isalnum() for ch in c)]
+        if not chunks:
+            raise RequestError("input contains nothing speakable (no letters or digits)", param="input")
         tokens = 0
         pending = asyncio.ensure_future(speak(chunks[0], voice, speed))
         try:
