@@ -45,7 +45,7 @@ class ChatRequest(BaseModel):
     """The OpenAI request fields we honour; unknown fields (extra_body) are passed to the pipeline,
     which uses those it knows and ignores the rest; `n` > 1 is rejected."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)  # "10" is not an integer, "yes" not a boolean
     model: str
     messages: list[Message] = Field(min_length=1)
     modalities: list[Literal["text", "audio"]] | None = None

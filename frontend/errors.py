@@ -65,6 +65,8 @@ def from_triton_message(message: str) -> APIError:
                             code=err.get("code"), type=err.get("type"))
         except (ValueError, KeyError, TypeError):
             pass
+    if "is not healthy" in message:  # Triton: the model's stub process died
+        return APIError(503, f"model unavailable: {message}", code="model_unavailable")
     return APIError(500, f"inference failed: {message}", code="inference_error")
 
 

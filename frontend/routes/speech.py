@@ -27,10 +27,10 @@ router = APIRouter()
 
 
 class SpeechRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     input: str
     model: str | None = None
-    voice: str
+    voice: str = Field(min_length=1)
     instructions: str | None = None
     response_format: Literal["mp3", "opus", "aac", "flac", "wav", "pcm"] = "mp3"
     speed: float = Field(default=1.0, ge=0.25, le=4.0)

@@ -107,6 +107,8 @@ def test_triton_grpc_clients_drive_pipeline_models_directly(mock_server):
     (json.dumps({"model": "mock", "messages": [{"role": "user", "content": "x"}], "temperature": "hot"}), 400, "temperature"),
     (json.dumps({"model": "mock", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}), 400, "max_tokens"),
     (json.dumps({"model": "mock", "messages": [{"role": "user", "content": "x"}], "seed": 2**70}), 400, "seed"),
+    (json.dumps({"model": "mock", "messages": [{"role": "user", "content": "x"}], "max_tokens": "10"}), 400, "max_tokens"),
+    (json.dumps({"model": "mock", "messages": [{"role": "user", "content": "x"}], "stream": "yes"}), 400, "stream"),
     (json.dumps({"model": "mock", "messages": [{"role": "user", "content": "x"}], "reject": True}), 400, "reject"),
     (json.dumps({"model": "mock", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}), 400,
      "messages[0].content"),

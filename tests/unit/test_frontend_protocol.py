@@ -63,6 +63,8 @@ def test_triton_error_messages_map_to_http_statuses():
     rejected = from_triton_message('{"error": {"message": "bad voice", "type": "invalid_request_error", '
                                    '"param": "voice", "code": "invalid_voice", "status": 400}}')
     assert (rejected.status, rejected.param, rejected.code) == (400, "voice", "invalid_voice")
+    dead = from_triton_message("Stub process 'voice_tts_0_0' is not healthy.")
+    assert dead.status == 503 and dead.code == "model_unavailable"
     crashed = from_triton_message("voice_llm: RuntimeError: boom")
     assert crashed.status == 500 and "boom" in crashed.message
     assert set(crashed.body()["error"]) == {"message", "type", "param", "code"}
