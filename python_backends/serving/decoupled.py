@@ -17,8 +17,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from omni_backends.errors import RequestError
-from omni_backends.serving import events, sidechannel
-from omni_backends.serving import model_config
+from omni_backends.serving import events, model_config, sidechannel
 from omni_backends.serving.metrics import StageMetrics
 
 

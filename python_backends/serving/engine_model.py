@@ -19,9 +19,8 @@ import triton_python_backend_utils as pb_utils
 
 from omni_backends.engine import EngineLoop, Prompt, SamplingParams, StepOutput
 from omni_backends.errors import RequestError
-from omni_backends.serving import sidechannel
+from omni_backends.serving import model_config, sidechannel
 from omni_backends.serving.decoupled import send_final
-from omni_backends.serving import model_config
 from omni_backends.serving.metrics import StageMetrics
 
 CANCEL_POLL_S = 0.02
@@ -67,28 +66,21 @@ class EngineStageModel:
     # -- Triton entry points ------------------------------------------------------------------
     def execute(self, requests) -> None:
         for request in requests:
-            sender = request.get_response_sender()
+            sender, triton_id = request.get_response_sender(), request.request_id()
+            self._next_id += 1
+            rid = f"{triton_id or 'req'}#{self._next_id}"
+            self.metrics.started()
             try:
                 prompt, params, context = self.make_prompt(request)
-            except Exception as exc:  # noqa: BLE001 - a bad request must not take the model down
-                message = exc.envelope() if isinstance(exc, RequestError) else f"{self.model_name}: {exc}"
-                send_final(sender, request.request_id(), message)
-                self.metrics.started()
-                self.metrics.finished("rejected" if isinstance(exc, RequestError) else "error")
-                continue
-            self._next_id += 1
-            rid = f"{request.request_id() or 'req'}#{self._next_id}"
-            self.metrics.started()
-            with self._lock:  # registered before submit: the first output may come at once
-                self._live[rid] = (sender, context, request.request_id())
-            try:
+                with self._lock:  # registered before submit: the first output may come at once
+                    self._live[rid] = (sender, context, triton_id)
                 self.loop.submit(rid, prompt, params, self._on_output)
             except Exception as exc:  # noqa: BLE001 - raising here would free the sender under our threads
                 with self._lock:
                     self._live.pop(rid, None)
-                message = exc.envelope() if isinstance(exc, RequestError) else f"{self.model_name}: {exc}"
-                self.metrics.finished("rejected" if isinstance(exc, (RequestError, ValueError)) else "error")
-                send_final(sender, request.request_id(), message)
+                rejected = isinstance(exc, RequestError)
+                self.metrics.finished("rejected" if rejected else "error")
+                send_final(sender, triton_id, exc.envelope() if rejected else f"{self.model_name}: {exc}")
         return None
 
     def finalize(self) -> None:

@@ -23,10 +23,21 @@ AUDIO = "AUDIO"
 _EMPTY_AUDIO = np.zeros((0,), dtype=np.float32)
 
 
+def json_tensor(value) -> np.ndarray:
+    """BYTES [1] holding `value` as JSON (add a leading [None] for a batched input)."""
+    return np.array([json.dumps(value).encode()], dtype=np.object_)
+
+
+def read_json(tensor: np.ndarray):
+    """The JSON value of a BYTES tensor holding one element (any shape). Raises ValueError if not JSON."""
+    raw = tensor.reshape(-1)[0]
+    return json.loads(raw.decode() if isinstance(raw, bytes) else raw)
+
+
 def encode_event(event: dict, audio: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Output tensors for one event: EVENT bytes [1] and AUDIO float32 [samples] (empty if none)."""
     pcm = _EMPTY_AUDIO if audio is None else np.ascontiguousarray(audio, dtype=np.float32).reshape(-1)
-    return {EVENT: np.array([json.dumps(event).encode()], dtype=np.object_), AUDIO: pcm}
+    return {EVENT: json_tensor(event), AUDIO: pcm}
 
 
 def decode_request(raw: np.ndarray) -> dict:
@@ -34,9 +45,8 @@ def decode_request(raw: np.ndarray) -> dict:
     from omni_backends.errors import RequestError
 
     try:
-        value = raw.reshape(-1)[0]
-        body = json.loads(value.decode() if isinstance(value, bytes) else value)
-    except (ValueError, IndexError, UnicodeDecodeError) as exc:
+        body = read_json(raw)
+    except (ValueError, IndexError) as exc:
         raise RequestError(f"REQUEST must hold one JSON object: {exc}") from exc
     if not isinstance(body, dict):
         raise RequestError("REQUEST must hold one JSON object")

@@ -9,3 +9,12 @@ def load(args: dict) -> tuple[str, dict, dict[str, str]]:
     config = json.loads(args["model_config"])
     parameters = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
     return args["model_name"], config, parameters
+
+
+def int_parameter(parameters: dict, name: str, default: int) -> int:
+    """An integer model-config parameter ("" or missing: default). Raises ValueError naming it."""
+    raw = parameters.get(name) or ""
+    try:
+        return int(raw) if raw.strip() else default
+    except ValueError:
+        raise ValueError(f"config parameter {name!r} must be an integer, got {raw!r}") from None

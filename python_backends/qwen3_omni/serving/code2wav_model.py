@@ -30,9 +30,9 @@ class TritonPythonModel:
         self.model_name, _, parameters = model_config.load(args)
         path = p.stage_checkpoint(parameters, self.model_name)
         self.streamer = Code2WavStreamer(load_code2wav(path),
-                                         chunk_frames=p.int_parameter(parameters, "chunk_frames", 25),
-                                         first_chunk_frames=p.int_parameter(parameters, "first_chunk_frames", 5),
-                                         left_context_frames=p.int_parameter(parameters, "left_context_frames", 25))
+                                         chunk_frames=model_config.int_parameter(parameters, "chunk_frames", 25),
+                                         first_chunk_frames=model_config.int_parameter(parameters, "first_chunk_frames", 5),
+                                         left_context_frames=model_config.int_parameter(parameters, "left_context_frames", 25))
         self.metrics = StageMetrics(self.model_name)
         self._sequences: set[int] = set()
 

@@ -33,7 +33,7 @@ from omni_backends.errors import RequestError
 from omni_backends.qwen3_omni.code2wav import SAMPLE_RATE
 from omni_backends.qwen3_omni.loading import load_config
 from omni_backends.qwen3_omni.serving import protocol as p
-from omni_backends.serving import bls
+from omni_backends.serving import bls, events
 from omni_backends.serving.fanin import FanIn
 from omni_backends.serving.decoupled import AsyncDecoupledModel
 
@@ -127,12 +127,12 @@ class TritonPythonModel(AsyncDecoupledModel):
             await self._abort_open_sequences(turn)
 
     async def _think(self, ctx, turn: _Turn, send_text: bool, out: FanIn, talker_q) -> None:
-        inputs = {p.REQUEST: p.json_tensor({**turn.body, "talker_inputs": talker_q is not None})}
+        inputs = {p.REQUEST: events.json_tensor({**turn.body, "talker_inputs": talker_q is not None})}
         audio = ctx.input(p.INPUT_AUDIO)
         if audio is not None:
             inputs[p.INPUT_AUDIO] = audio
         async for response in bls.stream(ctx, THINKER, inputs, p.THINKER_OUTPUTS):
-            event = p.read_json(response[p.EVENT])
+            event = events.read_json(response[p.EVENT])
             if event["token_id"] is not None:
                 turn.token_ids.append(event["token_id"])
             if event["text"] and send_text:
@@ -151,7 +151,7 @@ class TritonPythonModel(AsyncDecoupledModel):
                 responses = _drain(talker_q, await talker_q.get())
                 inputs = self._talker_inputs(turn, responses)
                 flags = (START if turn.talker_seq is None else 0)
-                flags |= END if any(p.read_json(r[p.EVENT])["type"] == "done" for r in responses) else 0
+                flags |= END if any(events.read_json(r[p.EVENT])["type"] == "done" for r in responses) else 0
                 sequence = turn.talker_seq or _sequence_id()
                 async for out in bls.stream(ctx, TALKER, inputs, [p.CODES, p.FINISH_REASON],
                                             correlation_id=sequence, flags=flags):
@@ -171,7 +171,7 @@ class TritonPythonModel(AsyncDecoupledModel):
             first, body = responses[0], turn.body
             inputs.update({name: first[name][None] for name in p.PROMPT_TENSORS})
             params = {k: body.get(f"talker_{k}") for k in p.TALKER_FIELDS}
-            inputs[p.TALKER_PARAMS] = p.json_tensor({**params, "voice": turn.voice, "seed": body.get("seed")})[None]
+            inputs[p.TALKER_PARAMS] = events.json_tensor({**params, "voice": turn.voice, "seed": body.get("seed")})[None]
         return inputs
 
     async def _vocode(self, turn: _Turn, codes_q: asyncio.Queue, out: FanIn) -> None:

@@ -31,9 +31,9 @@ code2wav (sequence batching, non-decoupled, max_batch_size 8, batch dim 1)
 """
 from __future__ import annotations
 
-import json
-
 import numpy as np
+
+from omni_backends.serving import model_config
 
 REQUEST, INPUT_AUDIO, EVENT = "REQUEST", "INPUT_AUDIO", "EVENT"
 EMBED, PROMPT_IDS, PROMPT_EMBEDS, MM_HIDDEN = "EMBED", "PROMPT_IDS", "PROMPT_EMBEDS", "MM_HIDDEN"
@@ -45,29 +45,9 @@ THINKER_OUTPUTS = [EVENT, EMBED, *PROMPT_TENSORS]
 TALKER_FIELDS = ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty", "max_frames")
 
 
-def json_tensor(value) -> np.ndarray:
-    """BYTES [1] holding `value` as JSON."""
-    return np.array([json.dumps(value).encode()], dtype=np.object_)
-
-
-def read_json(tensor: np.ndarray):
-    """The JSON value of a BYTES tensor holding one element (any shape)."""
-    raw = tensor.reshape(-1)[0]
-    return json.loads(raw.decode() if isinstance(raw, bytes) else raw)
-
-
 def flag(tensor: np.ndarray | None) -> bool:
     """A BOOL/INT control tensor (any shape, one element) as bool; False when absent."""
     return tensor is not None and bool(tensor.reshape(-1)[0])
-
-
-def int_parameter(parameters: dict, name: str, default: int) -> int:
-    """An integer model-config parameter ("" or missing: default). Raises ValueError naming it."""
-    raw = parameters.get(name) or ""
-    try:
-        return int(raw) if raw.strip() else default
-    except ValueError:
-        raise ValueError(f"config parameter {name!r} must be an integer, got {raw!r}") from None
 
 
 def stage_checkpoint(parameters: dict, model_name: str):
@@ -78,5 +58,5 @@ def stage_checkpoint(parameters: dict, model_name: str):
 
     from omni_backends.paths import QWEN3_OMNI_TINY, resolve_checkpoint
 
-    torch.set_num_threads(int_parameter(parameters, "threads", 1))
+    torch.set_num_threads(model_config.int_parameter(parameters, "threads", 1))
     return resolve_checkpoint(parameters.get("checkpoint") or QWEN3_OMNI_TINY, model_name)

@@ -26,9 +26,8 @@ from omni_backends.errors import RequestError
 from omni_backends.qwen3_omni.loading import load_config, load_talker, load_tts_embeds
 from omni_backends.qwen3_omni.serving import protocol as p
 from omni_backends.qwen3_omni.talker import Talker, TalkerPrompt
-from omni_backends.serving import sidechannel
+from omni_backends.serving import events, model_config, sidechannel
 from omni_backends.serving.decoupled import send_final
-from omni_backends.serving import model_config
 from omni_backends.serving.metrics import StageMetrics
 
 CANCEL_POLL_S = 0.02
@@ -54,7 +53,7 @@ class TritonPythonModel:
         path = p.stage_checkpoint(parameters, self.model_name)
         omni_config = load_config(path)
         self.talker = Talker(load_talker(path, omni_config), omni_config, load_tts_embeds(path, omni_config))
-        self.max_frames = p.int_parameter(parameters, "max_frames", 4095)
+        self.max_frames = model_config.int_parameter(parameters, "max_frames", 4095)
         self.metrics = StageMetrics(self.model_name)
         self._commands: queue.Queue = queue.Queue()
         self._sequences: set[int] = set()                 # live sequences (START seen, not ended)
@@ -95,7 +94,7 @@ class TritonPythonModel:
             command.prompt = TalkerPrompt(prompt_ids=torch.from_numpy(tensor(p.PROMPT_IDS).astype(np.int64)),
                                           prompt_embeds=torch.from_numpy(np.array(tensor(p.PROMPT_EMBEDS))),
                                           mm_hidden=torch.from_numpy(np.array(tensor(p.MM_HIDDEN))))
-            command.params = p.read_json(tensor(p.TALKER_PARAMS))
+            command.params = events.read_json(tensor(p.TALKER_PARAMS))
         return command
 
     # -- worker thread ---------------------------------------------------------------------------

@@ -13,16 +13,15 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 from transformers import AutoTokenizer, WhisperFeatureExtractor
 
-from omni_backends.engine import SamplingParams, StepOutput
+from omni_backends.engine import SamplingParams, StepOutput, TextStream
 from omni_backends.errors import RequestError
 from omni_backends.qwen3_omni.loading import load_config, load_thinker
 from omni_backends.qwen3_omni.prompt import ThinkerInputs
 from omni_backends.qwen3_omni.serving import protocol as p
 from omni_backends.qwen3_omni.thinker import Thinker
 from omni_backends.chat_request import audio_clips
-from omni_backends.engine import TextStream
 from omni_backends.engine.sampling import check_context_length
-from omni_backends.serving import events
+from omni_backends.serving import events, model_config
 from omni_backends.serving.engine_model import EngineStageModel
 
 
@@ -39,8 +38,8 @@ class TritonPythonModel(EngineStageModel):
         config = load_config(path)
         self.thinker = Thinker(load_thinker(path, config), config, AutoTokenizer.from_pretrained(path),
                                WhisperFeatureExtractor.from_pretrained(path),
-                               max_running=p.int_parameter(self.parameters, "max_running", 32))
-        self.default_max_tokens = p.int_parameter(self.parameters, "max_tokens", 256)
+                               max_running=model_config.int_parameter(self.parameters, "max_running", 32))
+        self.default_max_tokens = model_config.int_parameter(self.parameters, "max_tokens", 256)
         return self.thinker.loop
 
     def make_prompt(self, request):
@@ -83,7 +82,7 @@ class TritonPythonModel(EngineStageModel):
             event.update(type="done", finish_reason=delta.finish_reason,
                          usage={"prompt_tokens": delta.usage.prompt_tokens,
                                 "completion_tokens": delta.usage.completion_tokens})
-        tensors = {p.EVENT: p.json_tensor(event)}
+        tensors = {p.EVENT: events.json_tensor(event)}
         if not turn.talker_inputs:
             return tensors
         token = self.thinker.token(turn.inputs.input_ids, output)

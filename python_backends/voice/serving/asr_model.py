@@ -8,32 +8,31 @@ Contract (see omni_frontend.routes.transcriptions):
 """
 from __future__ import annotations
 
-import json
 
-import numpy as np
 
 from omni_backends.errors import RequestError
 from omni_backends.voice.asr import Transcription, WhisperASR
 from omni_backends.paths import resolve_checkpoint
 from omni_backends.voice.models import prepare_whisper
-from omni_backends.serving.batch_model import BatchStageModel, string
+from omni_backends.serving import events, model_config
+from omni_backends.serving.batch_model import BatchStageModel
 
 
 class TritonPythonModel(BatchStageModel):
     def setup(self) -> None:
         checkpoint = self.parameters.get("checkpoint")
         model_dir = resolve_checkpoint(checkpoint, self.model_name) if checkpoint else prepare_whisper()
-        self.asr = WhisperASR(model_dir, cpu_threads=int(self.parameters.get("threads") or 0) or None)
+        self.asr = WhisperASR(model_dir, cpu_threads=model_config.int_parameter(self.parameters, "threads", 0) or None)
 
     def infer_row(self, inputs):
         try:
-            options = json.loads(string(inputs.get("OPTIONS"), "{}"))
+            options = events.read_json(inputs["OPTIONS"]) if "OPTIONS" in inputs else {}
         except ValueError as exc:
             raise RequestError(f"OPTIONS must be JSON: {exc}", param="OPTIONS") from None
         result = self.asr.transcribe(inputs["AUDIO"], language=options.get("language") or "en",
                                      prompt=options.get("prompt"), temperature=float(options.get("temperature") or 0.0),
                                      word_timestamps=bool(options.get("word_timestamps")))
-        return {"RESULT": np.array([json.dumps(result_dict(result)).encode()], dtype=np.object_)}
+        return {"RESULT": events.json_tensor(result_dict(result))}
 
 
 def result_dict(result: Transcription) -> dict:

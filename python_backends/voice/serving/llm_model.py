@@ -9,12 +9,10 @@ Contract (internal stage of the `voice` pipeline; any Triton gRPC streaming clie
 """
 from __future__ import annotations
 
-import json
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from omni_backends.serving import events
+from omni_backends.serving import events, model_config
 from omni_backends.serving.engine_model import EngineStageModel
 from omni_backends.engine import TextStream
 from omni_backends.voice.llm import ChatLLM
@@ -23,8 +21,8 @@ from omni_backends.paths import resolve_checkpoint
 
 class TritonPythonModel(EngineStageModel):
     def build_loop(self, args):
-        self.chat = ChatLLM(resolve_checkpoint(self.parameters["checkpoint"], self.model_name), threads=int(self.parameters.get("threads") or 0) or None,
-                            max_running=int(self.parameters.get("max_running") or 8))
+        self.chat = ChatLLM(resolve_checkpoint(self.parameters["checkpoint"], self.model_name), threads=model_config.int_parameter(self.parameters, "threads", 0) or None,
+                            max_running=model_config.int_parameter(self.parameters, "max_running", 8))
         return self.chat.engine
 
     def make_prompt(self, request):
@@ -46,4 +44,4 @@ class TritonPythonModel(EngineStageModel):
             usage = delta.usage
             event = {"type": "done", "text": delta.text, "finish_reason": delta.finish_reason,
                      "usage": {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens}}
-        return {events.EVENT: np.array([json.dumps(event).encode()], dtype=np.object_)}
+        return {events.EVENT: events.json_tensor(event)}

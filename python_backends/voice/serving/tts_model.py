@@ -14,6 +14,7 @@ import numpy as np
 
 from omni_backends.paths import resolve_checkpoint
 from omni_backends.voice.models import kokoro_files
+from omni_backends.serving import model_config
 from omni_backends.serving.batch_model import BatchStageModel, string
 from omni_backends.voice.tts import DEFAULT_VOICE, KokoroTTS
 
@@ -21,7 +22,7 @@ from omni_backends.voice.tts import DEFAULT_VOICE, KokoroTTS
 class TritonPythonModel(BatchStageModel):
     def setup(self) -> None:
         files = kokoro_files(resolve_checkpoint(self.parameters["checkpoint"], self.model_name))
-        self.tts = KokoroTTS(files, intra_op_num_threads=int(self.parameters.get("threads") or 0) or None)
+        self.tts = KokoroTTS(files, intra_op_num_threads=model_config.int_parameter(self.parameters, "threads", 0) or None)
 
     def infer_row(self, inputs):
         text = string(inputs.get("TEXT"))

@@ -9,7 +9,6 @@ writes them ("text" modality) and, concurrently, {"type": "audio.delta", "sample
 from __future__ import annotations
 
 import asyncio
-import json
 
 import numpy as np
 
@@ -64,17 +63,17 @@ class TritonPythonModel(AsyncDecoupledModel):
 
 
 async def _transcribe(clip: np.ndarray) -> str:
-    options = np.array([[json.dumps({"language": "en"}).encode()]], dtype=np.object_)
+    options = events.json_tensor({"language": "en"})[None]
     result = await bls.infer("voice_asr", {"AUDIO": clip[None, :].astype(np.float32), "OPTIONS": options}, ["RESULT"])
-    return json.loads(result["RESULT"].reshape(-1)[0])["text"]
+    return events.read_json(result["RESULT"])["text"]
 
 
 async def _write(ctx, llm_body: dict, send_text: bool, chunks: asyncio.Queue | None, out: FanIn) -> None:
     """Stream the LLM's text: text deltas to `out` (when asked), sentence chunks to `chunks` (when speaking)."""
     chunker = SentenceChunker()
-    request = {events.REQUEST: np.array([json.dumps(llm_body).encode()], dtype=np.object_)}
+    request = {events.REQUEST: events.json_tensor(llm_body)}
     async for response in bls.stream(ctx, "voice_llm", request, [events.EVENT]):
-        event = json.loads(response[events.EVENT].reshape(-1)[0])
+        event = events.read_json(response[events.EVENT])
         text = event.get("text", "")
         if text and send_text:
             await out.put(({"type": "text.delta", "text": text}, None))

@@ -1,6 +1,5 @@
 """Framework test model (never a pipeline): relays its REQUEST to mock_stream through a streamed
 BLS call and forwards every event, to test BLS streaming, error and cancellation propagation."""
-import json
 
 from omni_backends.serving import bls, events
 from omni_backends.serving.decoupled import AsyncDecoupledModel
@@ -10,6 +9,6 @@ class TritonPythonModel(AsyncDecoupledModel):
     async def handle(self, ctx):
         inputs = {events.REQUEST: ctx.input(events.REQUEST)}
         async for out in bls.stream(ctx, "mock_stream", inputs, [events.EVENT, events.AUDIO]):
-            event = json.loads(out[events.EVENT].reshape(-1)[0])
+            event = events.read_json(out[events.EVENT])
             event["relayed"] = True
             yield event, out.get(events.AUDIO)
