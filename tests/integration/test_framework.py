@@ -215,3 +215,10 @@ def test_launcher_exits_when_tritonserver_dies(tmp_path):
     assert server.process.wait(timeout=20) == 1
     assert "tritonserver exited unexpectedly" in server.log()
     assert wait_for(lambda: not [p for p in stubs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], 5.0)
+
+
+def test_retrieve_one_model(mock_server):
+    entry = _client(mock_server).models.retrieve("relay")
+    assert entry.id == "relay" and entry.model_extra["triton_models"] == ["mock_stream", "mock_relay"]
+    missing = httpx.get(f"{mock_server.base_url}/v1/models/nope")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"

@@ -282,3 +282,19 @@ def test_engine_stage_rejects_a_bad_seed_over_grpc_and_survives(voice_server, cl
     assert httpx.get(f"{voice_server.base_url}/health").status_code == 200
     assert "Paris" in client.chat.completions.create(model="voice", modalities=["text"], temperature=0,
                                                      messages=[{"role": "user", "content": QUESTION}]).choices[0].message.content
+
+
+def test_transcription_text_srt_and_streamed_outputs(voice_server, client):
+    speech = client.audio.speech.create(model="tts-1", voice="alloy", input="Please send the report before noon.",
+                                        response_format="wav").content
+    url, files = f"{voice_server.base_url}/v1/audio/transcriptions", {"file": ("q.wav", speech, "audio/wav")}
+    text = httpx.post(url, files=files, data={"model": "whisper-1", "response_format": "text"}, timeout=60)
+    assert text.headers["content-type"].startswith("text/plain") and "report" in text.text.lower()
+    srt = httpx.post(url, files=files, data={"model": "whisper-1", "response_format": "srt"}, timeout=60).text
+    assert srt.startswith("1\n00:00:0") and " --> " in srt and "report" in srt.lower()
+    with httpx.stream("POST", url, files=files, data={"model": "whisper-1", "stream": "true"}, timeout=60) as response:
+        events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+    deltas = [e["delta"] for e in events if e["type"] == "transcript.text.delta"]
+    done = [e for e in events if e["type"] == "transcript.text.done"]
+    assert deltas and len(done) == 1 and "".join(deltas).strip() == done[0]["text"].strip()
+    assert done[0]["usage"]["type"] == "duration" and done[0]["usage"]["seconds"] > 1.0
