@@ -5,13 +5,13 @@ Public API:
     Prompt, StepOutput, EngineRequest                   (request)
     KVBatch, cache_layers                               (kv_batch)
     Runner, DecoderRunner, RowOutput, text_mrope_position_ids   (runner)
-    EngineLoop, EngineStats                             (loop)
+    EngineLoop, EngineStats, EngineUnavailable          (loop)
     IncrementalDetokenizer, StopStringMatcher           (detokenizer)
     TextStream, TextDelta, Usage                        (text_stream)
 """
 from omni_backends.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from omni_backends.engine.kv_batch import KVBatch, cache_layers
-from omni_backends.engine.loop import EngineLoop, EngineStats
+from omni_backends.engine.loop import EngineLoop, EngineStats, EngineUnavailable
 from omni_backends.engine.request import EngineRequest, Prompt, StepOutput
 from omni_backends.engine.runner import DecoderRunner, RowOutput, Runner, text_mrope_position_ids
 from omni_backends.engine.sampling import SamplingParams, make_generator, sample_next_token
@@ -22,6 +22,7 @@ __all__ = [
     "EngineLoop",
     "EngineRequest",
     "EngineStats",
+    "EngineUnavailable",
     "IncrementalDetokenizer",
     "KVBatch",
     "Prompt",

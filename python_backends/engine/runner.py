@@ -20,6 +20,8 @@ from omni_backends.engine.kv_batch import KVBatch, cache_layers
 from omni_backends.engine.request import EngineRequest
 
 PositionIdsFn = Callable[[torch.Tensor], torch.Tensor]
+# request.state keys of a chunked prefill in progress
+_PREFILLED, _CACHE, _HIDDEN = "prefilled_tokens", "prefill_cache", "prefill_hidden"
 
 
 @dataclass
@@ -38,14 +40,19 @@ class RowOutput:
 class Runner(Protocol):
     """What EngineLoop needs from a model runner. All calls come from the engine thread."""
 
-    def prefill(self, requests: Sequence[EngineRequest]) -> list[RowOutput]:
-        """Run the prompts of new requests, keep their caches, return one RowOutput per request (same order)."""
+    def prefill(self, requests: Sequence[EngineRequest]) -> list[RowOutput | None]:
+        """Advance the prefill of admitted requests (same order); a request whose prompt is complete
+        gets its RowOutput (its cache is kept for decode), one still in progress gets None (the loop
+        calls prefill again for it next iteration: chunked prefill)."""
 
     def decode(self, requests: Sequence[EngineRequest], token_ids: torch.Tensor) -> list[RowOutput]:
         """Feed token_ids (int64 [B], one per request, same order) to all given live requests in one step."""
 
     def release(self, request_ids: Sequence[str]) -> None:
         """Forget these requests' caches (unknown ids are ignored)."""
+
+    def reset(self) -> None:
+        """Forget every request (after an engine crash: start from a clean state)."""
 
 
 def text_mrope_position_ids(positions: torch.Tensor, sections: int = 4) -> torch.Tensor:
@@ -66,6 +73,10 @@ class DecoderRunner:
         position_ids_fn: maps text positions int64 [B, L] to the model's position_ids layout
             (default: unchanged [B, L]; Qwen3-Omni thinker: `text_mrope_position_ids`).
         max_prefill_batch: most plain prompts prefilled together in one forward.
+        max_prefill_tokens: prompt tokens one `prefill` call processes (None: unbounded). Whole short
+            prompts are batched within it; a prompt that does not fit is prefilled chunk by chunk over
+            several calls (chunked prefill: the loop decodes the running requests between chunks).
+            A prompt with explicit position_ids or model_kwargs (e.g. audio features) is never split.
 
     Per-request caches live in one `KVBatch`; `decode` runs ONE forward for every live request.
     """
@@ -77,13 +88,17 @@ class DecoderRunner:
         hidden_layers: Sequence[int] = (),
         position_ids_fn: PositionIdsFn | None = None,
         max_prefill_batch: int = 8,
+        max_prefill_tokens: int | None = 512,
     ) -> None:
         if max_prefill_batch < 1:
             raise ValueError(f"max_prefill_batch must be >= 1, got {max_prefill_batch}")
+        if max_prefill_tokens is not None and max_prefill_tokens < 1:
+            raise ValueError(f"max_prefill_tokens must be >= 1 or None, got {max_prefill_tokens}")
         self.model = model.eval()
         self.hidden_layers = tuple(hidden_layers)
         self.position_ids_fn = position_ids_fn or (lambda positions: positions)
         self.max_prefill_batch = max_prefill_batch
+        self.max_prefill_tokens = max_prefill_tokens
         self.kv = KVBatch()
 
     @property
@@ -105,15 +120,30 @@ class DecoderRunner:
         return {"input_ids": token_ids.to(self.device).unsqueeze(1)}
 
     @torch.inference_mode()
-    def prefill(self, requests: Sequence[EngineRequest]) -> list[RowOutput]:
-        results: dict[str, RowOutput] = {}
-        plain = [r for r in requests if not r.prompt.solo]
-        groups = [[r] for r in requests if r.prompt.solo]
+    def prefill(self, requests: Sequence[EngineRequest]) -> list[RowOutput | None]:
+        budget = self.max_prefill_tokens if self.max_prefill_tokens is not None else float("inf")
+        full = budget
+        results: dict[str, RowOutput | None] = {r.request_id: None for r in requests}
+        whole: list[EngineRequest] = []  # plain prompts that fit: batched below
+        for r in requests:
+            if budget <= 0:
+                break
+            done = r.state.get(_PREFILLED, 0)
+            left = len(r.prompt) - done
+            if r.prompt.solo:
+                if left > budget and budget < full:
+                    break  # never split: it runs first thing in the next call
+                results[r.request_id] = self._prefill_group([r])[0]
+            elif done == 0 and left <= budget:
+                whole.append(r)
+            else:
+                results[r.request_id] = self._prefill_chunk(r, int(min(left, budget)))
+            budget -= left
         for kind in ("input_ids", "inputs_embeds"):
-            same = [r for r in plain if getattr(r.prompt, kind) is not None]
-            groups += [same[i : i + self.max_prefill_batch] for i in range(0, len(same), self.max_prefill_batch)]
-        for group in groups:
-            results.update(zip((r.request_id for r in group), self._prefill_group(group)))
+            same = [r for r in whole if getattr(r.prompt, kind) is not None]
+            for i in range(0, len(same), self.max_prefill_batch):
+                group = same[i : i + self.max_prefill_batch]
+                results.update(zip((r.request_id for r in group), self._prefill_group(group)))
         return [results[r.request_id] for r in requests]
 
     @torch.inference_mode()
@@ -141,6 +171,35 @@ class DecoderRunner:
 
     def release(self, request_ids: Sequence[str]) -> None:
         self.kv.remove(list(request_ids))
+
+    def reset(self) -> None:
+        self.kv = KVBatch()
+
+    def _prefill_chunk(self, request: EngineRequest, n: int) -> RowOutput | None:
+        """Feed the next `n` prompt tokens of one request into its own cache (kept in request.state);
+        once the prompt is complete its cache joins the KV batch and its RowOutput is returned."""
+        state, prompt = request.state, request.prompt
+        done = state.get(_PREFILLED, 0)
+        cache = state.setdefault(_CACHE, DynamicCache(config=self.model.config))
+        if prompt.input_ids is not None:
+            inputs = {"input_ids": prompt.input_ids[done : done + n][None].to(self.device)}
+        else:
+            inputs = {"inputs_embeds": prompt.inputs_embeds[done : done + n][None].to(self.device)}
+        positions = torch.arange(done, done + n, device=self.device)[None]
+        out = self.model(**inputs, attention_mask=torch.ones(1, done + n, dtype=torch.long, device=self.device),
+                         position_ids=self.position_ids_fn(positions), cache=cache, use_cache=True,
+                         output_hidden_states=bool(self.hidden_layers))
+        state[_PREFILLED] = done + n
+        row = self._row_output(out, 0, n)
+        if self.hidden_layers:
+            state.setdefault(_HIDDEN, []).append(row.hidden_states)
+        if done + n < len(prompt):
+            return None
+        self.kv.add([(request.request_id, cache_layers(out.cache, 0, done + n))])
+        chunks = state.pop(_HIDDEN, [])
+        hidden = {layer: torch.cat([c[layer] for c in chunks]) for layer in self.hidden_layers}
+        state.pop(_CACHE, None)
+        return RowOutput(logits=row.logits, hidden_states=hidden)
 
     def _prefill_group(self, group: list[EngineRequest]) -> list[RowOutput]:
         """One right-padded forward over prompts of one kind; caches join the KV batch."""

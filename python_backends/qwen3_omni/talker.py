@@ -176,6 +176,10 @@ class Talker:
         """Forget a request (no error when it is unknown)."""
         self._requests.pop(request_id, None)
 
+    def reset(self) -> None:
+        """Forget every request (after a failure of the stage's worker)."""
+        self._requests.clear()
+
     @torch.no_grad()
     def step(self) -> dict[str, TalkerOutput]:
         """Advance every request that can: prefill new ones, then one codec frame each for those whose
@@ -192,7 +196,7 @@ class Talker:
             if req.cache is None or not req.text_ready():
                 continue
             code0 = sample_next_token(req.logits, req.params, torch.tensor(req.code0_ids, dtype=torch.long),
-                                      len(req.code0_ids), req.generator)
+                                      generator=req.generator)
             if code0 == self.tc.codec_eos_token_id:
                 out[rid] = TalkerOutput(self._no_codes(), True, "stop")
                 continue

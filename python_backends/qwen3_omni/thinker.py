@@ -52,9 +52,12 @@ class Thinker:
         config: the checkpoint's `Qwen3OmniMoeConfig`.
         tokenizer, feature_extractor: the checkpoint's tokenizer and `WhisperFeatureExtractor`.
         max_running: most requests decoded together.
+        max_prefill_tokens: prompt tokens prefilled per engine step (longer text prompts are prefilled in
+            chunks between decode steps; prompts with audio are prefilled whole).
     """
 
-    def __init__(self, model, config, tokenizer, feature_extractor, max_running: int = 32):
+    def __init__(self, model, config, tokenizer, feature_extractor, max_running: int = 32,
+                 max_prefill_tokens: int | None = 512):
         self.config = config
         self.accept_layer = config.talker_config.accept_hidden_layer
         self.prompts = PromptBuilder(tokenizer, feature_extractor, config.thinker_config.audio_config.n_window)
@@ -62,7 +65,8 @@ class Thinker:
                                     config.thinker_config.video_token_id])
         self.embed_tokens = model.get_input_embeddings()
         self.loop = EngineLoop(DecoderRunner(model, hidden_layers=(0, self.accept_layer),
-                                             position_ids_fn=text_mrope_position_ids),
+                                             position_ids_fn=text_mrope_position_ids,
+                                             max_prefill_tokens=max_prefill_tokens),
                                max_running=max_running, name="qwen3-omni-thinker")
 
     def sampling_params(self, **overrides) -> SamplingParams:

@@ -2,17 +2,21 @@
 
 Triton's Python backend hands `execute` every request of a dynamic batch; each request's tensors keep
 their own leading batch dimension. `infer_row` serves one row; a failing request gets an error response
-(the OpenAI envelope for a RequestError) without failing the rest of the batch.
+(the OpenAI envelope for a RequestError) without failing the rest of the batch. A request whose client
+(or BLS parent, through the side channel) gave up while it was queued is dropped unserved: abandoned
+work (e.g. the unspoken sentences of a cancelled chat) never occupies the stage. Each row's time is
+observed as step phase "row" (Triton's own nv_inference_queue_duration_us covers the queue).
 """
 from __future__ import annotations
 
+import time
 import traceback
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from omni_backends.errors import RequestError
-from omni_backends.serving import model_config
+from omni_backends.serving import model_config, sidechannel
 from omni_backends.serving.metrics import StageMetrics
 
 
@@ -39,14 +43,21 @@ class BatchStageModel:
         self.metrics.started()
         outcome = "ok"
         try:
+            if _abandoned(request):
+                outcome = "cancelled"
+                return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"{self.model_name}: request cancelled"))
             tensors = {name: t.as_numpy() for name in self.input_names
                        if (t := pb_utils.get_input_tensor_by_name(request, name)) is not None}
             rows = len(next(iter(tensors.values())))
-            results = [self.infer_row({name: array[row] for name, array in tensors.items()}) for row in range(rows)]
+            results = []
+            for row in range(rows):
+                started = time.monotonic()
+                results.append(self.infer_row({name: array[row] for name, array in tensors.items()}))
+                self.metrics.observe("row", time.monotonic() - started)
             outputs = [pb_utils.Tensor(name, _stack([r[name] for r in results])) for name in results[0]]
             return pb_utils.InferenceResponse(outputs)
         except RequestError as exc:
-            outcome = "rejected"
+            outcome = "rejected" if exc.status < 500 else "error"
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(exc.envelope()))
         except Exception as exc:  # noqa: BLE001 - one bad request must not fail the batch
             outcome = "error"
@@ -54,6 +65,20 @@ class BatchStageModel:
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"{self.model_name}: {type(exc).__name__}: {exc}"))
         finally:
             self.metrics.finished(outcome)
+
+
+def _abandoned(request) -> bool:
+    """The client cancelled the request, or its BLS parent raised its side-channel cancel flag."""
+    try:
+        if request.is_cancelled():
+            return True
+    except Exception:  # noqa: BLE001 - is_cancelled() is best effort (older backends lack it)
+        pass
+    request_id = request.request_id()
+    if sidechannel.cancel_requested(request_id):
+        sidechannel.clear(request_id)
+        return True
+    return False
 
 
 def _stack(rows: list[np.ndarray]) -> np.ndarray:

@@ -2,9 +2,11 @@
 
 `await request.async_exec(decoupled=True)` hands back a *synchronous* iterator; iterating it on
 the event loop would block every other request of the model, so each `next()` runs in a worker
-thread. When the caller's request is cancelled (or the caller stops reading) the child is
-cancelled, and a child's error reaches the caller, through `omni_backends.serving.sidechannel`
-(Triton 2.51 can do neither through BLS).
+thread. When the caller's request is cancelled (or the caller stops reading, or its task is
+cancelled, even while the child request is being sent) the child is cancelled, and a child's error
+reaches the caller, through `omni_backends.serving.sidechannel` (Triton 2.51 can do neither through
+BLS). Both calls check the caller's cancellation before sending anything, so an orchestrator never
+starts a child for a client that has gone.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import triton_python_backend_utils as pb_utils
 from omni_backends.errors import RequestError
 from omni_backends.serving import sidechannel
 from omni_backends.serving.decoupled import Cancelled, RequestContext
+
 
 _DONE = object()
 CANCEL_POLL_S = 0.05
@@ -60,17 +63,21 @@ def _outputs(response, names: list[str]) -> dict[str, np.ndarray]:
     return found
 
 
-async def stream(ctx: RequestContext, model: str, inputs: dict[str, np.ndarray], outputs: list[str],
+async def stream(ctx: RequestContext | None, model: str, inputs: dict[str, np.ndarray], outputs: list[str],
                  **kwargs) -> AsyncIterator[dict[str, np.ndarray]]:
     """Streams a decoupled model's responses as {output name: array} (empty FINAL responses skipped).
 
+    ctx: the caller's request (its cancellation cancels the child); None for a child that must run
+    to its end (e.g. the clean-up of a cancelled turn).
     kwargs go to pb_utils.InferenceRequest (e.g. correlation_id=, flags= for sequence batching).
     Raises RequestError (client's fault, envelope passed through), StageError, or Cancelled.
     Leaving early (an exception, or the consumer closing this generator) cancels the child request.
     """
+    if ctx is not None:
+        ctx.check()
     loop = asyncio.get_running_loop()
     child_id = sidechannel.child_request_id()
-    iterator = await _request(model, inputs, outputs, request_id=child_id, **kwargs).async_exec(decoupled=True)
+    iterator = await _send(_request(model, inputs, outputs, request_id=child_id, **kwargs), child_id, decoupled=True)
     reading = threading.Lock()  # one reader at a time: a read may still be pending when we leave
 
     def read():
@@ -84,7 +91,7 @@ async def stream(ctx: RequestContext, model: str, inputs: dict[str, np.ndarray],
             while not pending.done():
                 # Poll the client's cancellation while the child is still working.
                 await asyncio.wait({pending}, timeout=CANCEL_POLL_S)
-                if ctx.cancelled():
+                if ctx is not None and ctx.cancelled():
                     raise Cancelled()
             response = pending.result()
             if response is _DONE:
@@ -116,8 +123,44 @@ def _drain(read, child_id: str) -> None:
         sidechannel.take_error(child_id)
 
 
-async def infer(model: str, inputs: dict[str, np.ndarray], outputs: list[str], **kwargs) -> dict[str, np.ndarray]:
-    """One non-decoupled inference (e.g. a dynamically batched stateless stage)."""
-    response = await _request(model, inputs, outputs, **kwargs).async_exec()
+async def _send(request, child_id: str, decoupled: bool = False):
+    """`await request.async_exec(...)`; if the awaiting task is cancelled meanwhile (the request may
+    already be on its way), the child is told to stop, and its late result is consumed and cleaned up."""
+    sending = asyncio.ensure_future(request.async_exec(decoupled=decoupled) if decoupled else request.async_exec())
+    try:
+        return await asyncio.shield(sending)
+    except asyncio.CancelledError:
+        sidechannel.request_cancel(child_id)
+        sending.add_done_callback(lambda done: _abandon(done, child_id, decoupled))
+        raise
+
+
+def _abandon(done: asyncio.Future, child_id: str, decoupled: bool) -> None:
+    if done.cancelled() or done.exception() is not None or not decoupled:
+        sidechannel.clear(child_id)
+        sidechannel.take_error(child_id)
+        return
+    iterator, reading = done.result(), threading.Lock()
+
+    def read():
+        with reading:
+            return next(iterator, _DONE)
+
+    _WORKERS.submit(_drain, read, child_id)
+
+
+async def infer(ctx: RequestContext | None, model: str, inputs: dict[str, np.ndarray], outputs: list[str],
+                **kwargs) -> dict[str, np.ndarray]:
+    """One non-decoupled inference (e.g. a dynamically batched stateless stage).
+
+    ctx: the caller's request, checked before sending (None: never cancelled). If the caller's task is
+    cancelled while the child is queued or running, the child is told to stop through the side channel
+    (batch stages then drop it: `BatchStageModel`). Raises like `stream`.
+    """
+    if ctx is not None:
+        ctx.check()
+    child_id = sidechannel.child_request_id()
+    response = await _send(_request(model, inputs, outputs, request_id=child_id, **kwargs), child_id)
+    sidechannel.clear(child_id)
     _raise_for(model, response)
     return _outputs(response, outputs)

@@ -105,7 +105,7 @@ class AsyncDecoupledModel:
         except Cancelled:
             outcome = "cancelled"
         except RequestError as exc:
-            outcome, error = "rejected", exc.envelope()
+            outcome, error = "rejected" if exc.status < 500 else "error", exc.envelope()
         except Exception as exc:  # noqa: BLE001 - every failure must reach the client as an error + FINAL
             outcome, error = "error", f"{self.model_name}: {type(exc).__name__}: {exc}"
             pb_utils.Logger.log_error(f"{self.model_name} request {ctx.request_id} failed:\n{traceback.format_exc()}")

@@ -18,3 +18,13 @@ def int_parameter(parameters: dict, name: str, default: int) -> int:
         return int(raw) if raw.strip() else default
     except ValueError:
         raise ValueError(f"config parameter {name!r} must be an integer, got {raw!r}") from None
+
+
+def sequence_idle_seconds(config: dict, default_s: float = 120.0) -> float:
+    """`sequence_batching.max_sequence_idle_microseconds` of a model config in seconds (Triton frees an
+    idle sequence's slot after it; default_s when the config does not set it)."""
+    raw = (config.get("sequence_batching") or {}).get("max_sequence_idle_microseconds")
+    try:
+        return int(raw) / 1e6 if raw else default_s
+    except (TypeError, ValueError):
+        return default_s

@@ -2,7 +2,8 @@
 
 Tensors: see `omni_backends.qwen3_omni.serving.protocol`. Sampling from the REQUEST JSON: temperature
 (0 or null: greedy), top_p, top_k (-1/0: off), max_tokens (null: config `max_tokens`, default 256),
-seed, stop (strings; the text is cut there and the turn ends with finish_reason "stop"). The turn
+seed, presence_penalty, frequency_penalty, repetition_penalty, stop (strings; the text is cut there
+and the turn ends with finish_reason "stop"). The turn
 also ends at `<|im_end|>` (included in completion_tokens, never in the text).
 """
 from __future__ import annotations
@@ -13,14 +14,15 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 from transformers import AutoTokenizer, WhisperFeatureExtractor
 
-from omni_backends.engine import SamplingParams, StepOutput, TextStream
+from omni_backends.engine import StepOutput, TextStream
 from omni_backends.errors import RequestError
 from omni_backends.qwen3_omni.loading import load_config, load_thinker
 from omni_backends.qwen3_omni.prompt import ThinkerInputs
 from omni_backends.qwen3_omni.serving import protocol as p
 from omni_backends.qwen3_omni.thinker import Thinker
-from omni_backends.chat_request import audio_clips
-from omni_backends.engine.sampling import check_context_length
+from omni_backends.chat_request import audio_clips, text_chars
+from omni_backends.engine.limits import check_context_length, check_prompt_chars, longest_token_chars
+from omni_backends.engine.sampling import request_sampling_params
 from omni_backends.serving import events, model_config
 from omni_backends.serving.engine_model import EngineStageModel
 
@@ -36,10 +38,14 @@ class TritonPythonModel(EngineStageModel):
     def build_loop(self, args):
         path = p.stage_checkpoint(self.parameters, self.model_name)
         config = load_config(path)
-        self.thinker = Thinker(load_thinker(path, config), config, AutoTokenizer.from_pretrained(path),
-                               WhisperFeatureExtractor.from_pretrained(path),
-                               max_running=model_config.int_parameter(self.parameters, "max_running", 32))
-        self.default_max_tokens = model_config.int_parameter(self.parameters, "max_tokens", 256)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        self.thinker = Thinker(load_thinker(path, config), config, tokenizer, WhisperFeatureExtractor.from_pretrained(path),
+                               max_running=model_config.int_parameter(self.parameters, "max_running", 32),
+                               max_prefill_tokens=model_config.int_parameter(self.parameters, "max_prefill_tokens", 512))
+        self.defaults = self.thinker.sampling_params(
+            max_tokens=model_config.int_parameter(self.parameters, "max_tokens", 256), temperature=0.0)
+        self.context_length = config.thinker_config.text_config.max_position_embeddings
+        self.longest_token = longest_token_chars(tokenizer)
         return self.thinker.loop
 
     def make_prompt(self, request):
@@ -48,28 +54,15 @@ class TritonPythonModel(EngineStageModel):
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise RequestError("messages must be a non-empty list", param="messages")
+        params = request_sampling_params(body, self.defaults)
+        check_prompt_chars(text_chars(messages), params.max_tokens, self.context_length, self.longest_token)
         inputs = self.thinker.prompts.build(messages, audio_clips(messages, None if audio is None else audio.as_numpy()))
+        check_context_length(len(inputs.input_ids), params.max_tokens, self.context_length)
         stop = body.get("stop") or []
         turn = _Turn(inputs, TextStream(self.thinker.prompts.tokenizer, len(inputs.input_ids),
                                         [stop] if isinstance(stop, str) else stop),
                      bool(body.get("talker_inputs", True)))
-        params = self.sampling_params(body)
-        check_context_length(len(inputs.input_ids), params.max_tokens,
-                             self.thinker.config.thinker_config.text_config.max_position_embeddings)
         return self.thinker.engine_prompt(inputs), params, turn
-
-    def sampling_params(self, body: dict) -> SamplingParams:
-        """Thinker SamplingParams from the REQUEST fields. Raises RequestError naming a bad field."""
-        temperature = body.get("temperature")
-        values = {"max_tokens": body.get("max_tokens") or self.default_max_tokens,
-                  "temperature": 0.0 if temperature is None else temperature,
-                  "top_p": body.get("top_p") or 1.0, "top_k": max(int(body.get("top_k") or 0), 0),
-                  "seed": body.get("seed")}
-        try:
-            return self.thinker.sampling_params(**values)
-        except (TypeError, ValueError) as exc:
-            raise RequestError(f"invalid sampling parameter: {exc}",
-                               param=next((k for k in values if k in str(exc)), None)) from None
 
     def finished(self, turn: _Turn) -> bool:
         return turn.text.finished  # a stop string ended the turn before the engine did
