@@ -10,12 +10,16 @@ from omni_frontend.pipelines import Pipeline
 class FrontendConfig:
     """triton_url: host:port of Triton gRPC; triton_metrics_url: Triton's /metrics (for the stub
     heartbeats /health checks; None skips that check); pipelines: the loaded ones; api_key: require
-    `Authorization: Bearer <key>` on /v1 routes when set; limits in characters / bytes / seconds."""
+    `Authorization: Bearer <key>` on /v1 routes when set; recover_stages: restart a stage whose stub
+    died (omni_frontend.stage_monitor), also one whose heartbeat is older than recover_after_stale_s;
+    limits in characters / bytes / seconds."""
 
     triton_url: str
     pipelines: list[Pipeline]
     triton_metrics_url: str | None = None
     heartbeat_stale_s: float = 5.0
+    recover_stages: bool = True
+    recover_after_stale_s: float = 30.0
     api_key: str | None = None
     request_timeout_s: float = 600.0
     max_speech_input_chars: int = 4096

@@ -4,8 +4,9 @@
                                   [--triton-grpc-port 8001] [--api-key KEY] ...
 
 Loads only the selected pipelines' models (explicit model control), waits until every model is
-ready, serves the OpenAI API with uvicorn, and on SIGINT/SIGTERM stops both, leaving no child
-process behind. Failures (port in use, missing binary, a model that does not load) print one
+ready, serves the OpenAI API with uvicorn, restarts a stage whose stub process dies (model control:
+unload + load, omni_frontend.stage_monitor), and on SIGINT/SIGTERM stops both, leaving no child
+process (alive or defunct) and no /dev/shm file behind. Failures (port in use, missing binary, a model that does not load) print one
 clear line (plus the relevant server-log lines) and exit non-zero.
 """
 from __future__ import annotations
@@ -48,6 +49,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--log-dir", type=Path, default=ROOT / "var" / "log")
     p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for every model")
     p.add_argument("--no-prepare", action="store_true", help="skip preparing the default model checkpoints")
+    p.add_argument("--no-recover", action="store_true",
+                   help="do not restart a stage whose stub process died (it stays 503 until a restart)")
     return p.parse_args(argv)
 
 
@@ -88,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
         server.start()
         log.info("tritonserver ready in %.1f s (log: %s)", time.monotonic() - started, server.log_path)
         app = create_app(FrontendConfig(triton_url=server.grpc_url, pipelines=selected, api_key=args.api_key,
-                                        triton_metrics_url=server.metrics_url))
+                                        triton_metrics_url=server.metrics_url,
+                                        recover_stages=not args.no_recover),
+                         crashed_stubs=server.crashed_stubs)
         uv = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                                            timeout_graceful_shutdown=5))
         threading.Thread(target=_announce, args=(uv, args, server, selected), daemon=True).start()

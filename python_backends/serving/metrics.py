@@ -66,6 +66,7 @@ class StageMetrics:
         self._steps: dict[str, object] = {}
         threading.Thread(target=self._beat, name=f"{model_name}-heartbeat", daemon=True).start()
         self._inflight = inflight.Metric(labels=labels)
+        self._inflight.set(0)  # a restarted stub starts from 0, whatever its dead predecessor left
         self._total = {o: total.Metric(labels={**labels, "outcome": o}) for o in _OUTCOMES}
         self._lock = threading.Lock()
         self._count = 0

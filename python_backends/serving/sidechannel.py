@@ -24,6 +24,11 @@ def child_request_id() -> str:
     return f"bls-{uuid.uuid4().hex}"
 
 
+def is_child(request_id: str | None) -> bool:
+    """True for the id of a BLS child request (made by `child_request_id`)."""
+    return bool(_SAFE.match(request_id or ""))
+
+
 def _path(request_id: str, kind: str) -> Path | None:
     return FLAG_DIR / f"{request_id}.{kind}" if _SAFE.match(request_id or "") else None
 
