@@ -3,38 +3,56 @@
 Triton's Python backend hands `execute` every request of a dynamic batch; each request's tensors keep
 their own leading batch dimension. `infer_row` serves one row; a failing request gets an error response
 (the OpenAI envelope for a RequestError) without failing the rest of the batch. A request whose client
-(or BLS parent, through the side channel) gave up while it was queued is dropped unserved: abandoned
-work (e.g. the unspoken sentences of a cancelled chat) never occupies the stage. Each row's time is
-observed as step phase "row" (Triton's own nv_inference_queue_duration_us covers the queue).
+(or BLS parent, through the side channel) gave up while it was queued is dropped unserved, and one
+abandoned while it runs gets its CancelToken set (a watcher thread polls every CANCEL_POLL_S), which
+`infer_row` passes to interruptible library calls (an ONNX run ends at once): abandoned work (e.g. the
+unspoken sentences of a cancelled chat) never occupies the stage. Each row's time is observed as step
+phase "row" (Triton's own nv_inference_queue_duration_us covers the queue).
 """
 from __future__ import annotations
 
+import threading
 import time
 import traceback
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from omni_backends.cancel import CancelToken, Interrupted
 from omni_backends.errors import RequestError
 from omni_backends.serving import model_config, sidechannel
 from omni_backends.serving.metrics import StageMetrics
 
 
+CANCEL_POLL_S = 0.05
+
+
 class BatchStageModel:
-    """Subclass and implement `setup()` and `infer_row(inputs) -> outputs` (numpy arrays without the batch
-    dimension); `self.parameters` holds the config.pbtxt parameters as strings."""
+    """Subclass and implement `setup()` and `infer_row(inputs, cancel) -> outputs` (numpy arrays without the
+    batch dimension; `cancel` is the request's CancelToken: pass it on, or ignore it);
+    `self.parameters` holds the config.pbtxt parameters as strings."""
 
     def initialize(self, args: dict) -> None:
         self.model_name, self.model_config, self.parameters = model_config.load(args)
         self.input_names = [i["name"] for i in self.model_config["input"]]
         self.metrics = StageMetrics(self.model_name)
+        self._serving: tuple[object, CancelToken] | None = None  # the request being served now
+        threading.Thread(target=self._watch, name=f"{self.model_name}-cancel-watch", daemon=True).start()
         self.setup()
 
     def setup(self) -> None:
         raise NotImplementedError
 
-    def infer_row(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def infer_row(self, inputs: dict[str, np.ndarray], cancel: CancelToken) -> dict[str, np.ndarray]:
         raise NotImplementedError
+
+    def _watch(self) -> None:
+        """Sets the CancelToken of the request being served once its client or parent gave up."""
+        while True:
+            time.sleep(CANCEL_POLL_S)
+            serving = self._serving
+            if serving is not None and not serving[1].is_set() and _abandoned(serving[0]):
+                serving[1].set()
 
     def execute(self, requests):
         return [self._serve(request) for request in requests]
@@ -49,13 +67,17 @@ class BatchStageModel:
             tensors = {name: t.as_numpy() for name in self.input_names
                        if (t := pb_utils.get_input_tensor_by_name(request, name)) is not None}
             rows = len(next(iter(tensors.values())))
-            results = []
+            results, cancel = [], CancelToken()
+            self._serving = (request, cancel)
             for row in range(rows):
                 started = time.monotonic()
-                results.append(self.infer_row({name: array[row] for name, array in tensors.items()}))
+                results.append(self.infer_row({name: array[row] for name, array in tensors.items()}, cancel))
                 self.metrics.observe("row", time.monotonic() - started)
             outputs = [pb_utils.Tensor(name, _stack([r[name] for r in results])) for name in results[0]]
             return pb_utils.InferenceResponse(outputs)
+        except Interrupted:
+            outcome = "cancelled"
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"{self.model_name}: request cancelled"))
         except RequestError as exc:
             outcome = "rejected" if exc.status < 500 else "error"
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(exc.envelope()))
@@ -64,6 +86,7 @@ class BatchStageModel:
             pb_utils.Logger.log_error(f"{self.model_name}: {traceback.format_exc()}")
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"{self.model_name}: {type(exc).__name__}: {exc}"))
         finally:
+            self._serving = None
             self.metrics.finished(outcome)
 
 

@@ -1,12 +1,13 @@
 """BLS calls from async decoupled models into other Triton models, streamed and cancellable.
 
-`await request.async_exec(decoupled=True)` hands back a *synchronous* iterator; iterating it on
-the event loop would block every other request of the model, so each `next()` runs in a worker
-thread. When the caller's request is cancelled (or the caller stops reading, or its task is
-cancelled, even while the child request is being sent) the child is cancelled, and a child's error
-reaches the caller, through `omni_backends.serving.sidechannel` (Triton 2.51 can do neither through
-BLS). Both calls check the caller's cancellation before sending anything, so an orchestrator never
-starts a child for a client that has gone.
+A request is sent with the synchronous `request.exec()` on a sender thread (it returns at the
+child's first response) and a decoupled child's *synchronous* response iterator is read on worker
+threads, so no request ever blocks the model's event loop or queues behind another. When the
+caller's request is cancelled (or the caller stops reading, or its task is cancelled, even while the
+child request is being sent) the child is cancelled, and a child's error reaches the caller, through
+`omni_backends.serving.sidechannel` (Triton 2.51 can do neither through BLS). The caller's
+cancellation is checked before anything is sent, so an orchestrator never starts a child for a
+client that has gone.
 """
 from __future__ import annotations
 
@@ -25,10 +26,13 @@ from omni_backends.serving.decoupled import Cancelled, RequestContext
 
 
 _DONE = object()
+_ABANDONED = object()
 CANCEL_POLL_S = 0.05
-# Each streamed child holds a worker thread while it waits for its next response; the event loop's
-# default pool (cores + 4 threads) would queue concurrent streams behind each other.
+# Each streamed child holds a worker thread while it waits for its next response, and each send holds
+# one until the child answers; the event loop's default pool (cores + 4 threads) would queue
+# concurrent requests behind each other. Reads and sends get their own pools.
 _WORKERS = ThreadPoolExecutor(max_workers=64, thread_name_prefix="bls")
+_SENDERS = ThreadPoolExecutor(max_workers=64, thread_name_prefix="bls-send")
 
 
 class StageError(RuntimeError):
@@ -77,7 +81,7 @@ async def stream(ctx: RequestContext | None, model: str, inputs: dict[str, np.nd
         ctx.check()
     loop = asyncio.get_running_loop()
     child_id = sidechannel.child_request_id()
-    iterator = await _send(_request(model, inputs, outputs, request_id=child_id, **kwargs), child_id, decoupled=True)
+    iterator = await _send(ctx, _request(model, inputs, outputs, request_id=child_id, **kwargs), child_id, decoupled=True)
     reading = threading.Lock()  # one reader at a time: a read may still be pending when we leave
 
     def read():
@@ -123,28 +127,47 @@ def _drain(read, child_id: str) -> None:
         sidechannel.take_error(child_id)
 
 
-async def _send(request, child_id: str, decoupled: bool = False):
-    """`await request.async_exec(...)`; if the awaiting task is cancelled meanwhile (the request may
-    already be on its way), the child is told to stop, and its late result is consumed and cleaned up."""
-    sending = asyncio.ensure_future(request.async_exec(decoupled=decoupled) if decoupled else request.async_exec())
+async def _send(ctx: RequestContext | None, request, child_id: str, decoupled: bool = False):
+    """`request.exec(...)` on a sender thread (it returns once the child answered: its first response,
+    or its only one), polling the caller's cancellation meanwhile.
+
+    Triton's own `async_exec` runs on the event loop's default executor (cores + 4 threads), so
+    concurrent requests queued behind each other and a request whose client had already gone was
+    still sent later. Here a send that has not started when the caller gives up is never made; one
+    already on its way is told to stop through the side channel, and its late result is drained.
+    Raises Cancelled (or CancelledError when the calling task is cancelled)."""
+    abandoned = threading.Event()
+
+    def send():
+        return _ABANDONED if abandoned.is_set() else request.exec(decoupled=decoupled)
+
+    sending = asyncio.get_running_loop().run_in_executor(_SENDERS, send)
     try:
-        return await asyncio.shield(sending)
-    except asyncio.CancelledError:
+        while True:
+            done, _ = await asyncio.wait({sending}, timeout=CANCEL_POLL_S)
+            if done:
+                return sending.result()
+            if ctx is not None and ctx.cancelled():
+                raise Cancelled()
+    except (asyncio.CancelledError, Cancelled):
+        abandoned.set()
         sidechannel.request_cancel(child_id)
-        sending.add_done_callback(lambda done: _abandon(done, child_id, decoupled))
+        sending.add_done_callback(lambda late: _abandon(late, child_id, decoupled))
         raise
 
 
-def _abandon(done: asyncio.Future, child_id: str, decoupled: bool) -> None:
-    if done.cancelled() or done.exception() is not None or not decoupled:
+def _abandon(late: asyncio.Future, child_id: str, decoupled: bool) -> None:
+    """Cleans up after a send its caller gave up on: drains a late response stream, removes flags."""
+    result = None if late.cancelled() or late.exception() is not None else late.result()
+    if result is None or result is _ABANDONED or not decoupled:
         sidechannel.clear(child_id)
         sidechannel.take_error(child_id)
         return
-    iterator, reading = done.result(), threading.Lock()
+    reading = threading.Lock()
 
     def read():
         with reading:
-            return next(iterator, _DONE)
+            return next(result, _DONE)
 
     _WORKERS.submit(_drain, read, child_id)
 
@@ -153,14 +176,14 @@ async def infer(ctx: RequestContext | None, model: str, inputs: dict[str, np.nda
                 **kwargs) -> dict[str, np.ndarray]:
     """One non-decoupled inference (e.g. a dynamically batched stateless stage).
 
-    ctx: the caller's request, checked before sending (None: never cancelled). If the caller's task is
-    cancelled while the child is queued or running, the child is told to stop through the side channel
-    (batch stages then drop it: `BatchStageModel`). Raises like `stream`.
+    ctx: the caller's request, checked before sending and while waiting (None: never cancelled). If
+    the caller gives up while the child is queued or running, the child is told to stop through the
+    side channel (batch stages then drop it: `BatchStageModel`). Raises like `stream`.
     """
     if ctx is not None:
         ctx.check()
     child_id = sidechannel.child_request_id()
-    response = await _send(_request(model, inputs, outputs, request_id=child_id, **kwargs), child_id)
+    response = await _send(ctx, _request(model, inputs, outputs, request_id=child_id, **kwargs), child_id)
     sidechannel.clear(child_id)
     _raise_for(model, response)
     return _outputs(response, outputs)

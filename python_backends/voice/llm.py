@@ -46,7 +46,7 @@ class ChatLLM:
     """
 
     def __init__(self, model_dir: Path | None = None, *, threads: int | None = None, max_running: int = 8,
-                 max_prefill_tokens: int = 256, warmup: bool = True):
+                 max_prefill_tokens: int = 128, warmup: bool = True):
         torch.set_num_threads(threads or int(os.environ.get(THREADS_ENV, 0)) or min(2, os.cpu_count() or 1))
         model_dir = model_dir or prepare_llm(model_home())
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)

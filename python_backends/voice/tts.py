@@ -14,6 +14,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from omni_backends.cancel import CancelToken, Interrupted
 from omni_backends.errors import RequestError
 from omni_backends.voice.models import KOKORO_DIR_NAME, KokoroFiles, kokoro_files, model_home, prepare_kokoro
 from omni_backends.voice.phonemize import EspeakPhonemizer
@@ -99,12 +100,16 @@ class KokoroTTS:
                 chunks.extend(_split_long(ids, self._vocab[" "]))
         return [chunk[:-1] if chunk[-1] == self._vocab[" "] else chunk for chunk in chunks]
 
-    def stream(self, text: str, voice: str = DEFAULT_VOICE, speed: float = 1.0) -> Iterator[np.ndarray]:
+    def stream(self, text: str, voice: str = DEFAULT_VOICE, speed: float = 1.0,
+               cancel: CancelToken | None = None) -> Iterator[np.ndarray]:
         """Yield the speech for `text` chunk by chunk: each a float32 [samples] mono array at 24 kHz in [-1, 1].
 
         voice: one of `voices` or an OpenAI alias (see `resolve_voice`); speed: 0.25-4.0 (2.0 = twice as fast).
+        cancel: setting it ends the ONNX run in progress at once (RunOptions.terminate) and raises Interrupted.
         Raises RequestError (a ValueError) for an unknown voice or a speed out of range. Text with nothing speakable yields nothing.
         """
+        import onnxruntime as ort
+
         style = self._styles[resolve_voice(voice, self.voices)]
         check_speed(speed)
         for ids in self.tokenize(text):
@@ -113,11 +118,25 @@ class KokoroTTS:
                 "style": style[len(ids) - 1][None, :],
                 "speed": np.array([speed], dtype=np.float32),
             }
-            yield np.asarray(self._session.run(None, feeds)[0], dtype=np.float32).reshape(-1)
+            options = ort.RunOptions()
+            forget = cancel.on_set(lambda: setattr(options, "terminate", True)) if cancel is not None else None
+            try:
+                if cancel is not None:
+                    cancel.check()
+                pcm = self._session.run(None, feeds, run_options=options)[0]
+            except Exception as exc:
+                if cancel is not None and cancel.is_set():
+                    raise Interrupted("speech synthesis cancelled") from exc
+                raise
+            finally:
+                if forget is not None:
+                    forget()
+            yield np.asarray(pcm, dtype=np.float32).reshape(-1)
 
-    def synthesize(self, text: str, voice: str = DEFAULT_VOICE, speed: float = 1.0) -> np.ndarray:
+    def synthesize(self, text: str, voice: str = DEFAULT_VOICE, speed: float = 1.0,
+                   cancel: CancelToken | None = None) -> np.ndarray:
         """Speech for `text`: float32 [samples] mono at 24 kHz (empty when nothing is speakable). See `stream`."""
-        parts = list(self.stream(text, voice, speed))
+        parts = list(self.stream(text, voice, speed, cancel))
         return np.concatenate(parts) if parts else np.zeros(0, np.float32)
 
     def synthesize_batch(self, texts: Sequence[str], voice: str = DEFAULT_VOICE, speed: float = 1.0) -> list[np.ndarray]:

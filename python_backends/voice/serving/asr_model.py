@@ -24,14 +24,14 @@ class TritonPythonModel(BatchStageModel):
         model_dir = resolve_checkpoint(checkpoint, self.model_name) if checkpoint else prepare_whisper()
         self.asr = WhisperASR(model_dir, cpu_threads=model_config.int_parameter(self.parameters, "threads", 0) or None)
 
-    def infer_row(self, inputs):
+    def infer_row(self, inputs, cancel):
         try:
             options = events.read_json(inputs["OPTIONS"]) if "OPTIONS" in inputs else {}
         except ValueError as exc:
             raise RequestError(f"OPTIONS must be JSON: {exc}", param="OPTIONS") from None
         result = self.asr.transcribe(inputs["AUDIO"], language=options.get("language") or "en",
                                      prompt=options.get("prompt"), temperature=float(options.get("temperature") or 0.0),
-                                     word_timestamps=bool(options.get("word_timestamps")))
+                                     word_timestamps=bool(options.get("word_timestamps")), cancel=cancel)
         return {"RESULT": events.json_tensor(result_dict(result))}
 
 

@@ -6,7 +6,8 @@ Contract:
   SPEED  FP32  [batch, 1]        0.25-4.0 (optional; default 1.0)
   AUDIO  FP32  [batch, samples]  mono PCM at 24 kHz (rows of a batch are zero-padded to the longest)
   TOKENS INT32 [batch, 1]        Kokoro phoneme tokens spoken (usage)
-Unknown voice or speed out of range: an error response with the OpenAI envelope (400).
+Unknown voice or speed out of range: an error response with the OpenAI envelope (400). A request
+abandoned by its caller is dropped, or its synthesis interrupted (BatchStageModel).
 """
 from __future__ import annotations
 
@@ -24,9 +25,9 @@ class TritonPythonModel(BatchStageModel):
         files = kokoro_files(resolve_checkpoint(self.parameters["checkpoint"], self.model_name))
         self.tts = KokoroTTS(files, intra_op_num_threads=model_config.int_parameter(self.parameters, "threads", 0) or None)
 
-    def infer_row(self, inputs):
+    def infer_row(self, inputs, cancel):
         text = string(inputs.get("TEXT"))
         speed = float(inputs["SPEED"].reshape(-1)[0]) if "SPEED" in inputs else 1.0
-        pcm = self.tts.synthesize(text, voice=string(inputs.get("VOICE"), DEFAULT_VOICE), speed=speed)
+        pcm = self.tts.synthesize(text, voice=string(inputs.get("VOICE"), DEFAULT_VOICE), speed=speed, cancel=cancel)
         tokens = sum(len(chunk) for chunk in self.tts.tokenize(text))
         return {"AUDIO": pcm, "TOKENS": np.array([tokens], dtype=np.int32)}
