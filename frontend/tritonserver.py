@@ -34,6 +34,11 @@ log = logging.getLogger(__name__)
 SHM_ROOT = Path("/dev/shm")
 STUB_BINARY = "triton_python_backend_stub"
 _PR_SET_CHILD_SUBREAPER = 36
+# The Python backend runs every BLS request of a model instance (until the child's first response) and
+# every decoupled response it sends on one thread pool (default 32). An orchestrator with more than 32
+# children waiting (e.g. in an engine's queue) could then not even send the FINAL of a cancelled
+# request, stalling its event loop until the children were served.
+PYTHON_BACKEND_THREADS = 256
 
 
 class LaunchError(RuntimeError):
@@ -156,7 +161,8 @@ class TritonServer:
                 f"--metrics-port={self.metrics_port}", "--allow-metrics=true", "--allow-gpu-metrics=false",
                 "--metrics-config=histogram_latencies=true", "--exit-timeout-secs=5",
                 "--strict-readiness=true", "--log-verbose=0",
-                f"--backend-config=python,shm-region-prefix-name={self.shm_name}-region-"]
+                f"--backend-config=python,shm-region-prefix-name={self.shm_name}-region-",
+                f"--backend-config=python,thread-pool-size={PYTHON_BACKEND_THREADS}"]
         return cmd + list(self.extra_args)
 
     def start(self) -> "TritonServer":

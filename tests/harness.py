@@ -134,9 +134,12 @@ def cancel_storm(base_url: str, body: dict, n: int = 100, leave_after_s: float =
                     if choices[0].get("delta", {}).get("content") or choices[0].get("delta", {}).get("audio"):
                         return
 
-        try:
+        async def request():
             async with client.stream("POST", f"{base_url}/v1/chat/completions", json={**body, "stream": True}) as response:
-                await asyncio.wait_for(read_until_content(response), leave_after_s)
+                await read_until_content(response)
+
+        try:  # the 200 head only comes with the first pipeline event: the wait covers the whole request
+            await asyncio.wait_for(request(), leave_after_s)
         except (asyncio.TimeoutError, httpx.HTTPError):
             pass
         return time.monotonic()

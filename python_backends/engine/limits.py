@@ -20,13 +20,14 @@ def longest_token_chars(tokenizer) -> int:
 
 
 def check_prompt_chars(chars: int, max_tokens: int, context_length: int, longest_token: int) -> None:
-    """Raises RequestError (HTTP 400, param messages) when a prompt of `chars` characters cannot fit the
-    context whatever its tokenization (at least ceil(chars / longest_token) tokens plus max_tokens)."""
+    """Raises RequestError (HTTP 400) when a prompt of `chars` characters cannot fit the context whatever
+    its tokenization (at least ceil(chars / longest_token) tokens plus max_tokens); param is "messages"
+    when the prompt alone cannot fit, else "max_tokens"."""
     least = math.ceil(chars / max(longest_token, 1))
     if least + max_tokens > context_length:
         raise RequestError(f"the messages hold {chars} characters: at least {least} tokens, which with max_tokens "
-                           f"({max_tokens}) exceeds the context length {context_length}", param="messages",
-                           code="context_length_exceeded")
+                           f"({max_tokens}) exceeds the context length {context_length}",
+                           param="messages" if least >= context_length else "max_tokens", code="context_length_exceeded")
 
 
 def check_context_length(prompt_tokens: int, max_tokens: int, context_length: int) -> None:

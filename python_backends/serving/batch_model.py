@@ -92,16 +92,14 @@ class BatchStageModel:
 
 def _abandoned(request) -> bool:
     """The client cancelled the request, or its BLS parent raised its side-channel cancel flag."""
-    try:
-        if request.is_cancelled():
-            return True
-    except Exception:  # noqa: BLE001 - is_cancelled() is best effort (older backends lack it)
-        pass
     request_id = request.request_id()
-    if sidechannel.cancel_requested(request_id):
+    try:
+        gone = sidechannel.stop_requested(request_id, request.is_cancelled)
+    except Exception:  # noqa: BLE001 - is_cancelled() is best effort (older backends lack it)
+        return False
+    if gone:
         sidechannel.clear(request_id)
-        return True
-    return False
+    return gone
 
 
 def _stack(rows: list[np.ndarray]) -> np.ndarray:

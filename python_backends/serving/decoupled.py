@@ -62,7 +62,7 @@ class RequestContext:
 
     def cancelled(self) -> bool:
         """The client cancelled (gRPC) or the BLS parent asked this request to stop."""
-        return self._sender.is_cancelled() or sidechannel.cancel_requested(self.request_id)
+        return sidechannel.stop_requested(self.request_id, self._sender.is_cancelled)
 
     def check(self) -> None:
         if self.cancelled():

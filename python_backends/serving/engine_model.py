@@ -83,7 +83,7 @@ class EngineStageModel:
                 with self._lock:  # registered before submit: the first output may come at once
                     self._live[rid] = (sender, context, triton_id)
                 self.loop.submit(rid, prompt, params, self._on_output,
-                                 cancelled=lambda s=sender, t=triton_id: s.is_cancelled() or sidechannel.cancel_requested(t))
+                                 cancelled=lambda s=sender, t=triton_id: sidechannel.stop_requested(t, s.is_cancelled))
             except Exception as exc:  # noqa: BLE001 - raising here would free the sender under our threads
                 with self._lock:
                     self._live.pop(rid, None)
@@ -122,7 +122,7 @@ class EngineStageModel:
                 with self._lock:
                     live = list(self._live.items())
                 for rid, (sender, _, triton_id) in live:
-                    if sender.is_cancelled() or sidechannel.cancel_requested(triton_id):
+                    if sidechannel.stop_requested(triton_id, sender.is_cancelled):
                         self.loop.abort(rid)
 
     def _handle(self, rid: str, output: StepOutput) -> None:
@@ -138,7 +138,7 @@ class EngineStageModel:
                     raise unavailable(f"{self.model_name}: {output.error}")
                 raise RuntimeError(output.error or "engine error")
             tensors = self.encode(context, output) if output.token_id is not None or output.finished else None
-            if tensors and not sender.is_cancelled():
+            if tensors and not sidechannel.stop_requested(triton_id, sender.is_cancelled):
                 sender.send(pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in tensors.items()]))
             if not output.finished and self.finished(context):
                 self.loop.abort(rid)  # its abort output arrives later and is ignored

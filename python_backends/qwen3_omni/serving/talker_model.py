@@ -200,12 +200,12 @@ class TritonPythonModel:
             return
         self.metrics.observe("step", time.monotonic() - started)
         for seq, out in outputs.items():
-            sender, _ = self._live[seq]   # a sequence only advances while its request is open
+            sender, request_id = self._live[seq]   # a sequence only advances while its request is open
             tensors = [pb_utils.Tensor(p.CODES, out.codes.numpy().astype(np.int64)[None])]
             if out.finished:
                 tensors.append(pb_utils.Tensor(p.FINISH_REASON, np.array([[out.finish_reason.encode()]],
                                                                          dtype=np.object_)))
-            if not sender.is_cancelled():
+            if not sidechannel.stop_requested(request_id, sender.is_cancelled):
                 sender.send(pb_utils.InferenceResponse(tensors))
             if out.finished:
                 self._end_sequence(seq, "ok")
@@ -219,7 +219,7 @@ class TritonPythonModel:
 
     def _poll_cancelled(self) -> None:
         for seq, (sender, request_id) in list(self._live.items()):
-            if sender.is_cancelled() or sidechannel.cancel_requested(request_id):
+            if sidechannel.stop_requested(request_id, sender.is_cancelled):
                 sidechannel.clear(request_id)
                 self._end_sequence(seq, "cancelled")
 
