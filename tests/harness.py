@@ -157,3 +157,9 @@ def settle_time(metrics_url: str, since: float, timeout_s: float = 60.0) -> floa
     they do not within timeout_s."""
     settled = wait_for(lambda: not any(inflight(metrics_url).values()), timeout_s, 0.02)
     return time.monotonic() - since if settled else None
+
+
+def settle_limit_s(target_s: float = 2.0) -> float:
+    """The cancellation target (2 s on an idle 2-core CI machine), stretched by the host's load: on a
+    shared machine with load L on C cores a process gets about C/L of the CPU it would get alone."""
+    return target_s * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))

@@ -16,7 +16,8 @@ import soundfile as sf
 import tritonclient.grpc as grpcclient
 
 from omni_backends.voice.audio import resample
-from tests.harness import cancel_storm, inflight, metric_value, settle_time, start_server, wait_for
+from tests.harness import (cancel_storm, inflight, metric_value, settle_limit_s, settle_time, start_server,
+                           wait_for)
 
 pytestmark = pytest.mark.integration
 QUESTION = "What is the capital of France?"
@@ -341,13 +342,14 @@ def test_a_huge_prompt_is_refused_by_the_engine_stage_before_tokenizing(voice_se
 
 
 def test_voice_cancel_storm_leaves_every_gauge_at_zero(voice_server):
-    """100 streamed voice chats (text and speech) cancelled mid-way: every stage is idle within 2 s."""
+    """100 streamed voice chats (text and speech) cancelled mid-way: every stage is idle within 2 s
+    (stretched by the host's load: settle_limit_s)."""
     body = {"model": "voice", "max_tokens": 200, "audio": {"voice": "alloy", "format": "pcm16"},
             "messages": [{"role": "user", "content": "Tell me a long story about a dragon."}]}
     last_close = cancel_storm(voice_server.base_url, body, n=100)
     settled = settle_time(voice_server.metrics_url, last_close)
     print(f"voice cancel storm: gauges at 0 {settled} s after the last close")
-    assert settled is not None and settled <= 2.0, inflight(voice_server.metrics_url)
+    assert settled is not None and settled <= settle_limit_s(), inflight(voice_server.metrics_url)
 
 
 def test_abandoned_speech_is_dropped_and_interrupted(voice_server):
@@ -363,6 +365,6 @@ def test_abandoned_speech_is_dropped_and_interrupted(voice_server):
         next(response.iter_bytes())
     closed = time.monotonic()
     settled = settle_time(metrics, closed)
-    assert settled is not None and settled <= 2.0, inflight(metrics)
+    assert settled is not None and settled <= settle_limit_s(), inflight(metrics)
     assert (metric_value(metrics, "omni_requests_total", model="voice_tts", outcome="cancelled") or 0) > cancelled
     assert (metric_value(metrics, "omni_requests_total", model="voice_tts", outcome="ok") or 0) - spoken < 10
