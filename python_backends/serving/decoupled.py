@@ -10,6 +10,7 @@ omni_backends.serving.sidechannel; `ctx.cancelled()` turns True).
 from __future__ import annotations
 
 import asyncio
+import time
 import traceback
 from collections.abc import AsyncIterator
 
@@ -19,6 +20,9 @@ import triton_python_backend_utils as pb_utils
 from omni_backends.errors import RequestError
 from omni_backends.serving import events, model_config, sidechannel
 from omni_backends.serving.metrics import StageMetrics
+
+
+CANCEL_POLL_S = 0.05
 
 
 class Cancelled(Exception):
@@ -47,6 +51,8 @@ class RequestContext:
         self.request, self._sender = request, sender
         self.request_id = request.request_id()
         self.correlation_id = request.correlation_id()
+        self._cancelled = False
+        self._checked = 0.0
 
     def input(self, name: str) -> np.ndarray | None:
         """Input tensor `name` as numpy, or None if the client did not send it."""
@@ -61,8 +67,13 @@ class RequestContext:
         return events.decode_request(raw)
 
     def cancelled(self) -> bool:
-        """The client cancelled (gRPC) or the BLS parent asked this request to stop."""
-        return sidechannel.stop_requested(self.request_id, self._sender.is_cancelled)
+        """The client cancelled (gRPC) or the BLS parent asked this request to stop. Asked at most once
+        per CANCEL_POLL_S however many tasks of the request poll it (each `is_cancelled()` is a round
+        trip through one server thread shared by all requests of the model)."""
+        if not self._cancelled and time.monotonic() - self._checked >= CANCEL_POLL_S:
+            self._checked = time.monotonic()
+            self._cancelled = sidechannel.stop_requested(self.request_id, self._sender.is_cancelled)
+        return self._cancelled
 
     def check(self) -> None:
         if self.cancelled():
