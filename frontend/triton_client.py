@@ -109,8 +109,10 @@ class TritonClient:
             try:
                 while (reply := await first_of(call.read(), failure)) is not grpc.aio.EOF:
                     if reply.error_message:
+                        if not _is_final(reply):
+                            await _until_final(call)
                         raise from_triton_message(reply.error_message)
-                    final = reply.infer_response.parameters["triton_final_response"].bool_param
+                    final = _is_final(reply)
                     outputs = _outputs(reply.infer_response) if reply.infer_response.outputs else {}
                     if outputs or final:
                         yield StreamResponse(outputs, final)
@@ -158,6 +160,27 @@ class TritonClient:
             return await call
         except grpc.aio.AioRpcError as exc:
             raise APIError(503, f"model control failed: {exc.details()}", code="model_control_failed") from exc
+
+
+def _is_final(reply) -> bool:
+    """The reply ends its request (Triton's `triton_final_response` parameter)."""
+    parameter = reply.infer_response.parameters.get("triton_final_response")
+    return parameter is not None and parameter.bool_param
+
+
+async def _until_final(call, timeout_s: float = 5.0) -> None:
+    """After an error response, read on to the request's FINAL (the model sends it right after the error)
+    before the call is closed: cancelling the stream between the two left the request in flight in
+    Triton for good, so its model could never be unloaded."""
+    async def read():
+        while (reply := await call.read()) is not grpc.aio.EOF:
+            if _is_final(reply):
+                return
+
+    try:
+        await asyncio.wait_for(read(), timeout_s)
+    except (asyncio.TimeoutError, grpc.aio.AioRpcError):
+        pass
 
 
 def _rpc_error(exc: grpc.aio.AioRpcError) -> APIError:

@@ -81,17 +81,12 @@ async def stream(ctx: RequestContext | None, model: str, inputs: dict[str, np.nd
         ctx.check()
     loop = asyncio.get_running_loop()
     child_id = sidechannel.child_request_id()
-    iterator = await _send(ctx, _request(model, inputs, outputs, request_id=child_id, **kwargs), child_id, decoupled=True)
-    reading = threading.Lock()  # one reader at a time: a read may still be pending when we leave
-
-    def read():
-        with reading:
-            return next(iterator, _DONE)
-
+    child = _Child(await _send(ctx, _request(model, inputs, outputs, request_id=child_id, **kwargs), child_id,
+                               decoupled=True))
     finished = False
     try:
         while True:
-            pending = loop.run_in_executor(_WORKERS, read)
+            pending = loop.run_in_executor(_WORKERS, child.read)
             while not pending.done():
                 # Poll the client's cancellation while the child is still working.
                 await asyncio.wait({pending}, timeout=CANCEL_POLL_S)
@@ -112,17 +107,39 @@ async def stream(ctx: RequestContext | None, model: str, inputs: dict[str, np.nd
             if tensors:
                 yield tensors
     finally:
-        if not finished:  # cancelled, failed, or the consumer stopped early: stop the child too
+        if finished:
+            child.release()
+        else:  # cancelled, failed, or the consumer stopped early: stop the child too
             sidechannel.request_cancel(child_id)
-            _WORKERS.submit(_drain, read, child_id)
+            _WORKERS.submit(_drain, child, child_id)
 
 
-def _drain(read, child_id: str) -> None:
-    """Reads a cancelled child's stream to its FINAL, then removes its side-channel files."""
+class _Child:
+    """A decoupled child's response iterator, read by one worker thread at a time (a read may still be
+    pending when the caller leaves). `release()` drops the iterator as soon as the stream is done: the
+    Python backend frees a BLS request's state only when its iterator object is destroyed, and one
+    kept alive (e.g. by a traceback in a reference cycle, until the garbage collector ran) left the
+    caller's model impossible to unload."""
+
+    def __init__(self, iterator):
+        self._iterator, self._lock = iterator, threading.Lock()
+
+    def read(self):
+        with self._lock:
+            return _DONE if self._iterator is None else next(self._iterator, _DONE)
+
+    def release(self) -> None:
+        with self._lock:
+            self._iterator = None
+
+
+def _drain(child: _Child, child_id: str) -> None:
+    """Reads a cancelled child's stream to its FINAL, then releases it and removes its side-channel files."""
     try:
-        while read() is not _DONE:
+        while child.read() is not _DONE:
             pass
     finally:
+        child.release()
         sidechannel.clear(child_id)
         sidechannel.take_error(child_id)
 
@@ -163,13 +180,7 @@ def _abandon(late: asyncio.Future, child_id: str, decoupled: bool) -> None:
         sidechannel.clear(child_id)
         sidechannel.take_error(child_id)
         return
-    reading = threading.Lock()
-
-    def read():
-        with reading:
-            return next(result, _DONE)
-
-    _WORKERS.submit(_drain, read, child_id)
+    _WORKERS.submit(_drain, _Child(result), child_id)
 
 
 async def infer(ctx: RequestContext | None, model: str, inputs: dict[str, np.ndarray], outputs: list[str],

@@ -30,17 +30,20 @@ class Cancelled(Exception):
 
 
 def send_final(sender, request_id: str, error: str | None = None) -> None:
-    """Ends a decoupled request: an error response when there is an error, then FINAL.
+    """Ends a decoupled request: FINAL, on the error response when there is an error.
 
     A BLS parent cannot see a child's error through Triton 2.51, so a BLS child's error travels on the
     side channel only: an error response to a BLS parent arrives empty, and it also leaves the
     parent's BLS request unfinished for Triton, so that the parent model could never be unloaded
     (its unload waits for the request for good)."""
+    final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
     if error is not None and sidechannel.is_child(request_id):
         sidechannel.report_error(request_id, error)
     elif error is not None and not sender.is_cancelled():
-        sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error)))
-    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        # One response carrying both the error and FINAL: two sends in a row could race in the backend.
+        sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error)), flags=final)
+        return
+    sender.send(flags=final)
 
 
 class RequestContext:

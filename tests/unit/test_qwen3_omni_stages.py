@@ -89,14 +89,19 @@ def _talker_frames(talker, prompt, embeds, lazily):
     return torch.cat(frames, -1)
 
 
-def test_talker_waits_for_text_instead_of_padding(ckpt, stages):
+def _talker_and_prompt(ckpt, stages, text_ids: list[int]):
+    """A fresh Talker, the TalkerPrompt of a one-message chat ("Hi") and thinker embeddings of `text_ids`."""
     talker = Talker(stages.talker, stages.config, load_tts_embeds(ckpt, stages.config))
     ids = stages.tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True,
                                                return_dict=True, return_tensors="pt")["input_ids"][0]
     embed = stages.thinker.get_input_embeddings()
     with torch.no_grad():
         prompt = TalkerPrompt(ids, embed(ids), torch.zeros(0, stages.config.thinker_config.text_config.hidden_size))
-        text = embed(torch.tensor([300, 301, 302, 303, 304, 305]))
+        return talker, prompt, embed(torch.tensor(text_ids))
+
+
+def test_talker_waits_for_text_instead_of_padding(ckpt, stages):
+    talker, prompt, text = _talker_and_prompt(ckpt, stages, [300, 301, 302, 303, 304, 305])
     eager = _talker_frames(talker, prompt, text, lazily=False)
     lazy = _talker_frames(talker, prompt, text, lazily=True)
     assert eager.shape == (16, 12) and torch.equal(eager, lazy)
@@ -144,13 +149,7 @@ TALKER_EXTREMES = [{"temperature": 1e-40}, {"temperature": 2.0, "top_p": 1e-300}
 def test_talker_and_code_predictor_sample_at_extremes(ckpt, stages):
     """Code group 0 (talker head) and groups 1-15 (code predictor, sampled when do_sample) never raise,
     with every extreme request batched in the same talker steps."""
-    talker = Talker(stages.talker, stages.config, load_tts_embeds(ckpt, stages.config))
-    ids = stages.tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True,
-                                               return_dict=True, return_tensors="pt")["input_ids"][0]
-    embed = stages.thinker.get_input_embeddings()
-    with torch.no_grad():
-        prompt = TalkerPrompt(ids, embed(ids), torch.zeros(0, stages.config.thinker_config.text_config.hidden_size))
-        text = embed(torch.tensor([300, 301, 302]))
+    talker, prompt, text = _talker_and_prompt(ckpt, stages, [300, 301, 302])
     for i, values in enumerate(TALKER_EXTREMES):
         talker.add_request(str(i), prompt, "ethan", talker.sampling_params(max_frames=4, **values))
         talker.push_text(str(i), text, final=True)
