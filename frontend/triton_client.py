@@ -106,22 +106,24 @@ class TritonClient:
 
         with self.availability.track(model) as failure:
             call = self._stub.ModelStreamInfer(requests(), timeout=self.timeout_s)
+            completed = False  # the request got its FINAL: end the RPC gracefully, do not cancel it
             try:
                 while (reply := await first_of(call.read(), failure)) is not grpc.aio.EOF:
                     if reply.error_message:
-                        if not _is_final(reply):
-                            await _until_final(call)
+                        completed = _is_final(reply) or await _until_final(call)
                         raise from_triton_message(reply.error_message)
-                    final = _is_final(reply)
+                    completed = _is_final(reply)
                     outputs = _outputs(reply.infer_response) if reply.infer_response.outputs else {}
-                    if outputs or final:
-                        yield StreamResponse(outputs, final)
-                    if final:
+                    if outputs or completed:
+                        yield StreamResponse(outputs, completed)
+                    if completed:
                         return
             except grpc.aio.AioRpcError as exc:
                 raise _rpc_error(exc) from exc
             finally:
-                finished.set()
+                finished.set()  # closes our half of the stream
+                if completed:
+                    await _rpc_end(call)
                 if not call.done():
                     call.cancel()
 
@@ -168,17 +170,27 @@ def _is_final(reply) -> bool:
     return parameter is not None and parameter.bool_param
 
 
-async def _until_final(call, timeout_s: float = 5.0) -> None:
-    """After an error response, read on to the request's FINAL (the model sends it right after the error)
-    before the call is closed: cancelling the stream between the two left the request in flight in
-    Triton for good, so its model could never be unloaded."""
+async def _until_final(call, timeout_s: float = 5.0) -> bool:
+    """After an error response without FINAL, read on to the request's FINAL before the call is closed
+    (cancelling the stream in between could leave the request in flight in Triton for good, so that
+    its model could never be unloaded). Returns whether the FINAL came within timeout_s."""
     async def read():
         while (reply := await call.read()) is not grpc.aio.EOF:
             if _is_final(reply):
-                return
+                return True
+        return False
 
     try:
-        await asyncio.wait_for(read(), timeout_s)
+        return await asyncio.wait_for(read(), timeout_s)
+    except (asyncio.TimeoutError, grpc.aio.AioRpcError):
+        return False
+
+
+async def _rpc_end(call, timeout_s: float = 5.0) -> None:
+    """Wait for Triton to end a stream whose request completed and whose request side we closed (a
+    cancel right after the FINAL raced with Triton's own completion of the request)."""
+    try:
+        await asyncio.wait_for(call.code(), timeout_s)
     except (asyncio.TimeoutError, grpc.aio.AioRpcError):
         pass
 
