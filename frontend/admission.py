@@ -1,0 +1,162 @@
+"""Overload control: per pipeline, at most `max_inflight` requests run and at most `max_queue` wait
+for a slot (first come, first served); a request beyond both gets 429 with `Retry-After` at once,
+before any model work. Bounds come from `config.AdmissionLimits` (launcher flags `--max-inflight`,
+`--max-queue`).
+
+A route takes a ticket with `enter(request, pipeline)` (raises the 429), then awaits
+`ticket.wait()` before it calls the pipeline. The ticket is released by `AdmissionMiddleware` when
+the response has been sent (or the client left), so a slot can never leak, whatever path a
+request takes; a queued ticket whose client leaves gives up its place.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import math
+import time
+
+from fastapi import Request
+
+from omni_frontend.config import AdmissionLimits
+from omni_frontend.errors import APIError
+from omni_frontend.pipelines import Pipeline
+
+_STATE_KEY = "admission_ticket"
+_EWMA = 0.2   # weight of the newest run time in the mean that estimates Retry-After
+
+
+class Gate:
+    """The in-flight and queue bounds of one pipeline (used from the event loop only)."""
+
+    def __init__(self, name: str, max_inflight: int, max_queue: int, metrics=None):
+        self.name, self.max_inflight, self.max_queue, self.metrics = name, max_inflight, max_queue, metrics
+        self.running = 0
+        self.waiting: collections.deque[asyncio.Future] = collections.deque()
+        self.mean_run_s: float | None = None
+
+    def enter(self) -> Ticket:
+        """A ticket that runs now or waits in the queue; raises APIError 429 when the queue is full."""
+        if self.running < self.max_inflight and not self.waiting:
+            self.running += 1
+            ticket = Ticket(self, None)
+        elif len(self.waiting) < self.max_queue:
+            future = asyncio.get_running_loop().create_future()
+            self.waiting.append(future)
+            ticket = Ticket(self, future)
+        else:
+            if self.metrics:
+                self.metrics.rejected.labels(self.name).inc()
+            retry = self.retry_after_s()
+            raise APIError(429, f"pipeline '{self.name}' is at capacity ({self.running} running, {len(self.waiting)} "
+                                f"queued; limits --max-inflight {self.max_inflight}, --max-queue {self.max_queue}); "
+                                f"retry after {retry} s", code="pipeline_overloaded",
+                           headers={"retry-after": str(retry)})
+        self._publish()
+        return ticket
+
+    def retry_after_s(self) -> int:
+        """Seconds until a queue place is likely free: the mean run time of recent requests times the
+        requests ahead per slot, between 1 and 60."""
+        if self.mean_run_s is None:
+            return 1
+        return max(1, min(60, math.ceil(self.mean_run_s * (len(self.waiting) + 1) / self.max_inflight)))
+
+    def _free_slot(self, run_s: float | None) -> None:
+        if run_s is not None:
+            self.mean_run_s = run_s if self.mean_run_s is None else (1 - _EWMA) * self.mean_run_s + _EWMA * run_s
+        while self.waiting:
+            future = self.waiting.popleft()
+            if not future.done():
+                future.set_result(None)   # the slot passes to the first live waiter
+                break
+        else:
+            self.running -= 1
+        self._publish()
+
+    def _leave_queue(self, future: asyncio.Future) -> None:
+        try:
+            self.waiting.remove(future)
+        except ValueError:
+            pass
+        future.cancel()
+        self._publish()
+
+    def _publish(self) -> None:
+        if self.metrics:
+            self.metrics.inflight.labels(self.name).set(self.running)
+            self.metrics.queued.labels(self.name).set(sum(not f.done() for f in self.waiting))
+
+
+class Ticket:
+    """One request's claim on a pipeline slot: `queued` until `wait()` returns; `release()` is idempotent."""
+
+    def __init__(self, gate: Gate, future: asyncio.Future | None):
+        self.gate, self._future = gate, future
+        self._admitted_at = time.perf_counter() if future is None else None
+        self._released = False
+
+    @property
+    def queued(self) -> bool:
+        """True while the request waits for a slot."""
+        return self._future is not None and not self._future.done()
+
+    async def wait(self) -> None:
+        """Returns once the request holds a slot (at once when it never queued). Cancelling the
+        waiting task gives up the queue place."""
+        if self._admitted_at is not None:
+            return
+        queued_at = time.perf_counter()
+        await self._future
+        self._admitted_at = time.perf_counter()
+        if self.gate.metrics:
+            self.gate.metrics.queue_wait.labels(self.gate.name).observe(self._admitted_at - queued_at)
+
+    def release(self) -> None:
+        """Frees the slot (or the queue place) this ticket holds."""
+        if self._released:
+            return
+        self._released = True
+        future = self._future
+        if future is None or (future.done() and not future.cancelled()):
+            # Holds a slot: admitted at once, or a waiter the slot was handed to (even if it never resumed).
+            run_s = time.perf_counter() - self._admitted_at if self._admitted_at is not None else None
+            self.gate._free_slot(run_s)
+        else:
+            self.gate._leave_queue(future)
+
+
+class Admission:
+    """The gates of every pipeline, created on first use with the configured bounds."""
+
+    def __init__(self, limits: AdmissionLimits, metrics=None):
+        self.limits, self.metrics = limits, metrics
+        self.gates: dict[str, Gate] = {}
+
+    def gate(self, pipeline: str) -> Gate:
+        if pipeline not in self.gates:
+            self.gates[pipeline] = Gate(pipeline, *self.limits.of(pipeline), metrics=self.metrics)
+        return self.gates[pipeline]
+
+
+def enter(request: Request, pipeline: Pipeline) -> Ticket:
+    """Takes a ticket of `pipeline` for this request (429 when it is at capacity); the request's
+    AdmissionMiddleware releases it when the response is over."""
+    ticket = request.app.state.admission.gate(pipeline.name).enter()
+    request.scope.setdefault("state", {})[_STATE_KEY] = ticket
+    return ticket
+
+
+class AdmissionMiddleware:
+    """Pure ASGI middleware: releases the request's ticket once the response is fully sent or the
+    client is gone (streamed responses hold their slot until their last event)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            ticket = scope.get("state", {}).get(_STATE_KEY)
+            if ticket is not None:
+                ticket.release()
