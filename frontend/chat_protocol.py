@@ -31,30 +31,31 @@ MAX_STOP_SEQUENCES = 16
 # field -> (values that change nothing, why). Any other value is a 400 naming the field, never a
 # silently different answer.
 UNSUPPORTED_FIELDS: dict[str, tuple[tuple, str]] = {
-    "tools": ((None, []), "tool calling is not supported"),
-    "tool_choice": ((None, "none"), "tool calling is not supported"),
-    "functions": ((None, []), "function calling is not supported"),
-    "function_call": ((None, "none"), "function calling is not supported"),
-    "parallel_tool_calls": ((None,), "only valid with tools, and tool calling is not supported"),
-    "response_format": ((None, {"type": "text"}), "structured outputs (json_object, json_schema) are not supported"),
+    "tools": ((None, []), "the served models do not call tools"),
+    "tool_choice": ((None, "none"), "the served models do not call tools"),
+    "functions": ((None, []), "the served models do not call functions"),
+    "function_call": ((None, "none"), "the served models do not call functions"),
+    "parallel_tool_calls": ((None,), "it applies to tools, which the served models do not call"),
+    "response_format": ((None, {"type": "text"}), "structured outputs (json_object, json_schema) are not "
+                                                  "generated; only {\"type\": \"text\"}"),
     "logprobs": ((None, False), "log probabilities are not returned"),
     "top_logprobs": ((None,), "log probabilities are not returned"),
-    "logit_bias": ((None, {}), "logit_bias is not supported"),
-    "prediction": ((None,), "predicted outputs are not supported"),
-    "frequency_penalty": ((None, 0), "frequency_penalty is not supported by the samplers (the extension "
-                                     "field repetition_penalty is, where a pipeline documents it)"),
-    "presence_penalty": ((None, 0), "presence_penalty is not supported by the samplers"),
+    "logit_bias": ((None, {}), "the samplers take no logit bias"),
+    "prediction": ((None,), "predicted outputs are not used"),
+    "frequency_penalty": ((None, 0), "the samplers have no frequency penalty (only 0); a pipeline may document "
+                                     "the extension field repetition_penalty"),
+    "presence_penalty": ((None, 0), "the samplers have no presence penalty (only 0)"),
     "reasoning_effort": ((None,), "no served model reasons"),
-    "verbosity": ((None,), "verbosity is not supported"),
-    "web_search_options": ((None,), "web search is not supported"),
-    "moderation": ((None,), "moderation is not supported"),
+    "verbosity": ((None,), "the served models take no verbosity setting"),
+    "web_search_options": ((None,), "the server does not search the web"),
+    "moderation": ((None,), "the server does not moderate"),
 }
 # OpenAI fields accepted and not passed on: they do not change the answer.
 IGNORED_FIELDS = ("user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key",
                   "prompt_cache_retention", "prompt_cache_options")
 # Message fields that refer to earlier tool calls or stored audio: not supported.
-UNSUPPORTED_MESSAGE_FIELDS = {"tool_calls": "tool calling is not supported",
-                              "function_call": "function calling is not supported",
+UNSUPPORTED_MESSAGE_FIELDS = {"tool_calls": "the served models do not call tools",
+                              "function_call": "the served models do not call functions",
                               "audio": "references to earlier audio answers are not stored; send the transcript "
                                        "as the assistant message's content"}
 
