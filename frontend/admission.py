@@ -1,7 +1,10 @@
 """Overload control: per pipeline, at most `max_inflight` requests run and at most `max_queue` wait
 for a slot (first come, first served); a request beyond both gets 429 with `Retry-After` at once,
-before any model work. Bounds come from `config.AdmissionLimits` (launcher flags `--max-inflight`,
-`--max-queue`).
+before any model work. A request whose expected wait (recent run time x requests ahead per slot)
+passes `max_queue_wait_s` gets the same 429 at once instead of queueing, and a queued request that
+has waited `max_queue_wait_s` gives up with 429, so nobody waits without bound when the machine is
+slower than usual. Bounds come from `config.AdmissionLimits` (launcher flags `--max-inflight`,
+`--max-queue`, `--max-queue-wait`).
 
 A route takes a ticket with `enter(request, pipeline)` (raises the 429), then awaits
 `ticket.wait()` before it calls the pipeline. The ticket is released by `AdmissionMiddleware` when
@@ -28,8 +31,9 @@ _EWMA = 0.2   # weight of the newest run time in the mean that estimates Retry-A
 class Gate:
     """The in-flight and queue bounds of one pipeline (used from the event loop only)."""
 
-    def __init__(self, name: str, max_inflight: int, max_queue: int, metrics=None):
+    def __init__(self, name: str, max_inflight: int, max_queue: int, max_wait_s: float = 30.0, metrics=None):
         self.name, self.max_inflight, self.max_queue, self.metrics = name, max_inflight, max_queue, metrics
+        self.max_wait_s = max_wait_s
         self.running = 0
         self.waiting: collections.deque[asyncio.Future] = collections.deque()
         self.mean_run_s: float | None = None
@@ -39,27 +43,29 @@ class Gate:
         if self.running < self.max_inflight and not self.waiting:
             self.running += 1
             ticket = Ticket(self, None)
-        elif len(self.waiting) < self.max_queue:
+        elif len(self.waiting) < self.max_queue and self.expected_wait_s() <= self.max_wait_s:
             future = asyncio.get_running_loop().create_future()
             self.waiting.append(future)
             ticket = Ticket(self, future)
         else:
-            if self.metrics:
-                self.metrics.rejected.labels(self.name).inc()
-            retry = self.retry_after_s()
-            raise APIError(429, f"pipeline '{self.name}' is at capacity ({self.running} running, {len(self.waiting)} "
-                                f"queued; limits --max-inflight {self.max_inflight}, --max-queue {self.max_queue}); "
-                                f"retry after {retry} s", code="pipeline_overloaded",
-                           headers={"retry-after": str(retry)})
+            raise self.overloaded(f"pipeline '{self.name}' is at capacity ({self.running} running, "
+                                  f"{len(self.waiting)} queued, expected wait {self.expected_wait_s():.0f} s; limits "
+                                  f"--max-inflight {self.max_inflight}, --max-queue {self.max_queue}, "
+                                  f"--max-queue-wait {self.max_wait_s:g})", "pipeline_overloaded")
         self._publish()
         return ticket
 
-    def retry_after_s(self) -> int:
-        """Seconds until a queue place is likely free: the mean run time of recent requests times the
-        requests ahead per slot, between 1 and 60."""
-        if self.mean_run_s is None:
-            return 1
-        return max(1, min(60, math.ceil(self.mean_run_s * (len(self.waiting) + 1) / self.max_inflight)))
+    def expected_wait_s(self) -> float:
+        """Expected wait of a request queued now: the mean run time of recent requests times the
+        requests ahead of it per slot (0 before any request ran)."""
+        return (self.mean_run_s or 0.0) * (len(self.waiting) + 1) / self.max_inflight
+
+    def overloaded(self, message: str, code: str) -> APIError:
+        """The 429 (counted) with Retry-After: the expected wait in whole seconds, between 1 and 60."""
+        if self.metrics:
+            self.metrics.rejected.labels(self.name).inc()
+        retry = max(1, min(60, math.ceil(self.expected_wait_s())))
+        return APIError(429, f"{message}; retry after {retry} s", code=code, headers={"retry-after": str(retry)})
 
     def _free_slot(self, run_s: float | None) -> None:
         if run_s is not None:
@@ -101,12 +107,17 @@ class Ticket:
         return self._future is not None and not self._future.done()
 
     async def wait(self) -> None:
-        """Returns once the request holds a slot (at once when it never queued). Cancelling the
-        waiting task gives up the queue place."""
+        """Returns once the request holds a slot (at once when it never queued). Raises APIError 429
+        (code `queue_timeout`) after the gate's max_wait_s in the queue. Cancelling the waiting task
+        gives up the queue place."""
         if self._admitted_at is not None:
             return
         queued_at = time.perf_counter()
-        await self._future
+        try:
+            await asyncio.wait_for(self._future, self.gate.max_wait_s)
+        except asyncio.TimeoutError:
+            raise self.gate.overloaded(f"no slot of pipeline '{self.gate.name}' came free within "
+                                       f"{self.gate.max_wait_s:g} s (--max-queue-wait)", "queue_timeout") from None
         self._admitted_at = time.perf_counter()
         if self.gate.metrics:
             self.gate.metrics.queue_wait.labels(self.gate.name).observe(self._admitted_at - queued_at)
@@ -134,7 +145,8 @@ class Admission:
 
     def gate(self, pipeline: str) -> Gate:
         if pipeline not in self.gates:
-            self.gates[pipeline] = Gate(pipeline, *self.limits.of(pipeline), metrics=self.metrics)
+            self.gates[pipeline] = Gate(pipeline, *self.limits.of(pipeline), max_wait_s=self.limits.max_queue_wait_s,
+                                        metrics=self.metrics)
         return self.gates[pipeline]
 
 

@@ -31,12 +31,15 @@ class RequestLimits:
 @dataclasses.dataclass(frozen=True)
 class AdmissionLimits:
     """Overload control per pipeline: at most `max_inflight` requests run and `max_queue` wait (FIFO);
-    past that a request gets 429 with Retry-After at once. `per_pipeline` overrides both by pipeline
-    name: {name: (max_inflight, max_queue)}. The defaults suit 2 CPU cores (the voice pipeline's RTF
+    past that a request gets 429 with Retry-After at once. A request also gets that 429 at once when
+    its expected wait passes `max_queue_wait_s`, and a queued request still waiting after
+    `max_queue_wait_s` gives up with 429. `per_pipeline` overrides the bounds by pipeline name:
+    {name: (max_inflight, max_queue)}. The defaults suit 2 CPU cores (the voice pipeline's RTF
     passes 1 beyond 4 concurrent streams; docs/benchmarks.md)."""
 
     max_inflight: int = 4
     max_queue: int = 4
+    max_queue_wait_s: float = 30.0
     per_pipeline: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
 
     def of(self, pipeline: str) -> tuple[int, int]:

@@ -55,6 +55,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--max-queue", type=lambda v: _per_pipeline(v, minimum=0), default=(None, {}),
                    metavar="N[,PIPELINE=N...]",
                    help=f"requests waiting per pipeline; past it 429 with Retry-After (default: {admission.max_queue})")
+    g.add_argument("--max-queue-wait", type=float, default=admission.max_queue_wait_s, metavar="SECONDS",
+                   help="a request expected to wait longer gets 429 at once; a queued one gives up with 429 after it "
+                        "(default: %(default)s)")
     g = p.add_argument_group("request limits, checked before any model work (docs/reliability.md)")
     g.add_argument("--max-body-bytes", type=int, default=limits.max_body_bytes,
                    help="request body size; larger bodies get 413 unparsed (default: %(default)s)")
@@ -94,7 +97,7 @@ def admission_limits(args: argparse.Namespace) -> AdmissionLimits:
     queue = defaults.max_queue if queue is None else queue
     per = {name: (inflight_named.get(name, inflight), queue_named.get(name, queue))
            for name in {*inflight_named, *queue_named}}
-    return AdmissionLimits(max_inflight=inflight, max_queue=queue, per_pipeline=per)
+    return AdmissionLimits(max_inflight=inflight, max_queue=queue, max_queue_wait_s=args.max_queue_wait, per_pipeline=per)
 
 
 def prepare_models(names: list[str]) -> None:
