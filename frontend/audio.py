@@ -78,7 +78,8 @@ def encode(pcm: np.ndarray, sample_rate: int, fmt: str) -> bytes:
 
 def decode(data: bytes, sample_rate: int = 16000, max_seconds: float | None = None) -> np.ndarray:
     """Any container/codec PyAV reads (wav, mp3, flac, ogg, webm, m4a, ...) -> float32 mono PCM
-    resampled to sample_rate Hz. Raises AudioDecodeError if nothing decodable is found, and
+    resampled to sample_rate Hz. Raises AudioDecodeError if nothing decodable is found or a sample is
+    not finite, and
     AudioTooLong as soon as more than `max_seconds` are decoded (the rest is not decoded)."""
     if not data:
         raise AudioDecodeError("audio is empty")
@@ -101,4 +102,7 @@ def decode(data: bytes, sample_rate: int = 16000, max_seconds: float | None = No
         raise AudioDecodeError(f"could not decode audio: {exc}") from exc
     if not chunks:
         raise AudioDecodeError("audio contains no samples")
-    return np.concatenate(chunks).astype(np.float32)
+    pcm = np.concatenate(chunks).astype(np.float32)
+    if not np.isfinite(pcm).all():   # float WAV/FLAC can carry them; no encoder handles them
+        raise AudioDecodeError("audio holds NaN or infinite samples")
+    return pcm

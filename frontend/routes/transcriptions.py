@@ -10,6 +10,7 @@ Triton contract of the ASR model (stateless, dynamic batching, max_batch_size > 
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 from fastapi import APIRouter, Request
@@ -108,6 +109,9 @@ async def transcriptions(request: Request):
     granularities = form.getlist("timestamp_granularities[]") + form.getlist("timestamp_granularities")
     if any(g not in ("word", "segment") for g in granularities):
         raise bad_request("timestamp_granularities must be 'word' and/or 'segment'", param="timestamp_granularities")
+    language = form.get("language") or None
+    if language is not None and not re.fullmatch(r"[a-z]{2,3}", language):
+        raise bad_request("language must be an ISO-639-1 code such as 'en'", param="language")
     stream = str(form.get("stream", "false")).lower() == "true"
     pipeline = pipeline_for(request, form.get("model"), TRANSCRIPTION, "transcriptions")
     ticket = admission.enter(request, pipeline)
@@ -119,7 +123,7 @@ async def transcriptions(request: Request):
         raise bad_request(f"file is longer than {exc.max_seconds:g} s (limit --max-audio-seconds)", param="file",
                           code="audio_too_long") from exc
 
-    options = {"language": form.get("language") or None, "prompt": form.get("prompt") or None,
+    options = {"language": language, "prompt": form.get("prompt") or None,
                "temperature": temperature, "word_timestamps": "word" in granularities}
     inputs = {"AUDIO": pcm[None, :], "OPTIONS": np.array([[json.dumps(options).encode()]], dtype=np.object_)}
     await until_disconnect(request, ticket.wait())

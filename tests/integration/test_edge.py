@@ -5,12 +5,15 @@ the overload test runs the real voice pipeline."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import time
 
 import httpx
+import numpy as np
 import openai
 import pytest
+import soundfile
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.harness import wait_for
@@ -87,13 +90,25 @@ def test_unsupported_or_invalid_chat_fields_are_rejected_not_dropped(mock_server
     assert info.value.body["param"] == param
 
 
+def _wav(samples: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    soundfile.write(buf, samples, 16000, format="WAV", subtype="FLOAT")
+    return buf.getvalue()
+
+
 @pytest.mark.parametrize("form, param", [({"include[]": "logprobs"}, "include"),
                                          ({"known_speaker_names[]": "agent"}, "known_speaker_names"),
-                                         ({"chunking_strategy": '{"type": "server_vad"}'}, "chunking_strategy")])
-def test_unsupported_transcription_fields_are_rejected(mock_server, form, param):
+                                         ({"chunking_strategy": '{"type": "server_vad"}'}, "chunking_strategy"),
+                                         ({"language": "english!"}, "language"),
+                                         ({"file": np.full(1600, np.nan, np.float32)}, "file")])
+def test_bad_or_unsupported_transcription_fields_are_rejected(mock_server, form, param):
+    audio = _wav(form.pop("file", np.zeros(1600, np.float32)))
     response = httpx.post(f"{mock_server.base_url}/v1/audio/transcriptions", timeout=30,
-                          files={"file": ("a.wav", b"RIFF", "audio/wav")}, data={"model": "mock-asr", **form})
+                          files={"file": ("a.wav", audio, "audio/wav")}, data={"model": "mock-asr", **form})
     assert response.status_code == 400 and response.json()["error"]["param"] == param
+    ok = httpx.post(f"{mock_server.base_url}/v1/audio/transcriptions", timeout=30, data={"model": "mock-asr"},
+                    files={"file": ("a.wav", _wav(np.zeros(1600, np.float32)), "audio/wav")})
+    assert ok.status_code == 200 and ok.json()["text"] == "1600 samples"
 
 
 def test_speech_instructions_are_rejected_and_voices_of_a_voiceless_pipeline_are_404(mock_server):
