@@ -177,6 +177,8 @@ def _moe_scatter_kernel(ids_ptr, rank_ptr, base_ptr, sorted_ptr, num_slots, CHUN
 def moe_route(router_logits: torch.Tensor, top_k: int, renormalize: bool, block_m: int) -> MoeRouting:
     """Routing and expert-sorted alignment on the device (launch 1 of `fused_moe`)."""
     T, E = router_logits.shape
+    if router_logits.stride(-1) != 1:
+        router_logits = router_logits.contiguous()
     dev = router_logits.device
     num_slots = T * top_k
     max_blocks = triton.cdiv(num_slots, block_m) + min(num_slots, E)
@@ -315,6 +317,16 @@ def _moe_sum_kernel(y_ptr, out_ptr, T, H, TOP_K: tl.constexpr, BLOCK_T: tl.const
     tl.store(out_ptr + t.to(tl.int64)[:, None] * H + cols[None, :], acc.to(dt), mask=mask)
 
 
+SHARED_MEMORY_BUDGET = 200 * 1024  # of the H100/H200's 227 KB per block
+
+
+def fit_stages(config: GemmConfig, block_m: int, b_tiles: int, dtype: torch.dtype) -> int:
+    """The config's pipelining depth, lowered until its shared-memory ring (A tile + b_tiles B tiles per
+    stage) fits the budget; the table is sized for bf16, fp32 inputs need about half the stages."""
+    per_stage = (block_m + b_tiles * config.BLOCK_N) * config.BLOCK_K * torch.tensor([], dtype=dtype).element_size()
+    return max(1, min(config.num_stages, SHARED_MEMORY_BUDGET // per_stage))
+
+
 def _dot_precision(dtype: torch.dtype) -> str:
     """fp32 experts multiply in full fp32 ("ieee"), as torch's default matmul does; bf16/fp16 ignore it."""
     return "ieee" if dtype == torch.float32 else "tf32"
@@ -332,7 +344,7 @@ def moe_gate_up(hidden: torch.Tensor, w13: torch.Tensor, routing: MoeRouting, co
                               BLOCK_M=routing.block_m, BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K,
                               GROUP_M=config.GROUP_M, EVEN_K=H % config.BLOCK_K == 0, DOT_F32=DOT_IN_FP32,
                               DOT_PRECISION=_dot_precision(hidden.dtype),
-                              num_warps=config.num_warps, num_stages=config.num_stages)
+                              num_warps=config.num_warps, num_stages=fit_stages(config, routing.block_m, 2, hidden.dtype))
     return out
 
 
@@ -346,7 +358,7 @@ def moe_down(inter: torch.Tensor, w2: torch.Tensor, routing: MoeRouting, config:
                            BLOCK_M=routing.block_m, BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K,
                            GROUP_M=config.GROUP_M, EVEN_K=K % config.BLOCK_K == 0, DOT_F32=DOT_IN_FP32,
                            DOT_PRECISION=_dot_precision(inter.dtype),
-                           num_warps=config.num_warps, num_stages=config.num_stages)
+                           num_warps=config.num_warps, num_stages=fit_stages(config, routing.block_m, 1, inter.dtype))
     return out
 
 
