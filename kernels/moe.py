@@ -221,23 +221,31 @@ def _grouped_pid(pid, num_m, num_n, GROUP_M: tl.constexpr):
     return first_m + (pid % width) % size_m, (pid % width) // size_m
 
 
+@helper
+def _block_of_program(block_expert_ptr, block_rows_ptr, sorted_ptr, num_blocks, N, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    # this program's row block: its expert (-1: unused block), slot ids (int64) and row mask, and columns
+    pid_m, pid_n = _grouped_pid(tl.program_id(0), num_blocks, tl.cdiv(N, BLOCK_N), GROUP_M)
+    expert = tl.load(block_expert_ptr + pid_m)
+    m = tl.arange(0, BLOCK_M)
+    m_ok = m < tl.load(block_rows_ptr + pid_m)
+    slot = tl.load(sorted_ptr + pid_m * BLOCK_M + m, mask=m_ok, other=0).to(tl.int64)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    return expert, slot, m_ok, n, n < N
+
+
 @kernel
 def _moe_gate_up_kernel(x_ptr, w_ptr, out_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr, N, K, num_blocks,
                         x_stride, w_stride_e, w_stride_n, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr,
                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
                         DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr):
     # out[slot, n] = silu(x[tok] . W13[e, n]) * (x[tok] . W13[e, N + n]) for the slots of one expert block
-    pid_m, pid_n = _grouped_pid(tl.program_id(0), num_blocks, tl.cdiv(N, BLOCK_N), GROUP_M)
-    expert = tl.load(block_expert_ptr + pid_m)
+    expert, slot, m_ok, n, n_ok = _block_of_program(block_expert_ptr, block_rows_ptr, sorted_ptr, num_blocks, N,
+                                                    BLOCK_M, BLOCK_N, GROUP_M)
     if expert < 0:
         return
-    m = tl.arange(0, BLOCK_M)
-    m_ok = m < tl.load(block_rows_ptr + pid_m)
-    slot = tl.load(sorted_ptr + pid_m * BLOCK_M + m, mask=m_ok, other=0)
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = n < N
     k = tl.arange(0, BLOCK_K)
-    a_ptrs = x_ptr + (slot // TOP_K).to(tl.int64)[:, None] * x_stride + k[None, :]
+    a_ptrs = x_ptr + (slot // TOP_K)[:, None] * x_stride + k[None, :]
     g_ptrs = w_ptr + expert.to(tl.int64) * w_stride_e + n[None, :] * w_stride_n + k[:, None]
     u_ptrs = g_ptrs + N * w_stride_n
     acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
@@ -262,7 +270,7 @@ def _moe_gate_up_kernel(x_ptr, w_ptr, out_ptr, sorted_ptr, block_expert_ptr, blo
     dt = out_ptr.dtype.element_ty
     gate = rounded(acc_g, dt)
     out = round_to(rounded(gate * tl.sigmoid(gate), dt) * rounded(acc_u, dt), dt)
-    tl.store(out_ptr + slot.to(tl.int64)[:, None] * N + n[None, :], out, mask=m_ok[:, None] & n_ok[None, :])
+    tl.store(out_ptr + slot[:, None] * N + n[None, :], out, mask=m_ok[:, None] & n_ok[None, :])
 
 
 @kernel
@@ -271,15 +279,10 @@ def _moe_down_kernel(a_ptr, w_ptr, out_ptr, weights_ptr, sorted_ptr, block_exper
                      BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr,
                      DOT_PRECISION: tl.constexpr):
     # out[slot, n] = weight[slot] * (a[slot] . W2[e, n]) for the slots of one expert block
-    pid_m, pid_n = _grouped_pid(tl.program_id(0), num_blocks, tl.cdiv(N, BLOCK_N), GROUP_M)
-    expert = tl.load(block_expert_ptr + pid_m)
+    expert, slot, m_ok, n, n_ok = _block_of_program(block_expert_ptr, block_rows_ptr, sorted_ptr, num_blocks, N,
+                                                    BLOCK_M, BLOCK_N, GROUP_M)
     if expert < 0:
         return
-    m = tl.arange(0, BLOCK_M)
-    m_ok = m < tl.load(block_rows_ptr + pid_m)
-    slot = tl.load(sorted_ptr + pid_m * BLOCK_M + m, mask=m_ok, other=0).to(tl.int64)
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = n < N
     k = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + slot[:, None] * K + k[None, :]
     w_ptrs = w_ptr + expert.to(tl.int64) * w_stride_e + n[None, :] * w_stride_n + k[:, None]
@@ -386,10 +389,11 @@ def fused_moe(hidden: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tens
     (default: `moe_configs.moe_config(T)`). Returns [T, H] in hidden's dtype. Raises ValueError on
     mismatched shapes/dtypes. Source: transformers Qwen3OmniMoeThinkerTextSparseMoeBlock (router + experts).
     """
-    T, H = hidden.shape
-    E, two_i, H_w = w13.shape
-    ok = router_logits.shape == (T, E) and H_w == H and two_i % 2 == 0 and w2.shape == (E, H, two_i // 2)
-    ok = ok and 0 < top_k <= E and w13.dtype == w2.dtype == hidden.dtype
+    ok = hidden.dim() == 2 and w13.dim() == 3
+    if ok:
+        (T, H), (E, two_i, H_w) = hidden.shape, w13.shape
+        ok = router_logits.shape == (T, E) and H_w == H and two_i % 2 == 0 and w2.shape == (E, H, two_i // 2)
+        ok = ok and 0 < top_k <= E and w13.dtype == w2.dtype == hidden.dtype
     if not ok:
         raise ValueError(f"fused_moe: hidden {tuple(hidden.shape)} {hidden.dtype}, router_logits "
                          f"{tuple(router_logits.shape)}, w13 {tuple(w13.shape)} {w13.dtype}, w2 {tuple(w2.shape)} "

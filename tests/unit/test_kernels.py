@@ -260,10 +260,14 @@ def test_moe_routing_layout(T, renormalize):
     assert used == int(((counts + block_m - 1) // block_m).sum())
 
 
-def test_fused_moe_rejects_mismatched_weights():
-    x, logits, w13, w2 = torch.randn(2, 8), torch.randn(2, 4), torch.randn(4, 12, 8), torch.randn(4, 8, 5)
+def test_fused_moe_rejects_mismatched_inputs():
+    x, logits, w13, w2 = torch.randn(2, 8), torch.randn(2, 4), torch.randn(4, 12, 8), torch.randn(4, 8, 6)
     with pytest.raises(ValueError, match="fused_moe"):
-        ok.fused_moe(x, logits, w13, w2, 2)
+        ok.fused_moe(x, logits, w13, w2[..., :5], 2)  # down_proj's I differs from gate_up's
+    with pytest.raises(ValueError, match="fused_moe"):
+        ok.fused_moe(x[None], logits[None], w13, w2, 2)  # tokens must be flattened to [T, H]
+    with pytest.raises(ValueError, match="fused_moe"):
+        ok.fused_moe(x, logits, w13, w2, 5)  # top_k > experts
 
 
 # ---------------------------------------------------------------- dispatch
@@ -372,24 +376,17 @@ def test_mrope_reference_equals_transformers_contiguous_sections():
 
 
 @pytest.mark.parametrize("dtype", [BF16, FP32], ids=["bf16", "fp32"])
-def test_fused_moe_reference_equals_transformers_thinker_block(qwen3_omni, dtype):
-    config = text_config("thinker")
-    block = randomize(qwen3_omni.Qwen3OmniMoeThinkerTextSparseMoeBlock(config), dtype)
+@pytest.mark.parametrize("kind,top_k", [("thinker", 8), ("talker", 6)])
+def test_fused_moe_reference_equals_transformers_block(qwen3_omni, kind, top_k, dtype):
+    """The sparse MoE block's output; the talker's adds its sigmoid-gated shared expert to the routed
+    experts (the kernel's part)."""
+    block_class = qwen3_omni.Qwen3OmniMoeThinkerTextSparseMoeBlock if kind == "thinker" else \
+        qwen3_omni.Qwen3OmniMoeTalkerTextSparseMoeBlock
+    block = randomize(block_class(text_config(kind)), dtype)
     x = torch.randn(1, 11, 64).to(dtype)
     with torch.no_grad():
         logits = F.linear(x[0], block.gate.weight)
-        ref = ok.fused_moe_reference(x[0], logits, block.experts.gate_up_proj, block.experts.down_proj, 8)
+        ref = ok.fused_moe_reference(x[0], logits, block.experts.gate_up_proj, block.experts.down_proj, top_k)
+        if kind == "talker":
+            ref = ref + torch.sigmoid(block.shared_expert_gate(x[0])) * block.shared_expert(x[0])
         assert torch.equal(ref, block(x)[0])
-
-
-@pytest.mark.parametrize("dtype", [BF16, FP32], ids=["bf16", "fp32"])
-def test_fused_moe_reference_equals_transformers_talker_block(qwen3_omni, dtype):
-    """The talker's block: routed experts (top-6, the kernel's part) plus the gated shared expert."""
-    config = text_config("talker")
-    block = randomize(qwen3_omni.Qwen3OmniMoeTalkerTextSparseMoeBlock(config), dtype)
-    x = torch.randn(1, 7, 64).to(dtype)
-    with torch.no_grad():
-        logits = F.linear(x[0], block.gate.weight)
-        routed = ok.fused_moe_reference(x[0], logits, block.experts.gate_up_proj, block.experts.down_proj, 6)
-        shared = torch.sigmoid(block.shared_expert_gate(x[0])) * block.shared_expert(x[0])
-        assert torch.equal(routed + shared, block(x)[0])
