@@ -13,9 +13,10 @@ comes from the environment variable `OMNI_KERNELS` ("0" turns them off; default 
 Triton fixes its mode (compile for the GPU, or interpret) when it is first imported: its own library
 functions (`tl.sum`, `tl.sigmoid`, ...) are decorated then, from `TRITON_INTERPRET`. On a machine without
 CUDA only the interpreter can run, so if Triton is not imported yet this module imports it in interpreter
-mode there (a process-local Triton setting; the environment is restored); with CUDA it imports it normally. The kernels here
-are decorated in whichever mode Triton is in (`INTERPRETED`). `TRITON_INTERPRET=0` keeps the compiling mode
-on CUDA-less machines (for compiling kernels ahead of time, `scripts/inspect_kernels`).
+mode there (a process-local Triton setting; the environment is restored); with CUDA it imports it
+normally. The kernels here are decorated in whichever mode Triton is in (`INTERPRETED`).
+`TRITON_INTERPRET=0` keeps the compiling mode on CUDA-less machines (for compiling kernels ahead of time,
+`scripts/inspect_kernels`).
 """
 from __future__ import annotations
 

@@ -346,8 +346,8 @@ def moe_gate_up(hidden: torch.Tensor, w13: torch.Tensor, routing: MoeRouting, co
                               H, routing.max_blocks, hidden.stride(0), w13.stride(0), w13.stride(1), TOP_K=top_k,
                               BLOCK_M=routing.block_m, BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K,
                               GROUP_M=config.GROUP_M, EVEN_K=H % config.BLOCK_K == 0, DOT_F32=DOT_IN_FP32,
-                              DOT_PRECISION=_dot_precision(hidden.dtype),
-                              num_warps=config.num_warps, num_stages=fit_stages(config, routing.block_m, 2, hidden.dtype))
+                              DOT_PRECISION=_dot_precision(hidden.dtype), num_warps=config.num_warps,
+                              num_stages=fit_stages(config, routing.block_m, 2, hidden.dtype))
     return out
 
 
