@@ -102,6 +102,7 @@ class TritonPythonModel(EngineStageModel):
         return tensors
 
     def _hidden(self, tensor):
-        """FP32 hidden states for the talker: a CUDA tensor (DLPack, no host copy) or a numpy copy."""
+        """FP32 hidden states for the talker: a CUDA tensor (DLPack, no host copy) or a numpy copy (always
+        for an empty tensor: it has no device memory to share)."""
         tensor = tensor.float()
-        return tensor.contiguous() if self.gpu_tensors else tensor.cpu().numpy()
+        return tensor.contiguous() if self.gpu_tensors and tensor.numel() else tensor.cpu().numpy()
