@@ -59,12 +59,16 @@ class _Qwen3Omni:
     def __init__(self, checkpoint: str | None, max_tokens: int, voice: str | None, extra_body: dict, device: str):
         from transformers import AutoTokenizer, Qwen3OmniMoeForConditionalGeneration
 
+        from omni_backends import prepare
         from omni_backends.paths import QWEN3_OMNI_TINY, model_home
         from omni_backends.qwen3_omni.loading import default_dtype, load_config
         from omni_backends.qwen3_omni.random_weights import build_random, is_random
 
         path = Path(checkpoint or QWEN3_OMNI_TINY)
-        path = path if path.is_absolute() else model_home() / path
+        if not path.is_absolute():
+            if str(path) in prepare.PREPARERS and prepare.main([str(path)]) != 0:   # a preset: make sure it exists
+                raise RuntimeError(f"preparing the checkpoint preset {path} failed")
+            path = model_home() / path
         if is_random(path):
             self.model = build_random(Qwen3OmniMoeForConditionalGeneration, load_config(path), "", device,
                                       default_dtype(device))

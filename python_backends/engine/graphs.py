@@ -121,7 +121,8 @@ class StepGraphs:
             graph = torch.cuda.CUDAGraph()
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
-            with torch.cuda.graph(graph, pool=self._pool):
+            # thread_local: other threads of the stub (response senders) may use the GPU during a capture
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
                 outputs = self.fn(**static)
         except Exception as exc:  # noqa: BLE001 - any capture failure: this bucket runs eagerly
             self._failed += 1

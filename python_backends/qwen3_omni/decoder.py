@@ -38,6 +38,8 @@ def rope_table(rotary_emb: torch.nn.Module, positions: int, dtype: torch.dtype,
     (all mRoPE sections equal), in `dtype` as the module returns them."""
     probe = torch.zeros(1, dtype=dtype, device=device)
     ids = torch.arange(positions, device=device)[None]
+    if hasattr(rotary_emb, "mrope_section"):   # mRoPE modules of transformers 5.1x want [3, batch, positions]
+        ids = ids.expand(3, 1, positions)
     cos, sin = rotary_emb(probe, ids)
     return cos[0], sin[0]
 
