@@ -153,8 +153,8 @@ class StaticDecoder:
 
     def _attention(self, attn, h, index, rows, written, cos, sin, bias, columns: int) -> torch.Tensor:
         batch = h.shape[0]
-        q = attn.q_norm(attn.q_proj(h).view(batch, self.heads, self.head_dim))
-        k = attn.k_norm(attn.k_proj(h).view(batch, self.kv_heads, self.head_dim))
+        q = fused.rms_norm(attn.q_norm, attn.q_proj(h).view(batch, self.heads, self.head_dim))
+        k = fused.rms_norm(attn.k_norm, attn.k_proj(h).view(batch, self.kv_heads, self.head_dim))
         v = attn.v_proj(h).view(batch, self.kv_heads, self.head_dim)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
