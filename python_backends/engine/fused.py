@@ -2,8 +2,9 @@
 
 Each function takes the transformers module whose weights it uses and the activations. On CUDA
 tensors, with `omni_kernels` enabled (`omni_kernels.set_enabled`, the deploy option `kernels`), it
-calls the fused kernel; otherwise it calls the module itself, so the CPU path is transformers' own
-arithmetic (and the static engine's tokens equal the library's).
+calls the fused kernel (RMSNorm with the residual add, plain RoPE of q and k in one launch, the fused
+MoE, SiLU-and-mul after one gate+up GEMM); otherwise it calls the module itself, so the CPU path is
+transformers' own arithmetic (and the static engine's tokens equal the library's).
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ try:
 except ImportError:  # pragma: no cover - the package is part of this repository
     omni_kernels = None
 
-_KERNELS = ("rms_norm", "fused_moe", "enabled")
+_KERNELS = ("rms_norm", "fused_moe", "silu_and_mul", "apply_mrope", "enabled")
+FUSED = "omni_fused_weight"   # attribute holding the concatenated weight of fused projections
 
 
 def available() -> bool:
@@ -46,6 +48,49 @@ def rms_norm(norm: torch.nn.Module, x: torch.Tensor, residual: torch.Tensor | No
     return norm(x), x
 
 
+@torch.no_grad()
+def fuse_linears(owner: torch.nn.Module, linears: list[torch.nn.Linear]) -> bool:
+    """Concatenate the weights of bias-free linears that read the same input (q/k/v, gate/up) into one
+    tensor stored as `owner.omni_fused_weight`, and make each linear's weight a view of it: one GEMM
+    instead of several, no extra memory, and the modules (transformers' own prefill) keep working.
+    Returns False (nothing changed) for linears with biases or different dtypes/devices."""
+    if hasattr(owner, FUSED):
+        return True
+    weights = [linear.weight for linear in linears]
+    if any(linear.bias is not None for linear in linears) or len({(w.dtype, w.device) for w in weights}) != 1:
+        return False
+    fused = torch.cat(weights)
+    start = 0
+    for linear, weight in zip(linears, weights):
+        linear.weight = torch.nn.Parameter(fused[start:start + weight.shape[0]], requires_grad=False)
+        start += weight.shape[0]
+    setattr(owner, FUSED, fused)
+    return True
+
+
+def rope(q: torch.Tensor, k: torch.Tensor, cos_half: torch.Tensor, sin_half: torch.Tensor):
+    """Plain (1-D) RoPE of q [B, Hq, D] and k [B, Hk, D] with per-row tables cos/sin [B, D/2] in the
+    activations' dtype (transformers' rotate-half form; mRoPE with equal section positions is the same)."""
+    if active(q):
+        return omni_kernels.apply_mrope(q, k, cos_half, sin_half, mrope_section=None)
+    cos, sin = torch.cat((cos_half, cos_half), -1)[:, None], torch.cat((sin_half, sin_half), -1)[:, None]
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def dense_mlp(mlp: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """`down(silu(gate(h)) * up(h))` of a transformers gated MLP: one gate+up GEMM and the fused
+    silu-and-mul when its projections were fused (`fuse_linears`) and the kernels are active."""
+    fused = getattr(mlp, FUSED, None)
+    if fused is None or not active(h):
+        return mlp(h)
+    return mlp.down_proj(omni_kernels.silu_and_mul(torch.nn.functional.linear(h, fused)))
+
+
 def moe(mlp: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
     """The feed-forward block of a decoder layer for tokens h [T, H] -> [T, H].
 
@@ -54,12 +99,14 @@ def moe(mlp: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
     active; otherwise (and for dense MLPs) the module itself runs.
     """
     experts = getattr(mlp, "experts", None)
-    if experts is None or not active(h):
-        return mlp(h[:, None, :])[:, 0] if experts is not None else mlp(h)
+    if experts is None:
+        return dense_mlp(mlp, h)
+    if not active(h):
+        return mlp(h[:, None, :])[:, 0]
     gate = mlp.gate
     routed = omni_kernels.fused_moe(h, torch.nn.functional.linear(h, gate.weight), experts.gate_up_proj,
                                     experts.down_proj, gate.top_k, renormalize=gate.norm_topk_prob)
     shared = getattr(mlp, "shared_expert", None)
     if shared is not None:
-        routed = routed + torch.sigmoid(mlp.shared_expert_gate(h)) * shared(h)
+        routed = routed + torch.sigmoid(mlp.shared_expert_gate(h)) * dense_mlp(shared, h)
     return routed

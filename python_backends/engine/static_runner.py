@@ -3,7 +3,7 @@
 The `Runner` for GPU serving. A prompt runs through transformers' forward into a `DynamicCache`, at
 most `prefill_chunk` tokens per engine iteration, so a long prompt is spread over several iterations
 and the running streams decode in between (chunked prefill); prompts with extra model inputs (audio
-features) run whole. When a prompt is complete its KV is copied into a slot of the decoder's
+features) run whole; short plain prompts arriving together run in one right-padded forward. When a prompt is complete its KV is copied into a slot of the decoder's
 `StaticKVCache`, and from then on the request decodes in the decoder's fixed-shape (CUDA-graph) step
 together with every other live request.
 """
@@ -52,11 +52,12 @@ class StaticRunner:
         position_ids_fn: text positions int64 [1, L] -> the model's position_ids layout.
         prefill_chunk: most prompt tokens run per engine iteration over all prefilling requests; 0: no limit.
         cache_config: config for the prefill's `DynamicCache` (default: the model's).
+        max_prefill_batch: most whole prompts prefilled together in one forward.
     """
 
     def __init__(self, model: torch.nn.Module, decoder: Decoder, embed: torch.nn.Module, *,
                  hidden_layers: Sequence[int] = (), position_ids_fn: PositionIdsFn | None = None,
-                 prefill_chunk: int = 512, cache_config=None) -> None:
+                 prefill_chunk: int = 512, cache_config=None, max_prefill_batch: int = 16) -> None:
         if prefill_chunk < 0:
             raise ValueError(f"prefill_chunk must be >= 0, got {prefill_chunk}")
         self.model, self.decoder, self.embed = model.eval(), decoder, embed
@@ -64,6 +65,7 @@ class StaticRunner:
         self.position_ids_fn: Callable = position_ids_fn or (lambda positions: positions)
         self.prefill_chunk = prefill_chunk
         self.cache_config = cache_config or model.config
+        self.max_prefill_batch = max_prefill_batch
 
     @property
     def device(self) -> torch.device:
@@ -73,27 +75,60 @@ class StaticRunner:
     def prefill(self, requests: Sequence[EngineRequest]) -> list[RowOutput | None]:
         """Advance each request's prompt within this iteration's token budget; a RowOutput for each prompt
         that completed (its KV now in a decoder slot), None for the others (including those beyond the
-        free slots, which wait)."""
+        free slots, which wait). Plain prompts that fit the budget whole run together in one right-padded
+        forward; longer ones (and prompts with extra model inputs) run alone, chunk by chunk."""
         budget = self.prefill_chunk or float("inf")
         slots = self.decoder.cache.free_slots
-        out: list[RowOutput | None] = []
+        out: dict[str, RowOutput | None] = {}
+        whole: list[EngineRequest] = []
         for request in requests:
+            out[request.request_id] = None
             if budget <= 0 or slots <= 0:
-                out.append(None)
+                continue
+            prompt, state = request.prompt, request.state.get("prefill")
+            if state is None and not prompt.solo and len(prompt) <= budget and len(whole) < self.max_prefill_batch:
+                whole.append(request)
+                budget, slots = budget - len(prompt), slots - 1
                 continue
             state = request.state.setdefault("prefill", _Prefill(DynamicCache(config=self.cache_config)))
-            remaining = len(request.prompt) - state.done
-            count = remaining if request.prompt.model_kwargs else int(min(remaining, budget))
+            remaining = len(prompt) - state.done
+            count = remaining if prompt.model_kwargs else int(min(remaining, budget))
             logits = self._run_chunk(request, state, count)
             budget -= count
-            if state.done < len(request.prompt):
-                out.append(None)
+            if state.done < len(prompt):
                 continue
             self.decoder.add(request.request_id, cache_layers(state.cache))
             slots -= 1
             del request.state["prefill"]
-            out.append(RowOutput(logits=logits, hidden_states={k: torch.cat(v) for k, v in state.hidden.items()}))
-        return out
+            out[request.request_id] = RowOutput(logits=logits,
+                                                hidden_states={k: torch.cat(v) for k, v in state.hidden.items()})
+        for kind in ("input_ids", "inputs_embeds"):
+            group = [r for r in whole if getattr(r.prompt, kind) is not None]
+            if group:
+                out.update(zip((r.request_id for r in group), self._prefill_together(group, kind)))
+        return [out[r.request_id] for r in requests]
+
+    def _prefill_together(self, group: list[EngineRequest], kind: str) -> list[RowOutput]:
+        """One right-padded forward over whole plain prompts; each row's KV goes to its own slot."""
+        lengths = [len(r.prompt) for r in group]
+        width = max(lengths)
+        mask = torch.tensor([[1] * n + [0] * (width - n) for n in lengths], dtype=torch.long, device=self.device)
+        if kind == "input_ids":
+            data = torch.zeros(len(group), width, dtype=torch.long)
+        else:
+            data = group[0].prompt.inputs_embeds.new_zeros(len(group), width, group[0].prompt.inputs_embeds.shape[-1])
+        for row, r in enumerate(group):
+            data[row, :lengths[row]] = getattr(r.prompt, kind)
+        cache = DynamicCache(config=self.cache_config)
+        positions = self.position_ids_fn(torch.arange(width, device=self.device).expand(len(group), width))
+        out = self.model(**{kind: data.to(self.device)}, attention_mask=mask, position_ids=positions,
+                         **cache_kwargs(self.model, cache), use_cache=True, output_hidden_states=bool(self.hidden_layers))
+        rows = []
+        for row, r in enumerate(group):
+            self.decoder.add(r.request_id, cache_layers(cache, row, lengths[row]))
+            hidden = {layer: out.hidden_states[layer][row, :lengths[row]].clone() for layer in self.hidden_layers}
+            rows.append(RowOutput(logits=out.logits[row, lengths[row] - 1].float(), hidden_states=hidden))
+        return rows
 
     def _run_chunk(self, request: EngineRequest, state: _Prefill, count: int) -> torch.Tensor:
         prompt, start, stop = request.prompt, state.done, state.done + count

@@ -27,11 +27,6 @@ from omni_backends.engine.static_kv import LayerKV, StaticKVCache
 HeadFn = Callable[[torch.Tensor], tuple[torch.Tensor, ...]]
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 def rope_table(rotary_emb: torch.nn.Module, positions: int, dtype: torch.dtype,
                device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [positions, head_dim] of a transformers rotary module at text positions 0..positions-1
@@ -56,11 +51,14 @@ class StaticDecoder:
         column_bucket: attended cache columns are rounded up to a multiple of this (one graph per
             (batch bucket, columns)); smaller = less KV read per step, more graphs.
         graphs: capture CUDA graphs (ignored on CPU). name: for logs.
+        fuse: concatenate q/k/v (and dense gate/up) weights for one GEMM each (`fused.fuse_linears`;
+            the modules keep views, so memory is unchanged). Default: on CUDA. On CPU the modules run as
+            they are, which keeps the arithmetic transformers' own.
     """
 
     def __init__(self, text_model: torch.nn.Module, head: HeadFn, *, slots: int, max_len: int,
                  batch_buckets: Sequence[int] | None = None, column_bucket: int = 256, graphs: bool = True,
-                 name: str = "decoder"):
+                 name: str = "decoder", fuse: bool | None = None):
         self.model, self.head = text_model, head
         self.layers = list(text_model.layers)
         attn = self.layers[0].self_attn
@@ -71,7 +69,16 @@ class StaticDecoder:
         self.cache = StaticKVCache(len(self.layers), slots, max_len, self.kv_heads, self.head_dim, self.dtype,
                                    self.device)
         positions = attn.config.max_position_embeddings
-        self.cos, self.sin = rope_table(text_model.rotary_emb, positions, self.dtype, self.device)
+        cos, sin = rope_table(text_model.rotary_emb, positions, self.dtype, self.device)
+        half = cos.shape[-1] // 2   # transformers' tables repeat each frequency over both halves
+        self.cos, self.sin = cos[:, :half].contiguous(), sin[:, :half].contiguous()
+        self.fused_qkv = False
+        if self.device.type == "cuda" if fuse is None else fuse:
+            self.fused_qkv = all([fused.fuse_linears(layer.self_attn, [layer.self_attn.q_proj, layer.self_attn.k_proj,
+                                                                       layer.self_attn.v_proj]) for layer in self.layers])
+            for mlp in [layer.mlp for layer in self.layers] + [getattr(l.mlp, "shared_expert", None) for l in self.layers]:
+                if mlp is not None and hasattr(mlp, "gate_proj") and hasattr(mlp, "up_proj"):
+                    fused.fuse_linears(mlp, [mlp.gate_proj, mlp.up_proj])
         self.buckets = tuple(batch_buckets or power_of_two_buckets(slots))
         self.column_bucket = max(1, column_bucket)
         self._columns = torch.arange(max_len, device=self.device)
@@ -137,32 +144,36 @@ class StaticDecoder:
         """The captured step: x [B, H] embeddings, meta int64 [2, B] (RoPE position, cache column), columns [C]."""
         rows = torch.arange(x.shape[0], device=x.device)
         positions, written = meta[0], meta[1]
-        bias = torch.where(columns[None, :] <= written[:, None], 0.0, float("-inf"))[:, None, None, :]
-        cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
+        mask = (columns[None, :] <= written[:, None])[:, None, None, :]
+        cos, sin = self.cos[positions], self.sin[positions]
         residual = None
         for index, layer in enumerate(self.layers):
             if residual is None:
                 h, residual = fused.rms_norm(layer.input_layernorm, x), x
             else:
                 h, residual = fused.rms_norm(layer.input_layernorm, x, residual)
-            x = self._attention(layer.self_attn, h, index, rows, written, cos, sin, bias, len(columns))
+            x = self._attention(layer.self_attn, h, index, rows, written, cos, sin, mask, len(columns))
             h, residual = fused.rms_norm(layer.post_attention_layernorm, x, residual)
             x = fused.moe(layer.mlp, h)
         hidden, _ = fused.rms_norm(self.model.norm, x, residual)
         return self.head(hidden)
 
-    def _attention(self, attn, h, index, rows, written, cos, sin, bias, columns: int) -> torch.Tensor:
+    def _attention(self, attn, h, index, rows, written, cos, sin, mask, columns: int) -> torch.Tensor:
         batch = h.shape[0]
-        q = fused.rms_norm(attn.q_norm, attn.q_proj(h).view(batch, self.heads, self.head_dim))
-        k = fused.rms_norm(attn.k_norm, attn.k_proj(h).view(batch, self.kv_heads, self.head_dim))
-        v = attn.v_proj(h).view(batch, self.kv_heads, self.head_dim)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        if self.fused_qkv:
+            q, k, v = torch.nn.functional.linear(h, getattr(attn, fused.FUSED)).split(
+                [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], -1)
+        else:
+            q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
+        q = fused.rms_norm(attn.q_norm, q.reshape(batch, self.heads, self.head_dim))
+        k = fused.rms_norm(attn.k_norm, k.reshape(batch, self.kv_heads, self.head_dim))
+        v = v.reshape(batch, self.kv_heads, self.head_dim)
+        q, k = fused.rope(q, k, cos, sin)
         keys, values = self.cache.keys[index], self.cache.values[index]
         StaticKVCache.write(keys, rows, written, k)
         StaticKVCache.write(values, rows, written, v)
-        keys, values = keys[:batch, :, :columns], values[:batch, :, :columns]
-        q = q.view(batch, self.kv_heads, self.heads // self.kv_heads, self.head_dim)
-        scores = torch.matmul(q, keys.transpose(-1, -2)).float() * self.scaling + bias
-        out = torch.matmul(scores.softmax(-1).to(values.dtype), values)
+        # grouped-query attention as plain attention: the G query heads of a kv head are G query rows
+        q = q.reshape(batch, self.kv_heads, self.heads // self.kv_heads, self.head_dim)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q, keys[:batch, :, :columns], values[:batch, :, :columns], attn_mask=mask, scale=self.scaling)
         return attn.o_proj(out.reshape(batch, self.heads * self.head_dim))
