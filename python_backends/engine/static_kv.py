@@ -8,7 +8,7 @@ hands its slot to the request in the last slot (one copy of that request's real 
 the live slots compact; the engine never reorders anything else.
 
 A step writes its new key/value at each row's own column (`write`), so rows of different lengths
-share a step; attention masks columns >= each row's length + 1 (`StaticKVCache.columns_mask`). A row
+share a step; attention masks columns beyond each row's new token. A row
 that sits a step out (a talker waiting for text) writes at its next free column without advancing,
 so that column is simply overwritten by its next real step.
 """
@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import torch
 
+from omni_backends.engine.rows import RequestRows
+
 LayerKV = tuple[torch.Tensor, torch.Tensor]
 
 
-class StaticKVCache:
+class StaticKVCache(RequestRows):
     """Slots of per-request KV for a decoder of `layers` layers. Not thread-safe (one engine thread).
 
     Args:
@@ -40,45 +42,22 @@ class StaticKVCache:
                              f"{kv_heads=} {head_dim=}")
         self.slots, self.max_len = slots, max_len
         shape = (slots, kv_heads, max_len, head_dim)
+        super().__init__()
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self._ids: list[str] = []
-        self._lengths: list[int] = []
 
     # ---- bookkeeping -------------------------------------------------------------------------
-    def __len__(self) -> int:
-        return len(self._ids)
-
-    def __contains__(self, request_id: str) -> bool:
-        return request_id in self._ids
-
-    @property
-    def request_ids(self) -> list[str]:
-        """Live request ids in slot order (a copy)."""
-        return list(self._ids)
-
     @property
     def free_slots(self) -> int:
         return self.slots - len(self._ids)
 
     def slot(self, request_id: str) -> int:
         """Slot of a live request. Raises KeyError when it is not live."""
-        try:
-            return self._ids.index(request_id)
-        except ValueError:
-            raise KeyError(request_id) from None
-
-    def length(self, request_id: str) -> int:
-        """Cached tokens of a live request."""
-        return self._lengths[self.slot(request_id)]
+        return self._row(request_id)
 
     def lengths(self) -> list[int]:
         """Cached tokens per live slot, in slot order (a copy)."""
         return list(self._lengths)
-
-    def nbytes(self) -> int:
-        """Bytes held by the cache tensors."""
-        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
 
     # ---- membership --------------------------------------------------------------------------
     def add(self, request_id: str, layers: list[LayerKV]) -> int:
@@ -142,8 +121,3 @@ class StaticKVCache:
     def write(cache: torch.Tensor, rows: torch.Tensor, columns: torch.Tensor, new: torch.Tensor) -> None:
         """cache[rows[i], :, columns[i]] = new[i] for every i (new: [B, kv_heads, head_dim]); capturable."""
         cache[rows, :, columns] = new
-
-    @staticmethod
-    def columns_mask(lengths: torch.Tensor, columns: int) -> torch.Tensor:
-        """bool [B, columns]: True where column < lengths[b] (the tokens a row may attend)."""
-        return torch.arange(columns, device=lengths.device)[None, :] < lengths[:, None]

@@ -131,7 +131,7 @@ class StaticDecoder:
             raise ValueError(f"step() needs one token per live slot ({n}), got {embeds.shape[0]}")
         bucket = batch_bucket(n, self.buckets)
         lengths = self.cache.lengths()
-        columns = min(-(-(max(lengths) + 1) // self.column_bucket) * self.column_bucket, self.cache.max_len)
+        columns = min(-(-self.cache.step_columns(n) // self.column_bucket) * self.column_bucket, self.cache.max_len)
         x = embeds.new_zeros(bucket, embeds.shape[-1]).to(self.device, self.dtype)
         x[:n] = embeds.to(self.device, self.dtype)
         pad = [0] * (bucket - n)

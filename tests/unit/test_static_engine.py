@@ -14,24 +14,13 @@ from omni_backends.engine.sampling import sample_rows
 from omni_backends.engine.static_kv import StaticKVCache
 from omni_backends.engine.static_runner import StaticRunner
 from omni_backends.engine.runner import text_mrope_position_ids
-from omni_backends.qwen3_omni.checkpoint import write_checkpoint
 from omni_backends.qwen3_omni.decoder import StaticDecoder
-from omni_backends.qwen3_omni.loading import load_stages, load_tts_embeds
+from omni_backends.qwen3_omni.loading import load_tts_embeds
 from omni_backends.qwen3_omni.pipeline import LocalOmniPipeline, OmniRequest
 
 pytestmark = pytest.mark.unit
 
 PROMPTS = ["Hello, who are you?", "Tell me a story about the sea and the sun, please.", "Hi"]
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return write_checkpoint(tmp_path_factory.getbasetemp() / "qwen3_omni_tiny")
-
-
-@pytest.fixture(scope="module")
-def stages(ckpt):
-    return load_stages(ckpt)
 
 
 def _run(stages, ckpt, options, talker_sample=False, seed=None):
@@ -48,18 +37,19 @@ def _run(stages, ckpt, options, talker_sample=False, seed=None):
 
 
 @pytest.mark.parametrize("prefill_chunk", [5, 512])   # chunked prefill / one batched prefill of whole prompts
-def test_static_engine_gives_the_dynamic_engines_tokens_and_frames(stages, ckpt, prefill_chunk):
-    dynamic = _run(stages, ckpt, EngineOptions())
-    static = _run(stages, ckpt, EngineOptions(engine="static", max_len=128, prefill_chunk=prefill_chunk))
+def test_static_engine_gives_the_dynamic_engines_tokens_and_frames(qwen3_omni_stages, qwen3_omni_ckpt, prefill_chunk):
+    dynamic = _run(qwen3_omni_stages, qwen3_omni_ckpt, EngineOptions())
+    static = _run(qwen3_omni_stages, qwen3_omni_ckpt, EngineOptions(engine="static", max_len=128,
+                                                                     prefill_chunk=prefill_chunk))
     for rid, expected in dynamic.items():
         assert static[rid].token_ids == expected.token_ids and len(expected.token_ids) >= 10
         assert torch.equal(static[rid].codes, expected.codes) and expected.codes.shape[-1] >= 10
         assert static[rid].audio.shape == expected.audio.shape
 
 
-def test_static_talker_sampling_is_reproducible_with_a_seed(stages, ckpt):
+def test_static_talker_sampling_is_reproducible_with_a_seed(qwen3_omni_stages, qwen3_omni_ckpt):
     options = EngineOptions(engine="static", max_len=128)
-    first, second = (_run(stages, ckpt, options, talker_sample=True, seed=7) for _ in range(2))
+    first, second = (_run(qwen3_omni_stages, qwen3_omni_ckpt, options, talker_sample=True, seed=7) for _ in range(2))
     assert all(torch.equal(first[rid].codes, second[rid].codes) for rid in first)
     assert all(first[rid].codes.shape[-1] >= 1 for rid in first)
 
@@ -100,8 +90,8 @@ def test_static_kv_cache_keeps_slots_compact():
         cache.add("b", layers(1, 5.0))
 
 
-def test_chunked_prefill_lets_running_streams_decode(stages):
-    model = stages.thinker
+def test_chunked_prefill_lets_running_streams_decode(qwen3_omni_stages):
+    model = qwen3_omni_stages.thinker
     text_model = getattr(model.model, "language_model", model.model)
     decoder = StaticDecoder(text_model, head=lambda h: (model.lm_head(h).float(),), slots=2, max_len=96)
     runner = StaticRunner(model, decoder, model.get_input_embeddings(), position_ids_fn=text_mrope_position_ids,
