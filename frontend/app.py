@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import hmac
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
-from omni_frontend import errors, observability
+from omni_frontend import admission, errors, observability
 from omni_frontend.config import FrontendConfig
 from omni_frontend.routes import chat, speech, system, transcriptions
 from omni_frontend.triton_client import TritonClient
+from omni_frontend.validation import BodyLimitMiddleware, require_valid_text
 
 _OPEN_PATHS = ("/health", "/metrics", "/docs", "/openapi.json")
 
@@ -30,15 +31,24 @@ class BearerAuthMiddleware:
 
 
 def create_app(config: FrontendConfig) -> FastAPI:
-    """The app for `config`; its Triton client opens lazily and closes on shutdown."""
-    app = FastAPI(title="Omni-Triton", version="0.1.0")
+    """The app for `config`; its Triton client opens lazily and closes on shutdown.
+
+    Edge checks before any route work: request bodies past `config.limits.max_body_bytes` get 413
+    unparsed, and JSON text must be valid Unicode (omni_frontend.validation). Middlewares, outermost
+    first: observability (request id, access log, metrics), catch-all 500, body limit, admission
+    slot release, Bearer auth."""
+    app = FastAPI(title="Omni-Triton", version="0.1.0", dependencies=[Depends(require_valid_text)])
     app.state.config = config
     app.state.triton = TritonClient(config.triton_url, config.request_timeout_s)
     app.state.metrics = observability.FrontendMetrics()
+    app.state.admission = admission.Admission(config.admission, app.state.metrics)
     errors.install_handlers(app)
 
     if config.api_key:
         app.add_middleware(BearerAuthMiddleware, api_key=config.api_key)
+    app.add_middleware(admission.AdmissionMiddleware)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.limits.max_body_bytes)
+    app.add_middleware(errors.CatchAllMiddleware)
     app.add_middleware(observability.ObservabilityMiddleware, metrics=app.state.metrics)  # outermost
     for module in (system, chat, speech, transcriptions):
         app.include_router(module.router)

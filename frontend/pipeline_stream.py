@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator
 import numpy as np
 from fastapi import Request
 
+from omni_frontend.errors import APIError
+from omni_frontend.observability import CLIENT_CLOSED
 from omni_frontend.triton_client import TritonClient
 
 DISCONNECT_POLL_S = 0.1
@@ -29,7 +31,8 @@ async def events(client: TritonClient, model: str, body: dict, request_id: str,
 
 async def until_disconnect(request: Request, work):
     """Awaits coroutine `work` unless the HTTP client goes away first; then cancels it (which
-    cancels its Triton stream) and raises asyncio.CancelledError."""
+    cancels its Triton stream) and raises APIError 499 (client closed request: logged and counted
+    as such, not as a server error; nobody is left to read the response)."""
     task = asyncio.ensure_future(work)
     try:
         while True:
@@ -38,7 +41,7 @@ async def until_disconnect(request: Request, work):
                 return task.result()
             if await request.is_disconnected():
                 task.cancel()
-                raise asyncio.CancelledError("client disconnected")
+                raise APIError(CLIENT_CLOSED, "client closed the request", code="client_closed_request")
     finally:
         if not task.done():
             task.cancel()

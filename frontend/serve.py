@@ -23,6 +23,7 @@ from pathlib import Path
 
 from omni_frontend import deploy
 from omni_frontend import pipelines as registry
+from omni_frontend.config import AdmissionLimits, RequestLimits
 from omni_frontend.tritonserver import LaunchError, TritonServer, port_in_use
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,7 +54,56 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-frontend", action="store_true",
                    help="serve Triton only (gRPC/HTTP clients, scripts/bench --transport triton); the frontend's "
                         "packages are then not needed")
+    limits, admission = RequestLimits(), AdmissionLimits()
+    g = p.add_argument_group("overload control (per pipeline; docs/reliability.md)")
+    g.add_argument("--max-inflight", type=_per_pipeline, default=(None, {}), metavar="N[,PIPELINE=N...]",
+                   help=f"requests running at once per pipeline; past it they queue (default: {admission.max_inflight})")
+    g.add_argument("--max-queue", type=lambda v: _per_pipeline(v, minimum=0), default=(None, {}),
+                   metavar="N[,PIPELINE=N...]",
+                   help=f"requests waiting per pipeline; past it 429 with Retry-After (default: {admission.max_queue})")
+    g.add_argument("--max-queue-wait", type=float, default=admission.max_queue_wait_s, metavar="SECONDS",
+                   help="a request expected to wait longer gets 429 at once; a queued one gives up with 429 after it "
+                        "(default: %(default)s)")
+    g = p.add_argument_group("request limits, checked before any model work (docs/reliability.md)")
+    g.add_argument("--max-body-bytes", type=int, default=limits.max_body_bytes,
+                   help="request body size; larger bodies get 413 unparsed (default: %(default)s)")
+    g.add_argument("--max-text-chars", type=int, default=limits.max_text_chars,
+                   help="characters of chat text (messages and stop strings) per request (default: %(default)s)")
+    g.add_argument("--max-messages", type=int, default=limits.max_messages,
+                   help="chat messages per request (default: %(default)s)")
+    g.add_argument("--max-audio-seconds", type=float, default=limits.max_audio_seconds,
+                   help="seconds of input audio per request (default: %(default)s)")
     return p.parse_args(argv)
+
+
+def _per_pipeline(value: str, minimum: int = 1) -> tuple[int | None, dict[str, int]]:
+    """'4' or '4,qwen3_omni=16' -> (4, {"qwen3_omni": 16}); a bare number applies to every pipeline
+    not named (None when there is none)."""
+    default, named = None, {}
+    for item in value.split(","):
+        name, _, number = item.rpartition("=")
+        try:
+            n = int(number)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{item!r} is not N or PIPELINE=N") from None
+        if n < minimum:
+            raise argparse.ArgumentTypeError(f"{item!r}: must be >= {minimum}")
+        if name:
+            named[name] = n
+        else:
+            default = n
+    return default, named
+
+
+def admission_limits(args: argparse.Namespace) -> AdmissionLimits:
+    """AdmissionLimits from --max-inflight / --max-queue (PIPELINE=N entries override per pipeline)."""
+    defaults = AdmissionLimits()
+    (inflight, inflight_named), (queue, queue_named) = args.max_inflight, args.max_queue
+    inflight = defaults.max_inflight if inflight is None else inflight
+    queue = defaults.max_queue if queue is None else queue
+    per = {name: (inflight_named.get(name, inflight), queue_named.get(name, queue))
+           for name in {*inflight_named, *queue_named}}
+    return AdmissionLimits(max_inflight=inflight, max_queue=queue, max_queue_wait_s=args.max_queue_wait, per_pipeline=per)
 
 
 def prepare_models(names: list[str]) -> None:
@@ -107,8 +157,11 @@ def main(argv: list[str] | None = None) -> int:
         from omni_frontend.app import create_app
         from omni_frontend.config import FrontendConfig
 
+        limits = RequestLimits(max_body_bytes=args.max_body_bytes, max_text_chars=args.max_text_chars,
+                               max_messages=args.max_messages, max_audio_seconds=args.max_audio_seconds)
         app = create_app(FrontendConfig(triton_url=server.grpc_url, pipelines=selected, api_key=args.api_key,
-                                        triton_metrics_url=server.metrics_url))
+                                        triton_metrics_url=server.metrics_url, limits=limits,
+                                        admission=admission_limits(args)))
         uv = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                                            timeout_graceful_shutdown=5))
         threading.Thread(target=_announce, args=(uv, args, server, selected), daemon=True).start()

@@ -10,12 +10,14 @@ from tests.harness import TEST_REPOSITORY, start_server
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 MOCK_ARGS = ("--pipelines", "", "--model-repository", str(TEST_REPOSITORY),
-             "--extra-pipeline", "mock=chat:mock_stream", "--extra-pipeline", "relay=chat:mock_stream,mock_relay")
+             "--extra-pipeline", "mock=chat:mock_stream", "--extra-pipeline", "relay=chat:mock_stream,mock_relay",
+             "--extra-pipeline", "mock-speech=speech:mock_stream", "--extra-pipeline", "mock-asr=transcription:mock_asr")
 
 
 @pytest.fixture(scope="session")
 def mock_server(tmp_path_factory):
-    """Launcher with the framework test models only (mock_stream, mock_relay); no pipelines."""
+    """Launcher with the framework test models only (mock_stream, mock_relay, mock_asr) behind chat, speech
+    and transcription routes; no pipelines."""
     server = start_server(tmp_path_factory.mktemp("mock_server"), *MOCK_ARGS)
     yield server
     server.stop()

@@ -10,13 +10,16 @@ Triton contract of the ASR model (stateless, dynamic batching, max_batch_size > 
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 from sse_starlette.sse import EventSourceResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile  # what request.form() returns (fastapi.UploadFile subclasses it)
 
+from omni_frontend import admission, observability
 from omni_frontend import audio as audio_codec
 from omni_frontend.errors import APIError, bad_request
 from omni_frontend.pipeline_stream import until_disconnect
@@ -54,16 +57,49 @@ def _float(value: str | None, name: str, default: float) -> float:
         raise bad_request(f"{name} must be a number", param=name) from exc
 
 
-@router.post("/v1/audio/transcriptions")
+# Multipart fields that would change the answer's contract and that the ASR pipeline does not honour
+# (OpenAI's transcription fields): a request that sets them gets 400 naming the field.
+_UNSUPPORTED = {"include": "log probabilities are not returned",
+                "known_speaker_names": "speaker diarization is not supported",
+                "known_speaker_references": "speaker diarization is not supported",
+                "keywords": "keyword biasing is not supported (use prompt)",
+                "languages": "language sets are not supported (use language)"}
+
+# The multipart body as OpenAPI describes it (the route parses the form itself, within the limits).
+_FORM_SCHEMA = {"type": "object", "required": ["file"], "properties": {
+    "file": {"type": "string", "format": "binary", "description": "audio file (wav, mp3, flac, ogg, webm, m4a, ...)"},
+    "model": {"type": "string"},
+    "language": {"type": "string"},
+    "prompt": {"type": "string"},
+    "response_format": {"type": "string", "enum": list(_FORMATS)},
+    "temperature": {"type": "number", "minimum": 0, "maximum": 1},
+    "timestamp_granularities[]": {"type": "array", "items": {"type": "string", "enum": ["word", "segment"]}},
+    "stream": {"type": "boolean"},
+    "chunking_strategy": {"type": "string", "enum": ["auto"]}}}
+
+
+def _form_values(form, name: str) -> list:
+    return [v for v in form.getlist(name) + form.getlist(f"{name}[]") if v not in ("", None)]
+
+
+@router.post("/v1/audio/transcriptions", openapi_extra={"requestBody": {"required": True, "content": {
+    "multipart/form-data": {"schema": _FORM_SCHEMA}}}})
 async def transcriptions(request: Request):
     cfg = config(request)
-    form = await request.form(max_part_size=cfg.max_upload_bytes + 1)
+    limits = cfg.limits
+    form = await request.form(max_part_size=limits.max_upload_bytes + 1)
     upload = form.get("file")
     if not isinstance(upload, UploadFile):
         raise bad_request("multipart field 'file' is required", param="file")
-    data = await upload.read(cfg.max_upload_bytes + 1)
-    if len(data) > cfg.max_upload_bytes:
-        raise APIError(413, f"file exceeds the {cfg.max_upload_bytes} byte limit", param="file", code="file_too_large")
+    for name, why in _UNSUPPORTED.items():
+        if _form_values(form, name):
+            raise bad_request(f"{name} is not supported: {why}", param=name, code="unsupported_parameter")
+    if form.get("chunking_strategy") not in (None, "", "auto"):
+        raise bad_request("chunking_strategy: only 'auto' is supported (the audio is transcribed whole, "
+                          "segmented by the model)", param="chunking_strategy", code="unsupported_parameter")
+    data = await upload.read(limits.max_upload_bytes + 1)
+    if len(data) > limits.max_upload_bytes:
+        raise APIError(413, f"file exceeds the {limits.max_upload_bytes} byte limit", param="file", code="file_too_large")
     fmt = form.get("response_format") or "json"
     if fmt not in _FORMATS:
         raise bad_request(f"response_format must be one of {', '.join(_FORMATS)}", param="response_format")
@@ -73,19 +109,28 @@ async def transcriptions(request: Request):
     granularities = form.getlist("timestamp_granularities[]") + form.getlist("timestamp_granularities")
     if any(g not in ("word", "segment") for g in granularities):
         raise bad_request("timestamp_granularities must be 'word' and/or 'segment'", param="timestamp_granularities")
+    language = form.get("language") or None
+    if language is not None and not re.fullmatch(r"[a-z]{2,3}", language):
+        raise bad_request("language must be an ISO-639-1 code such as 'en'", param="language")
     stream = str(form.get("stream", "false")).lower() == "true"
     pipeline = pipeline_for(request, form.get("model"), TRANSCRIPTION, "transcriptions")
+    ticket = admission.enter(request, pipeline)
     try:
-        pcm = audio_codec.decode(data, 16000)
+        pcm = await run_in_threadpool(audio_codec.decode, data, 16000, limits.max_audio_seconds)
     except audio_codec.AudioDecodeError as exc:
         raise bad_request(f"file is not decodable audio: {exc}", param="file", code="invalid_audio") from exc
+    except audio_codec.AudioTooLong as exc:
+        raise bad_request(f"file is longer than {exc.max_seconds:g} s (limit --max-audio-seconds)", param="file",
+                          code="audio_too_long") from exc
 
-    options = {"language": form.get("language") or None, "prompt": form.get("prompt") or None,
+    options = {"language": language, "prompt": form.get("prompt") or None,
                "temperature": temperature, "word_timestamps": "word" in granularities}
     inputs = {"AUDIO": pcm[None, :], "OPTIONS": np.array([[json.dumps(options).encode()]], dtype=np.object_)}
+    await until_disconnect(request, ticket.wait())
     reply = await until_disconnect(request, triton(request).infer(pipeline.entry, inputs, request.state.request_id))
     result = json.loads(reply["RESULT"].reshape(-1)[0])
     usage = {"type": "duration", "seconds": round(float(result.get("duration", pcm.size / 16000)), 3)}
+    observability.timer(request, pipeline.name).done(input_audio_s=pcm.size / 16000)
 
     if stream:
         async def sse():

@@ -145,9 +145,11 @@ def test_greedy_answer_matches_generate_through_triton_and_http(server, referenc
     chunks = list(client.chat.completions.create(model="qwen3_omni", messages=_messages(PROMPTS[0]), stream=True,
                                                  audio={"voice": "Ethan", "format": "pcm16"}, extra_body=GREEDY))
     deltas = [c.choices[0].delta for c in chunks if c.choices]
-    audio = [base64.b64decode(d.audio.data) for d in deltas if getattr(d, "audio", None)]
-    assert len(audio) > 3 and all(d.audio.sample_rate == 24000 for d in deltas if getattr(d, "audio", None))
+    packets = [d.audio for d in deltas if getattr(d, "audio", None) and d.audio.data]
+    audio = [base64.b64decode(a.data) for a in packets]
+    assert len(audio) > 3 and all(a.sample_rate == 24000 for a in packets)
     assert "".join(d.content or "" for d in deltas) == text
+    assert "".join(d.audio.transcript for d in deltas if getattr(d, "audio", None)) == text
     np.testing.assert_allclose(_pcm16(b"".join(audio)), wav, atol=PCM16_ATOL, rtol=1e-3)
 
 
@@ -196,11 +198,35 @@ def test_openai_sdk_streamed_pcm16_and_usage(server):
         stream_options={"include_usage": True}, audio={"voice": "ethan", "format": "pcm16"}, max_tokens=10,
         extra_body={"talker_max_frames": 15}))
     deltas = [c.choices[0].delta for c in chunks if c.choices]
-    pcm = b"".join(base64.b64decode(d.audio.data) for d in deltas if getattr(d, "audio", None))
+    pcm = b"".join(base64.b64decode(d.audio.data) for d in deltas if getattr(d, "audio", None) and d.audio.data)
     usage = chunks[-1].usage
     assert "".join(d.content or "" for d in deltas)
     assert len(pcm) // 2 == usage.completion_tokens_details.audio_tokens * SAMPLES_PER_FRAME - TRIMMED > 0
     assert usage.prompt_tokens > 5 and usage.completion_tokens_details.text_tokens <= 10
+
+
+def test_audio_only_answer_has_the_text_as_its_transcript(server, reference):
+    """modalities ["audio"]: no content, and message.audio.transcript (streamed: the concatenated
+    delta.audio.transcript pieces) is exactly the thinker's greedy answer, as in text mode."""
+    text = _client(server).chat.completions.create(
+        model="qwen3_omni", modalities=["text"], messages=_messages(PROMPTS[2]), extra_body=GREEDY
+    ).choices[0].message.content
+    kwargs = dict(model="qwen3_omni", modalities=["audio"], audio={"voice": "chelsie", "format": "wav"},
+                  messages=_messages(PROMPTS[2]), extra_body=GREEDY)
+    message = _client(server).chat.completions.create(**kwargs).choices[0].message
+    assert text and message.content is None and message.audio.transcript == text and message.audio.data
+    chunks = list(_client(server).chat.completions.create(**{**kwargs, "audio": {"voice": "chelsie", "format": "pcm16"}},
+                                                          stream=True))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert "".join(d.content or "" for d in deltas) == ""
+    assert "".join(d.audio.transcript for d in deltas if getattr(d, "audio", None)) == text
+
+
+def test_voices_are_listed_for_the_chat_pipeline(server):
+    listed = httpx.get(f"{server.base_url}/v1/audio/voices", params={"model": "qwen3_omni"}, timeout=30).json()
+    assert sorted(v["id"] for v in listed["voices"]) == ["aiden", "chelsie", "ethan"]
+    assert all(v["model"] == "qwen3_omni" for v in listed["voices"]) and listed["default"] == {"qwen3_omni": "ethan"}
+    assert httpx.get(f"{server.base_url}/v1/audio/voices", timeout=30).json()["default"] == {"qwen3_omni": "ethan"}
 
 
 def test_text_only_never_runs_the_audio_stages(server):

@@ -10,11 +10,15 @@ REQUEST / INPUT_AUDIO / EVENT / AUDIO follow `omni_backends.serving.events` and
   vocode  feeds qwen3_omni_code2wav (sequence = this turn) with every frame queued since its last
           request and sends each PCM chunk (float32 24 kHz) as an "audio.delta" event at once.
 With modalities ["text"] only `think` runs. Events: {"type": "text.delta", "text"},
-{"type": "audio.delta", "sample_rate": 24000, "transcript": ""} + AUDIO, and last {"type": "done",
+{"type": "audio.delta", "sample_rate": 24000, "transcript"} + AUDIO (transcript: the thinker text
+written since the previous audio event, which the talker speaks; the transcripts concatenate to the
+thinker's whole answer, also with modalities ["audio"]: text still unsent when the audio ends comes
+in a last audio.delta with empty AUDIO), and last {"type": "done",
 "finish_reason" (the thinker's: "stop" | "length"), "usage": {"prompt_tokens", "completion_tokens"
 (text tokens + codec frames), "completion_tokens_details": {"text_tokens", "audio_tokens" (codec
 frames, 12.5 per second)}}, "token_ids" (with "return_token_ids": true)}.
 
+REQUEST {"action": "voices"} -> one {"type": "voices"} event: the checkpoint's speakers.
 Extension fields of REQUEST: "talker_do_sample", "talker_temperature", "talker_top_k", "talker_top_p",
 "talker_repetition_penalty" (null: transformers `generate`'s talker defaults: sampling, 0.9, 50, 1.0,
 1.05), "talker_max_frames" (null: the talker's config `max_frames`), "return_token_ids".
@@ -63,6 +67,11 @@ class _Turn:
         self.frames = 0
         self.talker_seq = self.code2wav_seq = None   # correlation ids of open sequences
         self.talker_done = self.code2wav_done = False
+        self.unspoken: list[str] = []   # thinker text not yet sent as an audio event's transcript
+
+    def take_transcript(self) -> str:
+        text, self.unspoken = "".join(self.unspoken), []
+        return text
 
     def done_event(self) -> dict:
         text_tokens = self.usage.get("completion_tokens", len(self.token_ids))
@@ -110,6 +119,9 @@ class TritonPythonModel(AsyncDecoupledModel):
 
     async def handle(self, ctx):
         body = ctx.body()
+        if events.wants_voices(body):
+            yield events.voices_event(self.voices, self.default_voice), None
+            return
         modalities, voice = self._validate(body)
         turn = _Turn(body, voice)
         out = FanIn()
@@ -122,6 +134,8 @@ class TritonPythonModel(AsyncDecoupledModel):
         try:
             async for item in out:
                 yield item
+            if voice and any(turn.unspoken):   # text written after the last audio chunk (or past talker_max_frames)
+                yield {"type": "audio.delta", "sample_rate": SAMPLE_RATE, "transcript": turn.take_transcript()}, None
             yield turn.done_event(), None
         finally:
             await out.close()
@@ -139,6 +153,7 @@ class TritonPythonModel(AsyncDecoupledModel):
             if event["text"] and send_text:
                 out.put_nowait(({"type": "text.delta", "text": event["text"]}, None))
             if talker_q is not None:
+                turn.unspoken.append(event["text"] or "")
                 talker_q.put_nowait(response)
             if event["type"] == "done":
                 turn.finish_reason, turn.usage = event["finish_reason"], event["usage"]
@@ -202,7 +217,8 @@ class TritonPythonModel(AsyncDecoupledModel):
             turn.code2wav_done = end
             pcm = result[p.PCM][0]
             if pcm.size:
-                out.put_nowait(({"type": "audio.delta", "sample_rate": SAMPLE_RATE, "transcript": ""}, pcm))
+                out.put_nowait(({"type": "audio.delta", "sample_rate": SAMPLE_RATE,
+                                 "transcript": turn.take_transcript()}, pcm))
 
     @staticmethod
     async def _abort_open_sequences(turn: _Turn) -> None:
