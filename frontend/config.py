@@ -10,7 +10,9 @@ from omni_frontend.pipelines import Pipeline
 class FrontendConfig:
     """triton_url: host:port of Triton gRPC; triton_metrics_url: Triton's /metrics (for the stub
     heartbeats /health checks; None skips that check); pipelines: the loaded ones; api_key: require
-    `Authorization: Bearer <key>` on /v1 routes when set; limits in characters / bytes / seconds."""
+    `Authorization: Bearer <key>` on /v1 routes when set; limits in characters / bytes / seconds / pixels
+    (max_image_pixels: largest width x height the image routes accept; image_url_ttl_s: lifetime of a
+    `response_format: "url"` image)."""
 
     triton_url: str
     pipelines: list[Pipeline]
@@ -21,6 +23,8 @@ class FrontendConfig:
     max_speech_input_chars: int = 4096
     max_upload_bytes: int = 25 * 1024 * 1024
     audio_expires_s: int = 3600
+    max_image_pixels: int = 1024 * 1024
+    image_url_ttl_s: float = 600.0
 
     def pipeline(self, model: str, kind: str | None = None) -> Pipeline | None:
         """The loaded pipeline a client's `model` names (id or alias), optionally of one kind."""
