@@ -1,6 +1,6 @@
 """Tensors between the Qwen-Image Triton models (no Triton imports). Every stage reads its checkpoint
 from the model-config parameter `checkpoint` (absolute, or relative to $OMNI_MODEL_HOME; default
-`qwen_image_tiny`) and sets torch's intra-op threads from `threads`.
+`qwen_image_tiny`) and sets torch's intra-op threads from `threads` (0: torch's default).
 
 qwen_image_text_encoder (max_batch_size 1: each tensor has a leading batch dim of 1)
   in   PROMPT       BYTES [1]         the prompt (or negative prompt)
@@ -27,12 +27,15 @@ TINY = "qwen_image_tiny"
 
 
 def stage_checkpoint(parameters: dict, model_name: str):
-    """Sets torch's threads (`threads`, default 1) and returns the checkpoint directory. Raises
-    FileNotFoundError naming the model and the path."""
+    """Sets torch's intra-op threads (`threads`; 0 or absent: torch's default, one per core, which the
+    in-process diffusers pipeline uses too: CPU convolutions give other bits with other thread counts)
+    and returns the checkpoint directory. Raises FileNotFoundError naming the model and the path."""
     import torch
 
     from omni_backends.paths import resolve_checkpoint
     from omni_backends.serving import model_config
 
-    torch.set_num_threads(model_config.int_parameter(parameters, "threads", 1))
+    threads = model_config.int_parameter(parameters, "threads", 0)
+    if threads > 0:
+        torch.set_num_threads(threads)
     return resolve_checkpoint(parameters.get("checkpoint") or TINY, model_name)
