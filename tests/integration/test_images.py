@@ -35,7 +35,7 @@ def reference(image_server):
 
 @pytest.fixture(scope="module")
 def edit_reference(image_server):
-    return reference_pipeline(model_home() / TINY, edit=True)
+    return reference_pipeline(model_home() / TINY, "edit")
 
 
 def _client(server) -> openai.OpenAI:
@@ -152,29 +152,45 @@ SOURCE[:, :32] = (200, 30, 30)
 SOURCE[:, 32:] = (20, 40, 220)
 
 
-def test_edit_is_bit_equal_to_diffusers_and_mask_keeps_the_rest(image_server, edit_reference):
-    client = _client(image_server)
-    result = client.images.edit(model="qwen_image_edit", image=("in.png", _png(SOURCE), "image/png"),
-                                prompt="make it green", size="64x64",
-                                extra_body={"seed": 4, "num_inference_steps": 2, "true_cfg_scale": 1.0})
-    got = _pixels(result.data[0].b64_json)
-    want = _expected(edit_reference, "make it green", steps=2, seed=4, image=Image.fromarray(SOURCE))[0]
-    assert np.array_equal(got, want)
+EDIT = {"seed": 4, "num_inference_steps": 2, "true_cfg_scale": 1.0}
+
+
+@pytest.fixture(scope="module")
+def edited(edit_reference):
+    """QwenImageEditPipeline's own result for SOURCE + "make it green" (64x64, EDIT settings)."""
+    return _expected(edit_reference, "make it green", steps=2, seed=4, image=Image.fromarray(SOURCE))[0]
+
+
+def test_edit_is_bit_equal_to_diffusers(image_server, edited):
+    result = _client(image_server).images.edit(model="qwen_image_edit", image=("in.png", _png(SOURCE), "image/png"),
+                                               prompt="make it green", size="64x64", extra_body=EDIT)
+    assert result.size == "64x64" and np.array_equal(_pixels(result.data[0].b64_json), edited)
+
+
+def test_streamed_masked_edit_keeps_the_unmasked_pixels(image_server, edited):
     mask = np.zeros((64, 64, 4), np.uint8)
     mask[..., 3] = 255
     mask[:16, :16, 3] = 0                                  # edit only the top-left corner
-    masked = client.images.edit(model="qwen_image_edit", image=("in.png", _png(SOURCE), "image/png"),
-                                mask=("mask.png", _png(mask), "image/png"), prompt="make it green", size="64x64",
-                                extra_body={"seed": 4, "num_inference_steps": 2, "true_cfg_scale": 1.0})
-    out = _pixels(masked.data[0].b64_json)
-    assert np.array_equal(out[:16, :16], want[:16, :16]) and np.array_equal(out[16:], SOURCE[16:])
-
-
-def test_streamed_edit_events(image_server):
     events = list(_client(image_server).images.edit(
-        model="qwen_image_edit", image=("in.png", _png(SOURCE), "image/png"), prompt="blue", size="32x32",
-        stream=True, partial_images=1, extra_body={"seed": 1, "num_inference_steps": 2}))
+        model="qwen_image_edit", image=("in.png", _png(SOURCE), "image/png"), mask=("mask.png", _png(mask), "image/png"),
+        prompt="make it green", size="64x64", stream=True, partial_images=1, extra_body=EDIT))
     assert [e.type for e in events] == ["image_edit.partial_image", "image_edit.completed"]
+    out = _pixels(events[-1].b64_json)
+    assert np.array_equal(out[:16, :16], edited[:16, :16]) and np.array_equal(out[16:], SOURCE[16:])
+
+
+def test_two_image_edit_is_bit_equal_to_edit_plus(image_server):
+    second = np.full((48, 80, 3), (250, 220, 10), np.uint8)
+    result = _client(image_server).images.edit(
+        model="qwen_image_edit", image=[("a.png", _png(SOURCE), "image/png"), ("b.png", _png(second), "image/png")],
+        prompt="put the yellow bar on the flag", size="64x32", extra_body=EDIT)
+    got = _pixels(result.data[0].b64_json)
+    assert got.shape == (32, 64, 3)
+    plus = reference_pipeline(model_home() / TINY, "edit_plus")
+    out = plus(image=[Image.fromarray(SOURCE), Image.fromarray(second)], prompt="put the yellow bar on the flag",
+               height=32, width=64, num_inference_steps=2, true_cfg_scale=1.0,
+               generator=torch.Generator().manual_seed(4)).images[0]
+    assert np.array_equal(got, np.asarray(out))
 
 
 def test_models_list_image_pipelines(image_server):
@@ -184,8 +200,12 @@ def test_models_list_image_pipelines(image_server):
 
 
 def _stage_requests(server) -> float:
-    return sum(metric_value(server.metrics_url, "omni_requests_total", model=m, outcome=o) or 0
-               for m in STAGES for o in ("ok", "rejected", "error", "cancelled"))
+    """Requests the image stages have finished so far (one scrape of Triton's metrics)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families = text_string_to_metric_families(httpx.get(server.metrics_url, timeout=10).text)
+    return sum(sample.value for family in families for sample in family.samples
+               if sample.name == "omni_requests_total" and sample.labels.get("model") in STAGES)
 
 
 GEN = {"model": "qwen_image", "prompt": "a cat", "size": "64x64"}
@@ -216,12 +236,14 @@ def test_bad_generation_input_is_a_4xx_before_any_model_work(image_server, body,
     ({"image": ("a.png", _png(SOURCE), "image/png"),
       "mask": ("m.png", _png(np.zeros((32, 32, 4), np.uint8)), "image/png")}, {}, 400, "mask"),
     ({"image": ("a.png", _png(SOURCE), "image/png")}, {"size": "4096x4096"}, 400, "size"),
+    ({"image[]": [("a.png", _png(SOURCE), "image/png")] * 5}, {}, 400, "image"),
     ({"image": ("a.png", b"\x89PNG" + b"0" * (26 * 1024 * 1024), "image/png")}, {}, 413, "image"),
     ({}, {}, 400, "image"),
 ])
 def test_bad_edit_input_is_a_4xx_before_any_model_work(image_server, files, data, status, param):
     before = _stage_requests(image_server)
-    response = httpx.post(f"{image_server.base_url}/v1/images/edits", files=files or {"x": ("x", b"", "text/plain")},
+    parts = [(k, f) for k, v in files.items() for f in (v if isinstance(v, list) else [v])]
+    response = httpx.post(f"{image_server.base_url}/v1/images/edits", files=parts or [("x", ("x", b"", "text/plain"))],
                           data={"model": "qwen_image_edit", "prompt": "blue", **data}, timeout=60)
     assert response.status_code == status, response.text
     assert response.json()["error"]["param"] == param
