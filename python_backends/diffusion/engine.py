@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from omni_backends.engine.batch_loop import BatchLoop
+from omni_backends.batch_loop import BatchLoop
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ class LoopStats:
 
 class DenoiseLoop(BatchLoop):
     """Owns a Denoiser on a background thread; thread-safe `submit` / `abort` / `shutdown` (the EngineLoop
-    contract, omni_backends.engine.batch_loop).
+    contract, omni_backends.batch_loop).
 
     max_running: batch slots (jobs denoised together); more wait in FIFO order.
     `on_output(request_id, StepOutput)` runs on the loop thread once per step and exactly once with

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import torch
 
-from omni_backends.engine.batch_loop import BatchLoop
+from omni_backends.batch_loop import BatchLoop
 from omni_backends.engine.request import EngineRequest, FinishReason, OnOutput, Prompt, StepOutput
 from omni_backends.engine.runner import Runner, RowOutput
 from omni_backends.engine.sampling import SamplingParams, sample_next_token
@@ -40,7 +40,7 @@ class EngineStats:
 
 
 class EngineLoop(BatchLoop):
-    """Owns a runner on a background thread; thread-safe submit/abort (omni_backends.engine.batch_loop).
+    """Owns a runner on a background thread; thread-safe submit/abort (omni_backends.batch_loop).
 
     Args:
         runner: the model runner (see `omni_backends.engine.runner.Runner`).

@@ -11,7 +11,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from omni_backends.diffusion import DenoiseParams
-from omni_backends.diffusion.serving import DenoiserStageModel
+from omni_backends.diffusion.stage import DenoiserStageModel
 from omni_backends.diffusion.tensors import unpack_ragged
 from omni_backends.errors import RequestError
 from omni_backends.qwen_image import loading

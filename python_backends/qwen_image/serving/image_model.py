@@ -29,7 +29,7 @@ import random
 import numpy as np
 from PIL import Image
 
-from omni_backends.diffusion.serving import denoise_steps
+from omni_backends.diffusion.orchestrator import denoise_steps
 from omni_backends.diffusion.tensors import pack_ragged, unpack_ragged
 from omni_backends.errors import RequestError
 from omni_backends.qwen_image.serving import protocol as p
