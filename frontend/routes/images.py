@@ -39,6 +39,7 @@ MULTIPLE = 16
 _SIZE = re.compile(r"^(\d{1,5})x(\d{1,5})$")
 _QUALITIES = ("low", "medium", "high")
 MAX_EDIT_IMAGES = 4
+MAX_PROMPT_CHARS = 32000
 MAX_UPLOAD_PIXELS = 4096 * 4096
 
 
@@ -108,6 +109,9 @@ def _size(request: Request, value: str | None, default: tuple[int, int] | None) 
 def _check(options: ImageOptions) -> None:
     if not options.prompt.strip():
         raise bad_request("prompt must not be empty", param="prompt", code="empty_prompt")
+    if len(options.prompt) > MAX_PROMPT_CHARS:
+        raise bad_request(f"prompt is {len(options.prompt)} characters; the limit is {MAX_PROMPT_CHARS}",
+                          param="prompt", code="prompt_too_long")
     if options.background == "transparent":
         raise bad_request("background 'transparent' is not supported: the model paints opaque images",
                           param="background")
@@ -138,7 +142,7 @@ async def edits(request: Request):
     if len(uploads) > MAX_EDIT_IMAGES:
         raise bad_request(f"got {len(uploads)} images; at most {MAX_EDIT_IMAGES}", param="image")
     pipeline = _pipeline(request, options.model, "edit")
-    pictures = [codec_decode(await _read(upload, cfg.max_upload_bytes, "image"), "image")[0] for upload in uploads]
+    pictures = [_decode_upload(await _read(upload, cfg.max_upload_bytes, "image"), "image")[0] for upload in uploads]
     for picture in pictures:
         if picture.shape[0] * picture.shape[1] > MAX_UPLOAD_PIXELS:
             raise bad_request(f"an input image has {picture.shape[1]}x{picture.shape[0]} pixels; at most "
@@ -148,7 +152,7 @@ async def edits(request: Request):
     pixels = pictures[0]
     mask = form.get("mask")
     if isinstance(mask, UploadFile):
-        mask_pixels, alpha = codec_decode(await _read(mask, cfg.max_upload_bytes, "mask"), "mask")
+        mask_pixels, alpha = _decode_upload(await _read(mask, cfg.max_upload_bytes, "mask"), "mask")
         if mask_pixels.shape[:2] != pixels.shape[:2]:
             raise bad_request(f"mask is {mask_pixels.shape[1]}x{mask_pixels.shape[0]} but the image is "
                               f"{pixels.shape[1]}x{pixels.shape[0]}", param="mask", code="mask_size_mismatch")
@@ -187,7 +191,7 @@ async def _read(upload: UploadFile, limit: int, name: str) -> bytes:
     return data
 
 
-def codec_decode(data: bytes, name: str) -> tuple[np.ndarray, np.ndarray | None]:
+def _decode_upload(data: bytes, name: str) -> tuple[np.ndarray, np.ndarray | None]:
     try:
         return codec.decode(data)
     except codec.ImageDecodeError as exc:
