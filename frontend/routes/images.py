@@ -95,7 +95,8 @@ def _size(request: Request, value: str | None, default: tuple[int, int] | None) 
     else:
         match = _SIZE.match(value)
         if not match:
-            raise bad_request(f"size must be 'WIDTHxHEIGHT' or 'auto', got {value!r}", param="size", code="invalid_size")
+            raise bad_request(f"size must be 'WIDTHxHEIGHT' or 'auto', got {value!r}", param="size",
+                              code="invalid_size")
         size = (int(match[1]), int(match[2]))
         if size[0] < MULTIPLE or size[1] < MULTIPLE or size[0] % MULTIPLE or size[1] % MULTIPLE:
             raise bad_request(f"size {value}: width and height must be positive multiples of {MULTIPLE}",
@@ -245,7 +246,8 @@ def _item(request: Request, options: ImageOptions, image: np.ndarray) -> dict:
     if options.response_format == "b64_json":
         return {"b64_json": base64.b64encode(data).decode()}
     key, expires = request.app.state.images.put(data, codec.CONTENT_TYPES[options.output_format])
-    return {"url": f"{str(request.base_url).rstrip('/')}{FILES_PATH}{key}.{options.output_format}", "expires_at": expires}
+    url = f"{str(request.base_url).rstrip('/')}{FILES_PATH}{key}.{options.output_format}"
+    return {"url": url, "expires_at": expires}
 
 
 async def _sse(request: Request, job: _Job, events):

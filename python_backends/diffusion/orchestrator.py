@@ -16,7 +16,8 @@ from omni_backends.serving import bls, events
 EVENT, LATENTS = "EVENT", "LATENTS"
 
 
-async def denoise_steps(ctx, model: str, inputs: dict[str, np.ndarray]) -> AsyncIterator[tuple[dict, np.ndarray | None]]:
+async def denoise_steps(ctx, model: str,
+                        inputs: dict[str, np.ndarray]) -> AsyncIterator[tuple[dict, np.ndarray | None]]:
     """(step event, latents or None) for each step of one job on denoiser `model`; ends after the "done"
     event. Raises Cancelled when the client cancels (the job is aborted), RequestError / StageError."""
     async for response in bls.stream(ctx, model, inputs, [EVENT, LATENTS]):
