@@ -25,7 +25,8 @@ from omni_bench.metrics import request_metrics, summarize
 from omni_bench.runner import http_client, run_level
 from omni_bench.triton_transport import TRANSPORTS, send_triton
 
-DEFAULT_MODELS = {"chat": "voice", "chat-audio": "voice", "speech": "tts", "transcription": "asr"}
+DEFAULT_MODELS = {"chat": "voice", "chat-audio": "voice", "speech": "tts", "transcription": "asr",
+                  "images": "qwen_image"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -47,6 +48,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dataset", default=BUILTIN, help="'builtin' or a JSONL file of {\"prompt\": ...} lines")
     p.add_argument("--seed", type=int, default=0, help="prompt shuffle and Poisson schedule")
     p.add_argument("--max-tokens", type=int, default=64, help="chat max_tokens")
+    p.add_argument("--size", default="64x64", help="images: WIDTHxHEIGHT")
+    p.add_argument("--steps", type=int, default=4, help="images: num_inference_steps")
     p.add_argument("--voice", help="output voice (chat-audio: sends audio.format pcm16; default: the server's "
                                    "default voice, streamed as WAV; speech default: alloy)")
     p.add_argument("--extra-body", type=json.loads, default={},
@@ -64,8 +67,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--baseline-only", action="store_true",
                    help="run only the in-process baseline (no server needed) and write it to --result-json")
     p.add_argument("--baseline-prompts", type=int, help="prompts for the in-process baseline (default: all)")
-    p.add_argument("--checkpoint", help="baseline checkpoint directory or preset (qwen3_omni; default "
-                                        "$OMNI_MODEL_HOME/qwen3_omni_tiny)")
+    p.add_argument("--checkpoint", help="baseline checkpoint directory or preset (qwen3_omni / qwen_image; default "
+                                        "$OMNI_MODEL_HOME/qwen3_omni_tiny / qwen_image_tiny)")
     p.add_argument("--device", default="cpu", help="baseline device (cpu, cuda, cuda:N)")
     args = p.parse_args(argv)
     if not isinstance(args.extra_body, dict):
@@ -97,7 +100,7 @@ async def _levels(args: argparse.Namespace, prompts: list[str], audio_file: byte
             audio = (audio_file,) if audio_file else \
                 await synthesize_inputs(client, prompts, args.speech_model, args.voice)
         options = RequestOptions(args.workload, args.model, args.endpoint, args.voice, args.max_tokens,
-                                 args.extra_body, audio)
+                                 args.extra_body, audio, args.size, args.steps)
         if args.transport == "triton":
             def one(index, prompt, start):
                 return send_triton(args.triton_url, options, index, prompt, start, args.timeout)
@@ -130,7 +133,7 @@ def _baseline(args: argparse.Namespace, prompts: list[str], levels: list[dict]) 
         records, duration = run_baseline(args.model, args.workload, prompts[:args.baseline_prompts or None],
                                          max_tokens=args.max_tokens, voice=args.voice, checkpoint=args.checkpoint,
                                          num_warmups=args.num_warmups, extra_body=args.extra_body,
-                                         device=args.device)
+                                         device=args.device, size=args.size, steps=args.steps)
         result = level_result(args.workload, args.model, 1, math.inf, records, duration)
         print(report.table({**result, "model": f"{args.model} (in-process baseline)"}))
     else:

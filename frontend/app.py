@@ -7,11 +7,12 @@ from fastapi import Depends, FastAPI
 
 from omni_frontend import admission, errors, observability
 from omni_frontend.config import FrontendConfig
-from omni_frontend.routes import chat, speech, system, transcriptions
+from omni_frontend.image_store import ImageStore
+from omni_frontend.routes import chat, images, speech, system, transcriptions
 from omni_frontend.triton_client import TritonClient
 from omni_frontend.validation import BodyLimitMiddleware, require_valid_text
 
-_OPEN_PATHS = ("/health", "/metrics", "/docs", "/openapi.json")
+_OPEN_PATHS = ("/health", "/metrics", "/docs", "/openapi.json", images.FILES_PATH)
 
 
 class BearerAuthMiddleware:
@@ -42,6 +43,7 @@ def create_app(config: FrontendConfig) -> FastAPI:
     app.state.triton = TritonClient(config.triton_url, config.request_timeout_s)
     app.state.metrics = observability.FrontendMetrics()
     app.state.admission = admission.Admission(config.admission, app.state.metrics)
+    app.state.images = ImageStore(config.image_url_ttl_s)
     errors.install_handlers(app)
 
     if config.api_key:
@@ -50,7 +52,7 @@ def create_app(config: FrontendConfig) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.limits.max_body_bytes)
     app.add_middleware(errors.CatchAllMiddleware)
     app.add_middleware(observability.ObservabilityMiddleware, metrics=app.state.metrics)  # outermost
-    for module in (system, chat, speech, transcriptions):
+    for module in (system, chat, speech, transcriptions, images):
         app.include_router(module.router)
 
     @app.on_event("shutdown")

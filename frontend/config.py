@@ -52,7 +52,8 @@ class FrontendConfig:
     """triton_url: host:port of Triton gRPC; triton_metrics_url: Triton's /metrics (for the stub
     heartbeats /health checks; None skips that check); pipelines: the loaded ones; api_key: require
     `Authorization: Bearer <key>` on /v1 routes when set; limits: request size limits; admission:
-    in-flight and queue bounds per pipeline."""
+    in-flight and queue bounds per pipeline; max_image_pixels: largest width x height the image routes
+    accept; image_url_ttl_s: lifetime of a `response_format: "url"` image in seconds."""
 
     triton_url: str
     pipelines: list[Pipeline]
@@ -63,6 +64,8 @@ class FrontendConfig:
     limits: RequestLimits = dataclasses.field(default_factory=RequestLimits)
     admission: AdmissionLimits = dataclasses.field(default_factory=AdmissionLimits)
     audio_expires_s: int = 3600
+    max_image_pixels: int = 1024 * 1024
+    image_url_ttl_s: float = 600.0
 
     def pipeline(self, model: str, kind: str | None = None) -> Pipeline | None:
         """The loaded pipeline a client's `model` names (id or alias), optionally of one kind."""

@@ -32,3 +32,11 @@ def voice_server(tmp_path_factory):
     server = start_server(tmp_path_factory.mktemp("voice_server"), "--pipelines", "voice,tts,asr", "--no-prepare")
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def image_server(tmp_path_factory):
+    """Launcher serving the Qwen-Image pipelines (qwen_image, qwen_image_edit) on the tiny checkpoint."""
+    server = start_server(tmp_path_factory.mktemp("image_server"), "--pipelines", "qwen_image,qwen_image_edit")
+    yield server
+    server.stop()
