@@ -7,6 +7,7 @@ from fastapi import FastAPI
 
 from omni_frontend import errors, observability
 from omni_frontend.config import FrontendConfig
+from omni_frontend.realtime import route as realtime
 from omni_frontend.routes import chat, speech, system, transcriptions
 from omni_frontend.triton_client import TritonClient
 
@@ -40,7 +41,7 @@ def create_app(config: FrontendConfig) -> FastAPI:
     if config.api_key:
         app.add_middleware(BearerAuthMiddleware, api_key=config.api_key)
     app.add_middleware(observability.ObservabilityMiddleware, metrics=app.state.metrics)  # outermost
-    for module in (system, chat, speech, transcriptions):
+    for module in (system, chat, speech, transcriptions, realtime):
         app.include_router(module.router)
 
     @app.on_event("shutdown")
