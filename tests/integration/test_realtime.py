@@ -180,7 +180,8 @@ def test_barge_in_cancels_the_response_end_to_end(voice_server):
     done_at = next(t for t, e in events if e.type == "response.done")
     print(f"\nbarge-in: speech onset appended -> response.done(cancelled) {done_at - spoke_at:.3f} s "
           f"(speech_started -> response.done {done_at - started_at:.3f} s)")
-    assert started_at <= done_at and done_at - started_at < 2.0  # the cancel itself needs no model time
+    # the cancel needs no model time: only the VAD must see the speech (issue 11: within 500 ms)
+    assert started_at <= done_at and done_at - spoke_at < 0.5
     assert inflight_back_to_zero(voice_server)
 
 
@@ -353,14 +354,44 @@ def test_eight_concurrent_sessions(voice_server):
     async def run():
         return await asyncio.gather(*(one(i) for i in range(8)))
 
-    before = metric_value(voice_server.metrics_url, "nv_inference_exec_count", model="voice_vad", version="1") or 0
-    requests_before = metric_value(voice_server.metrics_url, "nv_inference_count", model="voice_vad", version="1") or 0
+    before = metric_value(voice_server.metrics_url, "nv_inference_exec_count_total", model="voice_vad", version="1") or 0
+    requests_before = metric_value(voice_server.metrics_url, "nv_inference_count_total", model="voice_vad", version="1") or 0
     results = asyncio.run(run())
     for heard, done in results:
         assert "capital of france" in heard.lower() and done.response.status in ("completed", "incomplete")
         assert "Paris" in done.response.output[0].content[0].text
-    executions = metric_value(voice_server.metrics_url, "nv_inference_exec_count", model="voice_vad", version="1") - before
-    inferences = metric_value(voice_server.metrics_url, "nv_inference_count", model="voice_vad", version="1") - requests_before
+    executions = metric_value(voice_server.metrics_url, "nv_inference_exec_count_total", model="voice_vad", version="1") - before
+    inferences = metric_value(voice_server.metrics_url, "nv_inference_count_total", model="voice_vad", version="1") - requests_before
     print(f"\nvoice_vad: {inferences:.0f} requests in {executions:.0f} executions")
     assert executions < inferences  # requests of different sessions shared executions
     assert inflight_back_to_zero(voice_server)
+
+
+def test_livekit_agents_realtime_model_holds_a_text_turn(voice_server):
+    """LiveKit Agents' OpenAI Realtime client (livekit-plugins-openai), pointed at our URL, parses what we
+    send: a text turn through its own session.update, conversation sync and generate_reply."""
+    from livekit.agents import llm
+    from livekit.plugins.openai.realtime import RealtimeModel
+
+    async def run():
+        model = RealtimeModel(model="voice", base_url=f"{voice_server.base_url}/v1", api_key="unused",
+                              modalities=["text"])
+        session = model.session()
+        errors = []
+        session.on("error", errors.append)
+        try:
+            context = llm.ChatContext()
+            context.add_message(role="user", content=QUESTION)
+            await session.update_chat_ctx(context)
+            generation = await asyncio.wait_for(session.generate_reply(), 60)
+            text = ""
+            async for message in generation.message_stream:
+                async for delta in message.text_stream:
+                    text += delta
+            return text, errors
+        finally:
+            await session.aclose()
+            await model.aclose()
+
+    text, errors = asyncio.run(run())
+    assert "Paris" in text and errors == []
