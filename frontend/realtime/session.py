@@ -284,14 +284,15 @@ class RealtimeSession:
                                          "error": {"type": "transcription_error", "code": exc.code,
                                                    "message": exc.message, "param": None}})
                     continue
-                part.text = result["text"]
+                part.text, seconds = result["text"], part.audio.size / STAGE_RATE
+                part.audio = None  # the transcript is what later turns use; do not keep every turn's audio
                 if self.settings.transcribe:
                     for segment in result.get("segments") or []:
                         await self.send({"type": "conversation.item.input_audio_transcription.delta", "item_id": item.id,
                                          "content_index": index, "delta": segment["text"] + " "})
                     await self.send({"type": "conversation.item.input_audio_transcription.completed",
                                      "item_id": item.id, "content_index": index, "transcript": part.text,
-                                     "usage": {"type": "duration", "seconds": round(part.audio.size / STAGE_RATE, 3)}})
+                                     "usage": {"type": "duration", "seconds": round(seconds, 3)}})
         finally:
             item.transcribed.set()
 

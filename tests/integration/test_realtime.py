@@ -152,7 +152,7 @@ def test_text_turn_and_multi_turn_memory(voice_server):
 
 def test_barge_in_cancels_the_response_end_to_end(voice_server):
     """Speech appended while the reply plays cancels it: response.done(cancelled, turn_detected) and every
-    stage's in-flight count back to 0."""
+    stage's in-flight count back to 0; then the client truncates the item to what it played."""
     interruption = speech(voice_server, "Stop, please tell me something else.", 0.0, 1.0)
     onset = np.flatnonzero(np.abs(np.frombuffer(interruption, "<i2")) > 600)[0] * 2 // CHUNK  # chunk with speech
 
@@ -178,9 +178,19 @@ def test_barge_in_cancels_the_response_end_to_end(voice_server):
                 spoke_at = spoke_at or (time.perf_counter() if index >= onset else None)
                 await asyncio.sleep(0.1)
             done = await reader
-            return events, spoke_at, done
+            # the client heard half of the first spoken chunk: truncate the cancelled item to it
+            item = done.response.output[0]
+            first = next(e for _, e in events if e.type == "response.output_audio.delta")
+            heard_ms = len(base64.b64decode(first.delta)) // 2 * 1000 // RATE // 2
+            await conn.conversation.item.truncate(item_id=item.id, content_index=0, audio_end_ms=heard_ms)
+            truncated = await until(conn, "conversation.item.truncated")
+            await conn.conversation.item.retrieve(item_id=item.id)
+            retrieved = await until(conn, "conversation.item.retrieved")
+            await conn.conversation.item.truncate(item_id=item.id, content_index=0, audio_end_ms=10**7)
+            too_far = await until(conn, "error")
+            return events, spoke_at, done, (item, heard_ms, truncated, retrieved, too_far)
 
-    events, spoke_at, done = asyncio.run(run())
+    events, spoke_at, done, (item, heard_ms, truncated, retrieved, too_far) = asyncio.run(run())
     assert done.response.status == "cancelled" and done.response.status_details.reason == "turn_detected"
     started_at = next(t for t, e in events if e.type == "input_audio_buffer.speech_started")
     done_at = next(t for t, e in events if e.type == "response.done")
@@ -189,6 +199,11 @@ def test_barge_in_cancels_the_response_end_to_end(voice_server):
     # the cancel needs no model time: only the VAD must see the speech (issue 11: within 500 ms)
     assert started_at <= done_at and done_at - spoke_at < 0.5
     assert inflight_back_to_zero(voice_server)
+    # conversation.item.truncate: the transcript keeps only the words that were heard
+    full, cut = item.content[0].transcript, retrieved.item.content[0].transcript
+    assert item.status == "incomplete" and truncated.audio_end_ms == heard_ms
+    assert 0 < len(cut.split()) < len(full.split()) and full.startswith(cut), (full, cut)
+    assert too_far.error.param == "audio_end_ms"
 
 
 def test_realtime_rejects_misbehaving_clients_and_keeps_serving(voice_server):
@@ -314,30 +329,6 @@ def test_transcription_session_input_formats(voice_server, fmt, rate):
                          "input_audio_buffer.committed"]
     assert "capital of france" in completed.transcript.lower() and completed.usage.seconds > 1.0
     assert "response.created" not in kinds and refused.error.code == "invalid_session_type"
-
-
-def test_truncate_cuts_the_transcript_to_what_was_heard(voice_server):
-    async def run():
-        async with connect(voice_server) as conn:
-            await until(conn, "session.created")
-            await conn.session.update(session=NO_VAD)
-            await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [
-                {"type": "input_text", "text": "Describe a walk through a forest in two sentences."}]})
-            await conn.response.create(response={"max_output_tokens": 48})
-            done = await until(conn, "response.done")
-            item = done.response.output[0]
-            await conn.conversation.item.truncate(item_id=item.id, content_index=0, audio_end_ms=1000)
-            truncated = await until(conn, "conversation.item.truncated")
-            await conn.conversation.item.retrieve(item_id=item.id)
-            retrieved = await until(conn, "conversation.item.retrieved")
-            await conn.conversation.item.truncate(item_id=item.id, content_index=0, audio_end_ms=10**7)
-            too_far = await until(conn, "error")
-            return item, truncated, retrieved, too_far
-
-    item, truncated, retrieved, too_far = asyncio.run(run())
-    full, cut = item.content[0].transcript, retrieved.item.content[0].transcript
-    assert truncated.audio_end_ms == 1000 and 0 < len(cut.split()) < len(full.split()) and full.startswith(cut)
-    assert too_far.error.param == "audio_end_ms"
 
 
 def test_eight_concurrent_sessions(voice_server):
