@@ -14,6 +14,9 @@ and sends response.create at once; speech_end_to_first_audio_s then runs from th
 Barge-in (per prompt, a session asked for a long story): once its first audio delta arrives the prompt is
 spoken over it; barge_in_s = the append of the chunk holding the first speech sample ->
 response.done(status cancelled).
+Same-run baseline, per prompt right after its turn: the prompt as text through POST /v1/chat/completions
+(workload chat-audio, same voice and max tokens); chat_audio_ttfp_s = its time to first audio. The
+difference to stopped_to_first_audio_s is what the realtime path adds (transcription, session, events).
 VAD cost: `--vad-sessions` sessions stream the clips (speech and silence, real time, VAD on, no responses)
 for `--vad-seconds`; the CPU time of the VAD model's Triton stub process (psutil; the server must run on
 this machine) over that window, divided by sessions x seconds, is the fraction of one core per live session.
@@ -29,8 +32,8 @@ import numpy as np
 import openai
 import soundfile as sf
 
-from omni_bench.client import synthesize_inputs
-from omni_bench.metrics import stats
+from omni_bench.client import RequestOptions, send, synthesize_inputs
+from omni_bench.metrics import request_metrics, stats
 
 RATE = 24000
 CHUNK_BYTES = RATE // 10 * 2  # 100 ms of PCM16
@@ -201,11 +204,15 @@ async def run(args, prompts: list[str], client) -> dict:
     for clip in clips[:args.num_warmups]:
         await _turn(args, clip, args.silence_s)
     turns, barge_ins = [], []
-    for prompt, clip in zip(prompts, clips):
+    chat = RequestOptions("chat-audio", args.model, "/v1/chat/completions", args.voice or "alloy", args.max_tokens)
+    for index, (prompt, clip) in enumerate(zip(prompts, clips)):
         try:
             turns.append({"prompt": prompt, **await _turn(args, clip, args.silence_s)})
         except (RuntimeError, TimeoutError, openai.OpenAIError) as exc:
             turns.append({"prompt": prompt, "error": str(exc)})
+        baseline = await send(client, chat, index, prompt, time.perf_counter())
+        if baseline.ok:
+            turns[-1]["chat_audio_ttfp_s"] = request_metrics(baseline)["ttfp_s"]
         print(f"turn: {turns[-1]}", flush=True)
     for prompt, clip in zip(prompts[:args.barge_ins], clips):
         try:
@@ -214,7 +221,8 @@ async def run(args, prompts: list[str], client) -> dict:
             barge_ins.append({"prompt": prompt, "error": str(exc)})
         print(f"barge-in: {barge_ins[-1]}", flush=True)
     vad = await _vad_cost(args, clips) if args.vad_sessions else None
-    names = ("speech_end_to_first_audio_s", "speech_end_to_stopped_s", "stopped_to_first_audio_s", "e2e_s")
+    names = ("speech_end_to_first_audio_s", "speech_end_to_stopped_s", "stopped_to_first_audio_s", "e2e_s",
+             "chat_audio_ttfp_s")
     summary = {name: stats([t[name] for t in turns if name in t]) for name in names}
     summary["barge_in_s"] = stats([b["barge_in_s"] for b in barge_ins if b.get("status") == "cancelled"])
     return {"turns": turns, "barge_ins": barge_ins, "vad_cost": vad,

@@ -275,9 +275,15 @@ def test_session_update_merges_and_vad_can_be_turned_off(voice_server):
             await conn.input_audio_buffer.commit()
             events = []
             await until(conn, "conversation.item.input_audio_transcription.completed", events)
-            return partial, kept, off, events
+            # a user audio item created directly is transcribed too
+            await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [
+                {"type": "input_audio", "audio": base64.b64encode(speech(voice_server, QUESTION)).decode()}]})
+            added = await until(conn, "conversation.item.added")
+            created = await until(conn, "conversation.item.input_audio_transcription.completed")
+            return partial, kept, off, events, added, created
 
-    partial, kept, off, events = asyncio.run(run())
+    partial, kept, off, events, added, created = asyncio.run(run())
+    assert created.item_id == added.item.id and "capital of france" in created.transcript.lower()
     detection = partial.audio.input.turn_detection
     assert detection.threshold == 0.6 and detection.silence_duration_ms == 500 and detection.prefix_padding_ms == 300
     assert kept.audio.input.turn_detection.threshold == 0.6 and kept.audio.output.voice == "echo"
@@ -393,3 +399,22 @@ def test_livekit_agents_realtime_model_holds_a_text_turn(voice_server):
 
     text, errors = asyncio.run(run())
     assert "Paris" in text and errors == []
+
+
+def test_bench_realtime_workload(voice_server, tmp_path):
+    """scripts/bench --workload realtime: one spoken turn and the VAD CPU phase, JSON consistent with itself."""
+    from omni_bench.cli import main
+
+    out = tmp_path / "realtime.json"
+    code = main(["--workload", "realtime", "--base-url", voice_server.base_url, "--num-prompts", "1", "--num-warmups", "0",
+                 "--max-tokens", "24", "--barge-ins", "0", "--vad-sessions", "1", "--vad-seconds", "3",
+                 "--result-json", str(out)])
+    result = json.loads(out.read_text())
+    assert code == 0 and result["failed"] == 0 and result["config"]["workload"] == "realtime"
+    turn = result["turns"][0]
+    assert turn["status"] in ("completed", "incomplete") and turn["transcript"]
+    assert abs(turn["speech_end_to_first_audio_s"] - turn["speech_end_to_stopped_s"] - turn["stopped_to_first_audio_s"]) < 1e-6
+    assert 0.4 < turn["speech_end_to_stopped_s"] < 5  # at least most of silence_duration_ms (500 ms)
+    assert result["summary"]["speech_end_to_first_audio_s"]["n"] == 1 and turn["chat_audio_ttfp_s"] > 0
+    vad = result["vad_cost"]
+    assert vad["sessions"] == 1 and 0 < vad["core_fraction_per_session"] < 1
