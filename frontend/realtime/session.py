@@ -162,6 +162,8 @@ class RealtimeSession:
             default = session_config.default_session(self.model, base["id"])
             base = {**default, "audio": {**default["audio"], "input": base["audio"]["input"]}}
         merged = session_config.merge(base, update)
+        if merged.get("type") == "realtime":
+            merged["model"] = self.model  # the connection's pipeline; a session cannot switch models
         settings = session_config.validate(merged, event.get("event_id"))
         old = self.settings
         self.session, self.settings = merged, settings

@@ -373,7 +373,9 @@ def test_eight_concurrent_sessions(voice_server):
 
 def test_livekit_agents_realtime_model_holds_a_text_turn(voice_server):
     """LiveKit Agents' OpenAI Realtime client (livekit-plugins-openai), pointed at our URL, parses what we
-    send: a text turn through its own session.update, conversation sync and generate_reply."""
+    send: a text turn through its own session.update, conversation sync and generate_reply.
+    (LiveKit Agents installs with our pins, so it is in the dev extra; pipecat-ai 1.14 pins soundfile~=0.13
+    against our 0.14 and pulls numba, so it would need a venv of its own.)"""
     from livekit.agents import llm
     from livekit.plugins.openai.realtime import RealtimeModel
 
