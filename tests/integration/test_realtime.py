@@ -409,7 +409,7 @@ def test_bench_realtime_workload(voice_server, tmp_path):
 
     out = tmp_path / "realtime.json"
     code = main(["--workload", "realtime", "--base-url", voice_server.base_url, "--num-prompts", "1", "--num-warmups", "0",
-                 "--max-tokens", "24", "--barge-ins", "0", "--vad-sessions", "1", "--vad-seconds", "3",
+                 "--max-tokens", "12", "--barge-ins", "0", "--vad-sessions", "1", "--vad-seconds", "3",
                  "--result-json", str(out)])
     result = json.loads(out.read_text())
     assert code == 0 and result["failed"] == 0 and result["config"]["workload"] == "realtime"
