@@ -330,7 +330,8 @@ class RealtimeSession:
                 await self.error(ProtocolError(f"voice activity detection failed: {exc.message}", code="vad_error",
                                                type="server_error"))
                 # start a new sequence with the next chunk (the model may have dropped this one)
-                self.vad_origin, scored, vad.started = self.vad_origin + scored + chunk.size, 0, False
+                self.vad_origin, scored = self.vad_origin + scored + chunk.size, 0
+                vad.restart()
                 continue
             scored += chunk.size
             for turn in found:

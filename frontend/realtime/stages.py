@@ -17,6 +17,10 @@ class VADSequence:
 
     def __init__(self, client: TritonClient, model: str, options: dict):
         self.client, self.model, self.options = client, model, options
+        self.restart()
+
+    def restart(self) -> None:
+        """Forget the sequence (e.g. after a failed request): the next `feed` starts a new one."""
         self.correlation_id = secrets.randbits(63) or 1
         self.started = False
 
