@@ -121,6 +121,10 @@ class RealtimeSession:
                 await self.handle(decode(data))
             except ProtocolError as exc:
                 await self.error(exc)
+            except Exception as exc:  # noqa: BLE001 - our bug: report it and keep the session
+                log.exception("realtime session %s: event failed", self.request_id)
+                await self.error(ProtocolError(f"internal error: {type(exc).__name__}: {exc}", code="internal_error",
+                                               type="server_error"))
 
     async def close(self) -> None:
         self.closed = True
