@@ -142,9 +142,18 @@ def test_text_turn_and_multi_turn_memory(voice_server):
             await fresh.session.update(session={**NO_VAD, "output_modalities": ["text"],
                                                 "instructions": "You are a helpful assistant. Answer in one short sentence."})
             control = await text_turn(fresh, "Which two cities did we talk about?")
-        return answers, control
+            # response.cancel from the client: the response still ends with response.done
+            await fresh.conversation.item.create(item={"type": "message", "role": "user", "content": [
+                {"type": "input_text", "text": "Write a very long story about a dragon."}]})
+            await fresh.response.create(response={"max_output_tokens": 400})
+            created = await until(fresh, "response.created")
+            await fresh.response.cancel()
+            cancelled = await until(fresh, "response.done")
+        return answers, control, created, cancelled
 
-    answers, control = asyncio.run(run())
+    answers, control, created, cancelled = asyncio.run(run())
+    assert cancelled.response.id == created.response.id and cancelled.response.status == "cancelled"
+    assert cancelled.response.status_details.reason == "client_cancelled"
     assert "Paris" in answers[0] and "Rome" in answers[1]
     assert "Paris" in answers[2] and "Rome" in answers[2], answers
     assert "Paris" not in control and "Rome" not in control, control
