@@ -2,6 +2,7 @@
 
 Example: scripts/bench --workload chat-audio --model voice --num-prompts 16 --max-concurrency 1 4 8 \
              --result-json var/bench/voice.json --baseline inprocess
+         scripts/bench --workload realtime --num-prompts 8 --result-json var/bench/realtime.json
 GPU (docs/gpu.md): the baseline alone first (`--baseline-only`, the model fills the GPU), then the served
 sweep over Triton gRPC comparing with it (`--transport triton --baseline var/bench/baseline.json`).
 """
@@ -26,13 +27,14 @@ from omni_bench.runner import http_client, run_level
 from omni_bench.triton_transport import TRANSPORTS, send_triton
 
 DEFAULT_MODELS = {"chat": "voice", "chat-audio": "voice", "speech": "tts", "transcription": "asr",
-                  "images": "qwen_image"}
+                  "images": "qwen_image", "realtime": "voice"}
+REALTIME = "realtime"  # /v1/realtime sessions (omni_bench.realtime), not an HTTP request workload
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="scripts/bench", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--workload", choices=WORKLOADS, default="chat")
+    p.add_argument("--workload", choices=WORKLOADS + (REALTIME,), default="chat")
     p.add_argument("--base-url", default="http://127.0.0.1:8000", help="the frontend")
     p.add_argument("--transport", choices=TRANSPORTS, default="http",
                    help="http: OpenAI API of the frontend; triton: gRPC streaming to the client-facing Triton "
@@ -70,12 +72,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoint", help="baseline checkpoint directory or preset (qwen3_omni / qwen_image; default "
                                         "$OMNI_MODEL_HOME/qwen3_omni_tiny / qwen_image_tiny)")
     p.add_argument("--device", default="cpu", help="baseline device (cpu, cuda, cuda:N)")
+    realtime = p.add_argument_group("realtime workload (omni_bench.realtime)")
+    realtime.add_argument("--turn-detection", choices=["server_vad", "manual"], default="server_vad",
+                          help="server VAD ends each turn, or the client commits right after the speech")
+    realtime.add_argument("--silence-s", type=float, default=1.0, help="silence appended after each spoken prompt")
+    realtime.add_argument("--barge-ins", type=int, default=4, help="barge-in measurements (one session each)")
+    realtime.add_argument("--vad-sessions", type=int, default=4, help="live sessions for the VAD CPU measurement (0: skip)")
+    realtime.add_argument("--vad-seconds", type=float, default=20.0, help="length of the VAD CPU measurement")
     args = p.parse_args(argv)
     if not isinstance(args.extra_body, dict):
         p.error("--extra-body must be a JSON object")
     if args.num_prompts < 1 or args.num_warmups < 0 or args.request_rate <= 0 or min(args.max_concurrency) < 0:
         p.error("--num-prompts must be >= 1, --num-warmups and --max-concurrency >= 0, --request-rate > 0")
     args.model = args.model or DEFAULT_MODELS[args.workload]
+    if args.baseline and args.workload == REALTIME:
+        p.error("--baseline does not apply to the realtime workload")
     if args.baseline_only:
         args.baseline = "inprocess"
     if args.transport == "triton" and args.workload not in ("chat", "chat-audio"):
@@ -89,7 +100,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(str(exc))
     elif args.baseline and not Path(args.baseline).is_file():
         p.error(f"--baseline must be 'inprocess' or an existing JSON file, got {args.baseline!r}")
-    args.endpoint = args.endpoint or ENDPOINTS[args.workload]
+    args.endpoint = args.endpoint or ENDPOINTS.get(args.workload, "/v1/realtime")
     return args
 
 
@@ -147,6 +158,28 @@ def _baseline(args: argparse.Namespace, prompts: list[str], levels: list[dict]) 
     return result
 
 
+def _realtime(args: argparse.Namespace, prompts: list[str], started: float) -> int:
+    from omni_bench import realtime
+
+    async def run():
+        async with http_client(args.base_url, args.api_key, args.timeout, 1) as client:
+            return await realtime.run(args, prompts, client)
+
+    try:
+        result = asyncio.run(run())
+    except (StreamError, httpx.HTTPError) as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 2
+    print(realtime.table(result))
+    if args.result_json:
+        Path(args.result_json).parent.mkdir(parents=True, exist_ok=True)
+        config = {k: v for k, v in vars(args).items() if k != "api_key"}
+        Path(args.result_json).write_text(json.dumps({"config": {**config, "request_rate": "inf", "started_at": started},
+                                                      **result}, indent=1))
+        print(f"results written to {args.result_json}")
+    return 1 if result["failed"] else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; exit status 1 when any timed request failed (the JSON is written anyway)."""
     args = parse_args(argv)
@@ -157,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench: {exc}", file=sys.stderr)
         return 2
     started = time.time()
+    if args.workload == REALTIME:
+        return _realtime(args, prompts, started)
     try:
         levels = [] if args.baseline_only else asyncio.run(_levels(args, prompts, audio_file))
     except (StreamError, httpx.HTTPError) as exc:  # preparing transcription input failed

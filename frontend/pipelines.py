@@ -11,7 +11,9 @@ CHAT, SPEECH, TRANSCRIPTION, IMAGE = "chat", "speech", "transcription", "image"
 class Pipeline:
     """name: OpenAI model id; kind: chat | speech | transcription | image (which routes accept it);
     entry: client-facing Triton model; models: all Triton models to load; aliases: extra ids;
-    tasks: for image pipelines, "generate" (/v1/images/generations) and/or "edit" (/v1/images/edits)."""
+    tasks: for image pipelines, "generate" (/v1/images/generations) and/or "edit" (/v1/images/edits);
+    vad / asr: the stage models a `/v1/realtime` session calls directly (voice-activity stream and
+    transcription of committed audio); a chat pipeline with a `vad` serves realtime sessions."""
 
     name: str
     kind: str
@@ -20,6 +22,8 @@ class Pipeline:
     description: str = ""
     aliases: tuple[str, ...] = ()
     tasks: tuple[str, ...] = ()
+    vad: str | None = None
+    asr: str | None = None
 
 
 _QWEN_IMAGE_STAGES = ("qwen_image_text_encoder", "qwen_image_dit", "qwen_image_vae")
@@ -28,8 +32,9 @@ REGISTRY: dict[str, Pipeline] = {p.name: p for p in (
     Pipeline("qwen3_omni", CHAT, "qwen3_omni",
              ("qwen3_omni_thinker", "qwen3_omni_talker", "qwen3_omni_code2wav", "qwen3_omni"),
              "Qwen3-Omni thinker -> talker -> code2wav, text and speech out"),
-    Pipeline("voice", CHAT, "voice", ("voice_asr", "voice_llm", "voice_tts", "voice"),
-             "Whisper tiny.en -> SmolLM2-135M-Instruct -> Kokoro-82M, text and speech out"),
+    Pipeline("voice", CHAT, "voice", ("voice_asr", "voice_llm", "voice_tts", "voice_vad", "voice"),
+             "Whisper tiny.en -> SmolLM2-135M-Instruct -> Kokoro-82M, text and speech out; /v1/realtime with Silero VAD",
+             vad="voice_vad", asr="voice_asr"),
     Pipeline("tts", SPEECH, "tts", ("voice_tts", "tts"), "Kokoro-82M text-to-speech",
              aliases=("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "kokoro")),
     Pipeline("asr", TRANSCRIPTION, "voice_asr", ("voice_asr",), "Whisper tiny.en speech recognition",
