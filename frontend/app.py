@@ -7,7 +7,7 @@ from fastapi import FastAPI
 
 from omni_frontend import errors, observability
 from omni_frontend.config import FrontendConfig
-from omni_frontend.routes import chat, speech, system, transcriptions
+from omni_frontend.routes import chat, speech, system, transcriptions, videos
 from omni_frontend.triton_client import TritonClient
 
 _OPEN_PATHS = ("/health", "/metrics", "/docs", "/openapi.json")
@@ -40,8 +40,9 @@ def create_app(config: FrontendConfig) -> FastAPI:
     if config.api_key:
         app.add_middleware(BearerAuthMiddleware, api_key=config.api_key)
     app.add_middleware(observability.ObservabilityMiddleware, metrics=app.state.metrics)  # outermost
-    for module in (system, chat, speech, transcriptions):
+    for module in (system, chat, speech, transcriptions, videos):
         app.include_router(module.router)
+    videos.install(app, config, app.state.triton)  # its shutdown runs before the Triton channel closes
 
     @app.on_event("shutdown")
     async def _close():

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from omni_frontend.pipelines import Pipeline
 
@@ -10,7 +11,9 @@ from omni_frontend.pipelines import Pipeline
 class FrontendConfig:
     """triton_url: host:port of Triton gRPC; triton_metrics_url: Triton's /metrics (for the stub
     heartbeats /health checks; None skips that check); pipelines: the loaded ones; api_key: require
-    `Authorization: Bearer <key>` on /v1 routes when set; limits in characters / bytes / seconds."""
+    `Authorization: Bearer <key>` on /v1 routes when set; limits in characters / bytes / seconds.
+    Videos: job store under `data_dir`; at most `max_queued_videos` waiting (429 past it) and
+    `max_running_videos` generating at once; finished videos kept `video_ttl_s` (0: forever)."""
 
     triton_url: str
     pipelines: list[Pipeline]
@@ -21,6 +24,10 @@ class FrontendConfig:
     max_speech_input_chars: int = 4096
     max_upload_bytes: int = 25 * 1024 * 1024
     audio_expires_s: int = 3600
+    data_dir: Path = Path("var/data")
+    max_queued_videos: int = 16
+    max_running_videos: int = 2
+    video_ttl_s: int = 86400
 
     def pipeline(self, model: str, kind: str | None = None) -> Pipeline | None:
         """The loaded pipeline a client's `model` names (id or alias), optionally of one kind."""

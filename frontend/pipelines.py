@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 
-CHAT, SPEECH, TRANSCRIPTION = "chat", "speech", "transcription"
+CHAT, SPEECH, TRANSCRIPTION, VIDEO = "chat", "speech", "transcription", "video"
 
 
 @dataclasses.dataclass(frozen=True)
 class Pipeline:
-    """name: OpenAI model id; kind: chat | speech | transcription (which routes accept it);
+    """name: OpenAI model id; kind: chat | speech | transcription | video (which routes accept it);
     entry: client-facing Triton model; models: all Triton models to load; aliases: extra ids."""
 
     name: str
@@ -30,6 +30,9 @@ REGISTRY: dict[str, Pipeline] = {p.name: p for p in (
              aliases=("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "kokoro")),
     Pipeline("asr", TRANSCRIPTION, "voice_asr", ("voice_asr",), "Whisper tiny.en speech recognition",
              aliases=("whisper-1", "whisper-tiny.en", "gpt-4o-transcribe", "gpt-4o-mini-transcribe")),
+    Pipeline("wan", VIDEO, "wan", ("wan_text_encoder", "wan_dit", "wan_vae", "wan"),
+             "Wan2.2 text-to-video: UMT5 text encoder -> DiT denoiser (step-batched) -> VAE decode",
+             aliases=("sora-2", "sora-2-pro")),
 )}
 
 DEFAULT = ("voice", "tts", "asr", "qwen3_omni")
@@ -44,8 +47,8 @@ def parse_extra(spec: str) -> Pipeline:
         names = tuple(m for m in models.split(",") if m)
     except ValueError as exc:
         raise ValueError(f"bad pipeline spec {spec!r}: expected NAME=KIND:model1,model2") from exc
-    if kind not in (CHAT, SPEECH, TRANSCRIPTION) or not names:
-        raise ValueError(f"bad pipeline spec {spec!r}: kind must be chat|speech|transcription")
+    if kind not in (CHAT, SPEECH, TRANSCRIPTION, VIDEO) or not names:
+        raise ValueError(f"bad pipeline spec {spec!r}: kind must be chat|speech|transcription|video")
     return Pipeline(name, kind, names[-1], names)
 
 
