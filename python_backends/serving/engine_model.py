@@ -30,10 +30,12 @@ _STOP = object()
 class EngineStageModel:
     """Subclass and implement:
 
-    - `build_loop(args) -> EngineLoop` (load the model, make the runner);
+    - `build_loop(args) -> EngineLoop` (load the model, make the runner; any loop with the same
+      `submit(id, prompt, params, on_output)` / `abort(id)` / `shutdown(timeout)` and outputs carrying
+      `finished`, `finish_reason`, `error` fits, e.g. omni_backends.diffusion.DenoiseLoop);
     - `make_prompt(request) -> (Prompt, SamplingParams, context)`: parse one Triton request; raise
       RequestError for bad input; `context` is any per-request object passed back below;
-    - `encode(context, output: StepOutput) -> dict[name, np.ndarray]`: tensors of one token's
+    - `encode(context, output: StepOutput) -> dict[name, np.ndarray]`: tensors of one output's
       response (return None to send nothing for this output);
     - optionally `finished(context) -> bool`: True once the request is complete before the engine
       says so (e.g. a stop string matched): it is aborted in the engine and gets FINAL at once.
@@ -121,7 +123,7 @@ class EngineStageModel:
         try:
             if output.finish_reason == "error":
                 raise RuntimeError(output.error or "engine error")
-            tensors = self.encode(context, output) if output.token_id is not None or output.finished else None
+            tensors = self.encode(context, output)
             if tensors and not sender.is_cancelled():
                 sender.send(pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in tensors.items()]))
             if not output.finished and self.finished(context):
