@@ -6,7 +6,10 @@ Wan2.2-T2V-A14B-Diffusers: model_index.json (`WanPipeline`, `boundary_ratio` 0.8
 Unigram tokenizer trained here on a fixed corpus), `text_encoder/` (`UMT5EncoderModel`), `transformer/` and
 `transformer_2/` (`WanTransformer3DModel`), `vae/` (`AutoencoderKLWan`, the Wan2.1 VAE layout: 16 latent
 channels, 8x spatial and 4x temporal compression) and `scheduler/` (`UniPCMultistepScheduler` with flow
-sigmas, as Wan2.2 ships). About 0.6 MB. Idempotent: a directory holding the completion marker is left as it is.
+sigmas, as Wan2.2 ships). About 0.6 MB. The transformer's widths (inner 2 x 16, FFN 32, text 32) are
+multiples of 32 on purpose: CPU element-wise kernels (SiLU, tanh-GELU) take a scalar path for a tensor's
+last < 32 elements, so with narrower rows a row's bits would depend on how many rows share the call and
+step batching could not stay bit-equal to the pipeline (real checkpoints are thousands wide). Idempotent: a directory holding the completion marker is left as it is.
 """
 from __future__ import annotations
 
@@ -54,7 +57,7 @@ def build_tokenizer():
 def _transformer():
     from diffusers import WanTransformer3DModel
 
-    return WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=16,
+    return WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=16,
                                  out_channels=16, text_dim=TEXT_DIM, freq_dim=256, ffn_dim=32, num_layers=2,
                                  cross_attn_norm=True, qk_norm="rms_norm_across_heads", rope_max_seq_len=64)
 
