@@ -7,10 +7,11 @@ from fastapi import FastAPI
 
 from omni_frontend import errors, observability
 from omni_frontend.config import FrontendConfig
-from omni_frontend.routes import chat, speech, system, transcriptions, videos
+from omni_frontend.image_store import ImageStore
+from omni_frontend.routes import chat, images, speech, system, transcriptions, videos
 from omni_frontend.triton_client import TritonClient
 
-_OPEN_PATHS = ("/health", "/metrics", "/docs", "/openapi.json")
+_OPEN_PATHS = ("/health", "/metrics", "/docs", "/openapi.json", images.FILES_PATH)
 
 
 class BearerAuthMiddleware:
@@ -35,12 +36,13 @@ def create_app(config: FrontendConfig) -> FastAPI:
     app.state.config = config
     app.state.triton = TritonClient(config.triton_url, config.request_timeout_s)
     app.state.metrics = observability.FrontendMetrics()
+    app.state.images = ImageStore(config.image_url_ttl_s)
     errors.install_handlers(app)
 
     if config.api_key:
         app.add_middleware(BearerAuthMiddleware, api_key=config.api_key)
     app.add_middleware(observability.ObservabilityMiddleware, metrics=app.state.metrics)  # outermost
-    for module in (system, chat, speech, transcriptions, videos):
+    for module in (system, chat, speech, transcriptions, images, videos):
         app.include_router(module.router)
     videos.install(app, config, app.state.triton)  # its shutdown runs before the Triton channel closes
 

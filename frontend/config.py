@@ -11,9 +11,11 @@ from omni_frontend.pipelines import Pipeline
 class FrontendConfig:
     """triton_url: host:port of Triton gRPC; triton_metrics_url: Triton's /metrics (for the stub
     heartbeats /health checks; None skips that check); pipelines: the loaded ones; api_key: require
-    `Authorization: Bearer <key>` on /v1 routes when set; limits in characters / bytes / seconds.
-    Videos: job store under `data_dir`; at most `max_queued_videos` waiting (429 past it) and
-    `max_running_videos` generating at once; finished videos kept `video_ttl_s` (0: forever)."""
+    `Authorization: Bearer <key>` on /v1 routes when set; limits in characters / bytes / seconds / pixels
+    (max_image_pixels: largest width x height the image routes accept; image_url_ttl_s: lifetime of a
+    `response_format: "url"` image). Videos: job store under `data_dir`; at most `max_queued_videos`
+    waiting (429 past it) and `max_running_videos` generating at once; finished videos kept `video_ttl_s`
+    (0: forever)."""
 
     triton_url: str
     pipelines: list[Pipeline]
@@ -24,6 +26,8 @@ class FrontendConfig:
     max_speech_input_chars: int = 4096
     max_upload_bytes: int = 25 * 1024 * 1024
     audio_expires_s: int = 3600
+    max_image_pixels: int = 1024 * 1024
+    image_url_ttl_s: float = 600.0
     data_dir: Path = Path("var/data")
     max_queued_videos: int = 16
     max_running_videos: int = 2

@@ -1,5 +1,5 @@
 """Calls a client-facing pipeline model and yields its events (see omni_backends.serving.events:
-REQUEST bytes in; EVENT JSON + AUDIO float32 out per response), with the client's disconnect
+REQUEST bytes in; EVENT JSON + AUDIO float32 (or IMAGE uint8) out per response), with the client's disconnect
 cancelling the Triton request."""
 from __future__ import annotations
 
@@ -16,15 +16,17 @@ DISCONNECT_POLL_S = 0.1
 
 
 async def events(client: TritonClient, model: str, body: dict, request_id: str,
-                 extra_inputs: dict[str, np.ndarray] | None = None) -> AsyncIterator[tuple[dict, np.ndarray | None]]:
-    """Yields (event, audio) pairs; audio is float32 [samples] or None. Raises APIError on failure."""
+                 extra_inputs: dict[str, np.ndarray] | None = None,
+                 payload: str = "AUDIO") -> AsyncIterator[tuple[dict, np.ndarray | None]]:
+    """Yields (event, payload) pairs; the payload output (default AUDIO: float32 [samples]; IMAGE for image
+    pipelines) is None when empty. Raises APIError on failure."""
     inputs = {"REQUEST": np.array([json.dumps(body).encode()], dtype=np.object_), **(extra_inputs or {})}
     async for response in client.stream(model, inputs, request_id=request_id):
         raw = response.outputs.get("EVENT")
         if raw is None:
             continue
-        audio = response.outputs.get("AUDIO")
-        yield json.loads(raw.reshape(-1)[0]), (audio if audio is not None and audio.size else None)
+        data = response.outputs.get(payload)
+        yield json.loads(raw.reshape(-1)[0]), (data if data is not None and data.size else None)
 
 
 async def until_disconnect(request: Request, work):

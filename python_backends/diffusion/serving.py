@@ -1,0 +1,64 @@
+"""Triton adapters of the diffusion machinery (only imported inside Triton stubs).
+
+`DenoiserStageModel`: the denoiser as an engine stage (decoupled, `max_batch_size: 0`): one request is one
+job; `execute` only enqueues it into the `DenoiseLoop` thread, which steps every live job together, and
+the EngineStageModel sender thread streams one response per step and polls cancellation (a cancelled job
+leaves its batch slot before the next step). Families implement `build_denoiser(path)` and
+`make_job(request) -> (DenoiseJob, DenoiseParams)`.
+
+`denoise_steps`: the orchestrator side: drives one job through a denoiser model with BLS and yields each
+step's event and latents, so a client-facing model can emit progress and partial images per step and stop
+between steps when its client cancels (leaving the stream cancels the job).
+"""
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import numpy as np
+
+from omni_backends.diffusion.engine import DenoiseJob, DenoiseLoop, DenoiseParams, Denoiser, StepOutput
+from omni_backends.serving import bls, events, model_config
+from omni_backends.serving.engine_model import EngineStageModel
+
+EVENT, LATENTS = "EVENT", "LATENTS"
+
+
+class DenoiserStageModel(EngineStageModel):
+    """Config parameter `max_running` (default 16): batch slots; more jobs wait."""
+
+    def build_denoiser(self) -> Denoiser:
+        raise NotImplementedError
+
+    def make_job(self, request) -> tuple[DenoiseJob, DenoiseParams]:
+        """Parse one Triton request; raise RequestError for bad input."""
+        raise NotImplementedError
+
+    def build_loop(self, args):
+        self.denoiser = self.build_denoiser()
+        return DenoiseLoop(self.denoiser, max_running=model_config.int_parameter(self.parameters, "max_running", 16),
+                           name=f"{self.model_name}-loop")
+
+    def make_prompt(self, request):
+        job, params = self.make_job(request)
+        return job, params, None
+
+    def encode(self, context, output: StepOutput):
+        if output.finish_reason in ("abort", "error"):
+            return None
+        event = {"type": "done" if output.finished else "step", "step": output.step, "total_steps": output.total_steps,
+                 "batch_jobs": output.batch_jobs, "batch_rows": output.batch_rows}
+        tensors = {EVENT: events.json_tensor(event)}
+        if output.latents is not None:
+            tensors[LATENTS] = np.ascontiguousarray(output.latents, dtype=np.float32)
+        return tensors
+
+
+async def denoise_steps(ctx, model: str, inputs: dict[str, np.ndarray]) -> AsyncIterator[tuple[dict, np.ndarray | None]]:
+    """(step event, latents or None) for each step of one job on denoiser `model`; ends after the "done"
+    event. Raises Cancelled when the client cancels (the job is aborted), RequestError / StageError."""
+    async for response in bls.stream(ctx, model, inputs, [EVENT, LATENTS]):
+        event = events.read_json(response[EVENT])
+        yield event, response.get(LATENTS)
+        if event["type"] == "done":
+            return
+    raise RuntimeError(f"{model} ended the job without a done event")

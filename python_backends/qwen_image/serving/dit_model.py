@@ -1,0 +1,49 @@
+"""qwen_image_dit: the Qwen-Image transformer as a step-batched denoiser (decoupled engine stage).
+
+Each request is one job (tensors: `protocol`); every step of the DenoiseLoop runs one transformer
+forward for all live jobs with the same latent shapes (different steps, step counts, CFG, prompt lengths
+and n share it) and streams a "step" event per job; the last is "done" with the final latents.
+In-flight requests (`omni_inflight_requests`) are the jobs holding or awaiting a batch slot.
+"""
+from __future__ import annotations
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from omni_backends.diffusion import DenoiseParams
+from omni_backends.diffusion.serving import DenoiserStageModel
+from omni_backends.errors import RequestError
+from omni_backends.qwen_image import loading
+from omni_backends.qwen_image.denoiser import QwenImageDenoiser
+from omni_backends.qwen_image.serving import protocol as p
+from omni_backends.serving import events
+
+
+def _tensor(request, name: str) -> np.ndarray | None:
+    found = pb_utils.get_input_tensor_by_name(request, name)
+    return None if found is None else found.as_numpy()
+
+
+class TritonPythonModel(DenoiserStageModel):
+    def build_denoiser(self):
+        path = p.stage_checkpoint(self.parameters, self.model_name)
+        return QwenImageDenoiser(loading.component(path, "transformer"), loading.component(path, "scheduler"), path)
+
+    def make_job(self, request):
+        embeds, params = _tensor(request, p.EMBEDS), _tensor(request, p.PARAMS)
+        if embeds is None or embeds.ndim != 2 or params is None:
+            raise RequestError(f"{p.EMBEDS} FP32 [L, D] and {p.PARAMS} are required")
+        try:
+            spec = events.read_json(params)
+            job = self.denoiser.make_job(
+                np.ascontiguousarray(embeds, np.float32), _optional_float(_tensor(request, p.NEGATIVE)),
+                n=int(spec["n"]), height=int(spec["height"]), width=int(spec["width"]), steps=int(spec["steps"]),
+                seed=int(spec["seed"]), cfg_scale=float(spec.get("cfg_scale", 1.0)),
+                condition=_optional_float(_tensor(request, p.CONDITION)))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RequestError(f"invalid denoise job: {exc}") from None
+        return job, DenoiseParams(latent_steps=frozenset(int(s) for s in spec.get("latent_steps", [])))
+
+
+def _optional_float(array: np.ndarray | None) -> np.ndarray | None:
+    return None if array is None else np.ascontiguousarray(array, np.float32)

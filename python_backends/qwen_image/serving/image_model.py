@@ -1,0 +1,163 @@
+"""qwen_image / qwen_image_edit: the client-facing Qwen-Image orchestrator (async BLS, decoupled).
+
+Config parameter `task`: "generate" (text-to-image, `QwenImagePipeline`) or "edit" (`QwenImageEditPipeline`);
+`default_size` ("WxH" used when REQUEST has no width/height; edits default to the input image's size).
+Inputs: REQUEST BYTES [1] JSON {"prompt", "negative_prompt", "n" (1-10), "width", "height" (multiples of
+16), "num_inference_steps" (1-200, default `default_steps`), "true_cfg_scale" (default 4.0 like the
+pipelines; true CFG runs only with a negative_prompt, as there), "seed" (default: random, reported),
+"partial_images" (0-3)}; edit: INPUT_IMAGE UINT8 [H, W, 3] (the image to edit) and optional INPUT_MASK
+UINT8 [H, W] (alpha of the OpenAI mask: the edit is kept where it is 0, the input image elsewhere).
+Flow: text encoder (prompt, and the negative prompt concurrently) [+ VAE encode of the condition image]
+-> one denoising job on qwen_image_dit, whose per-step responses become {"type": "progress", "step",
+"total_steps", "batch_jobs"} events (and partial images: intermediate latents decoded by qwen_image_vae)
+-> VAE decode of the final latents. Cancelling the request aborts the job before its next step.
+Outputs (one response per event): EVENT BYTES [1] + IMAGE UINT8 [H, W, 3] (empty [0, 0, 3] without an
+image): {"type": "progress", ...}, {"type": "image.partial", "index", "partial_image_index"} + IMAGE,
+{"type": "image", "index"} + IMAGE (each of the n images), then {"type": "done", "seed", "width",
+"height", "usage": {"input_tokens", "input_tokens_details": {"text_tokens", "image_tokens"},
+"output_tokens", "total_tokens"}} (tokens: prompt embedding rows, condition and output latent patches).
+Errors (RequestError, HTTP 400) name the field.
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+
+import numpy as np
+from PIL import Image
+
+from omni_backends.diffusion.serving import denoise_steps
+from omni_backends.errors import RequestError
+from omni_backends.qwen_image.serving import protocol as p
+from omni_backends.serving import bls, events, model_config
+from omni_backends.serving.decoupled import AsyncDecoupledModel
+
+TEXT_ENCODER, DIT, VAE = "qwen_image_text_encoder", "qwen_image_dit", "qwen_image_vae"
+INPUT_IMAGE, INPUT_MASK, IMAGE = "INPUT_IMAGE", "INPUT_MASK", "IMAGE"
+MULTIPLE = 16                   # vae_scale_factor 8 x 2x2 patches
+MAX_PARTIAL_IMAGES = 3
+_NO_IMAGE = np.zeros((0, 0, 3), np.uint8)
+
+
+def _int(body: dict, name: str, default, low: int, high: int) -> int:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise RequestError(f"{name} must be an integer in [{low}, {high}], got {value!r}", param=name)
+    return value
+
+
+def partial_steps(steps: int, count: int) -> list[int]:
+    """Steps (1-based, before the last) after which partial images are decoded: `count` spread evenly."""
+    return sorted({max(1, round(steps * (i + 1) / (count + 1))) for i in range(count)} - {steps})
+
+
+class TritonPythonModel(AsyncDecoupledModel):
+    def setup(self, args: dict) -> None:
+        self.task = self.parameters.get("task") or "generate"
+        width, _, height = (self.parameters.get("default_size") or "1024x1024").partition("x")
+        self.default_size = (int(width), int(height))
+        self.default_steps = model_config.int_parameter(self.parameters, "default_steps", 50)
+        self.max_pixels = model_config.int_parameter(self.parameters, "max_pixels", 2048 * 2048)
+
+    def encode(self, event: dict, image) -> dict[str, np.ndarray]:
+        return {"EVENT": events.json_tensor(event), IMAGE: _NO_IMAGE if image is None else image}
+
+    def _request(self, ctx) -> dict:
+        body = ctx.body()
+        task = body.get("task", self.task)
+        if task != self.task:
+            raise RequestError(f"model {self.model_name} serves task '{self.task}', not '{task}'", param="model")
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise RequestError("prompt must be a non-empty string", param="prompt")
+        negative = body.get("negative_prompt")
+        if negative is not None and not isinstance(negative, str):
+            raise RequestError("negative_prompt must be a string", param="negative_prompt")
+        cfg = body.get("true_cfg_scale", 4.0)
+        if not isinstance(cfg, (int, float)) or isinstance(cfg, bool) or not 0 <= cfg <= 50:
+            raise RequestError("true_cfg_scale must be a number in [0, 50]", param="true_cfg_scale")
+        image = ctx.input(INPUT_IMAGE)
+        if self.task == "edit" and (image is None or image.ndim != 3 or image.shape[-1] != 3):
+            raise RequestError("an edit needs the image to edit (INPUT_IMAGE uint8 [H, W, 3])", param="image")
+        default = (image.shape[1], image.shape[0]) if self.task == "edit" else self.default_size
+        width = _int(body, "width", default[0] // MULTIPLE * MULTIPLE, MULTIPLE, 16384)
+        height = _int(body, "height", default[1] // MULTIPLE * MULTIPLE, MULTIPLE, 16384)
+        if width % MULTIPLE or height % MULTIPLE or width * height > self.max_pixels:
+            raise RequestError(f"size {width}x{height} must be multiples of {MULTIPLE} with at most "
+                               f"{self.max_pixels} pixels", param="size")
+        seed = body.get("seed")
+        if seed is None:
+            seed = random.getrandbits(63)
+        elif not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2 ** 63:
+            raise RequestError("seed must be an integer in [0, 2^63)", param="seed")
+        return {"prompt": prompt, "negative": negative, "cfg": float(cfg), "image": image, "mask": ctx.input(INPUT_MASK),
+                "n": _int(body, "n", 1, 1, 10), "width": width, "height": height, "seed": seed,
+                "steps": _int(body, "num_inference_steps", self.default_steps, 1, 200),
+                "partials": _int(body, "partial_images", 0, 0, MAX_PARTIAL_IMAGES)}
+
+    async def _encode_text(self, prompt: str, image: np.ndarray | None) -> np.ndarray:
+        inputs = {p.PROMPT: np.array([[prompt.encode()]], dtype=np.object_)}
+        if image is not None:
+            inputs[p.IMAGE] = image[None]
+        return (await bls.infer(TEXT_ENCODER, inputs, [p.EMBEDS]))[p.EMBEDS][0]
+
+    async def _decode(self, latents: np.ndarray, r: dict) -> np.ndarray:
+        size = np.array([[r["height"], r["width"]]], dtype=np.int32)
+        return (await bls.infer(VAE, {p.LATENTS: latents[None], p.SIZE: size}, [p.IMAGES]))[p.IMAGES][0]
+
+    async def handle(self, ctx):
+        r = self._request(ctx)
+        cfg = r["cfg"] > 1 and r["negative"] is not None  # the pipelines' rule for true CFG
+        work = [self._encode_text(r["prompt"], r["image"])]
+        if cfg:
+            work.append(self._encode_text(r["negative"], r["image"]))
+        if r["image"] is not None:
+            work.append(bls.infer(VAE, {p.IMAGE: r["image"][None]}, [p.CONDITION]))
+        results = await asyncio.gather(*work)
+        ctx.check()
+        embeds = results[0]
+        inputs = {p.EMBEDS: embeds}
+        if cfg:
+            inputs[p.NEGATIVE] = results[1]
+        condition_tokens = 0
+        if r["image"] is not None:
+            condition = results[-1][p.CONDITION][0]
+            inputs[p.CONDITION] = condition
+            condition_tokens = condition.shape[-1] * condition.shape[-2] // 4
+        partial = partial_steps(r["steps"], r["partials"])
+        spec = {"n": r["n"], "height": r["height"], "width": r["width"], "steps": r["steps"], "seed": r["seed"],
+                "cfg_scale": r["cfg"] if cfg else 1.0, "latent_steps": partial}
+        inputs[p.PARAMS] = events.json_tensor(spec)
+        final = None
+        async for event, latents in denoise_steps(ctx, DIT, inputs):
+            yield {"type": "progress", "step": event["step"], "total_steps": event["total_steps"],
+                   "batch_jobs": event["batch_jobs"]}, None
+            if event["type"] == "done":
+                final = latents
+            elif latents is not None:
+                images = await self._decode(latents, r)
+                for index, image in enumerate(images):
+                    yield {"type": "image.partial", "index": index,
+                           "partial_image_index": partial.index(event["step"])}, self._composite(image, r)
+        for index, image in enumerate(await self._decode(final, r)):
+            yield {"type": "image", "index": index}, self._composite(image, r)
+        text_tokens = embeds.shape[0] + (results[1].shape[0] if cfg else 0)
+        output_tokens = r["n"] * (r["width"] // MULTIPLE) * (r["height"] // MULTIPLE)
+        yield {"type": "done", "seed": r["seed"], "width": r["width"], "height": r["height"],
+               "usage": {"input_tokens": text_tokens + condition_tokens,
+                         "input_tokens_details": {"text_tokens": text_tokens, "image_tokens": condition_tokens},
+                         "output_tokens": output_tokens,
+                         "total_tokens": text_tokens + condition_tokens + output_tokens}}, None
+
+    @staticmethod
+    def _composite(image: np.ndarray, r: dict) -> np.ndarray:
+        """With an edit mask: the generated pixels where the mask is transparent, the input image elsewhere."""
+        mask = r["mask"]
+        if mask is None:
+            return image
+        size = (image.shape[1], image.shape[0])
+        keep = np.asarray(Image.fromarray(mask).resize(size, Image.NEAREST)) > 0
+        source = np.asarray(Image.fromarray(r["image"]).resize(size, Image.BICUBIC))
+        return np.where(keep[..., None], source, image)

@@ -1,0 +1,38 @@
+"""Tensors between the Qwen-Image Triton models (no Triton imports). Every stage reads its checkpoint
+from the model-config parameter `checkpoint` (absolute, or relative to $OMNI_MODEL_HOME; default
+`qwen_image_tiny`) and sets torch's intra-op threads from `threads`.
+
+qwen_image_text_encoder (max_batch_size 1: each tensor has a leading batch dim of 1)
+  in   PROMPT       BYTES [1]         the prompt (or negative prompt)
+       IMAGE        UINT8 [H, W, 3]   optional: the edit condition image
+  out  EMBEDS       FP32 [L, D]       prompt embeddings (QwenImage(Edit)Pipeline.encode_prompt)
+qwen_image_dit (decoupled engine stage, max_batch_size 0): one request = one denoising job
+  in   EMBEDS       FP32 [L, D]
+       NEGATIVE     FP32 [L2, D]      optional: negative prompt embeddings (used when cfg_scale > 1)
+       CONDITION    FP32 [16, 1, h, w] optional: edit condition latents (qwen_image_vae)
+       PARAMS       BYTES [1]         JSON {"n", "height", "width", "steps", "seed", "cfg_scale",
+                                      "latent_steps": [1-based steps whose latents come back]}
+  out  EVENT        BYTES [1]         per step {"type": "step", "step", "total_steps", "batch_jobs",
+                                      "batch_rows"}; the last one has "type": "done"
+       LATENTS      FP32 [n, S, 64]   packed latents after the steps in latent_steps and the last
+qwen_image_vae (max_batch_size 1)
+  decode  in LATENTS FP32 [n, S, 64] + SIZE INT32 [2] (height, width) -> out IMAGES UINT8 [n, H, W, 3]
+  encode  in IMAGE UINT8 [H, W, 3]                                   -> out CONDITION FP32 [16, 1, h, w]
+"""
+from __future__ import annotations
+
+PROMPT, IMAGE, EMBEDS, NEGATIVE, CONDITION = "PROMPT", "IMAGE", "EMBEDS", "NEGATIVE", "CONDITION"
+PARAMS, EVENT, LATENTS, SIZE, IMAGES = "PARAMS", "EVENT", "LATENTS", "SIZE", "IMAGES"
+TINY = "qwen_image_tiny"
+
+
+def stage_checkpoint(parameters: dict, model_name: str):
+    """Sets torch's threads (`threads`, default 1) and returns the checkpoint directory. Raises
+    FileNotFoundError naming the model and the path."""
+    import torch
+
+    from omni_backends.paths import resolve_checkpoint
+    from omni_backends.serving import model_config
+
+    torch.set_num_threads(model_config.int_parameter(parameters, "threads", 1))
+    return resolve_checkpoint(parameters.get("checkpoint") or TINY, model_name)
