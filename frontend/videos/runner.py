@@ -7,7 +7,7 @@ Video pipeline tensor protocol (client-facing Triton model, decoupled; any Trito
                                      {"action": "describe"}
        INPUT_IMAGE  UINT8 [h, w, 3]  optional reference image (image-to-video), RGB
   out  EVENT        BYTES [1]        JSON {"type": "describe", "defaults", "limits", "image_to_video"} |
-                                     {"type": "progress", "step", "total"} after each denoising step |
+                                     {"type": "progress", "step", "total_steps"} after each denoising step |
                                      {"type": "video", "num_frames", "width", "height", "fps", "seed"}
        VIDEO        UINT8 [f, h, w, 3]  the frames of the "video" event (empty otherwise)
 Errors: the OpenAI envelope as the Triton error message (omni_frontend.errors.from_triton_message).
@@ -166,7 +166,7 @@ class VideoRunner:
                 continue
             event = json.loads(response.outputs[EVENT].reshape(-1)[0])
             if event.get("type") == "progress":
-                percent = progress_percent(int(event["step"]), int(event["total"]))
+                percent = progress_percent(int(event["step"]), int(event["total_steps"]))
                 if percent != progress:
                     progress = percent
                     self.store.set_progress(job.id, percent)

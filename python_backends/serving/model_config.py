@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 
 def load(args: dict) -> tuple[str, dict, dict[str, str]]:
@@ -18,3 +19,15 @@ def int_parameter(parameters: dict, name: str, default: int) -> int:
         return int(raw) if raw.strip() else default
     except ValueError:
         raise ValueError(f"config parameter {name!r} must be an integer, got {raw!r}") from None
+
+
+def stage_checkpoint(parameters: dict, model_name: str, default: str) -> Path:
+    """For torch stages: sets torch's intra-op threads from the parameter `threads` (default 1) and returns the
+    directory the parameter `checkpoint` names (or `default`; absolute, or relative to $OMNI_MODEL_HOME).
+    Raises FileNotFoundError naming the model and the path, ValueError for a bad `threads`."""
+    import torch
+
+    from omni_backends.paths import resolve_checkpoint
+
+    torch.set_num_threads(int_parameter(parameters, "threads", 1))
+    return resolve_checkpoint(parameters.get("checkpoint") or default, model_name)

@@ -9,7 +9,8 @@ channels, 8x spatial and 4x temporal compression) and `scheduler/` (`UniPCMultis
 sigmas, as Wan2.2 ships). About 0.6 MB. The transformer's widths (inner 2 x 16, FFN 32, text 32) are
 multiples of 32 on purpose: CPU element-wise kernels (SiLU, tanh-GELU) take a scalar path for a tensor's
 last < 32 elements, so with narrower rows a row's bits would depend on how many rows share the call and
-step batching could not stay bit-equal to the pipeline (real checkpoints are thousands wide). Idempotent: a directory holding the completion marker is left as it is.
+step batching could not stay bit-equal to the pipeline (real checkpoints are thousands wide). Idempotent:
+a directory whose completion marker names this recipe's VERSION is left as it is.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import torch
 
 SEED = 20250728
 COMPLETE_MARKER = ".omni_tiny_complete"
+VERSION = "tiny random Wan2.2 T2V checkpoint v1 (omni_backends.wan.checkpoint)\n"  # bump when the recipe changes
 TEXT_DIM = 32
 BOUNDARY_RATIO = 0.875
 _CORPUS = (
@@ -84,12 +86,13 @@ def write_checkpoint(out_dir: str | os.PathLike) -> Path:
     """Writes the checkpoint into `out_dir` (through a temporary sibling, so a half-written directory is
     never taken for a finished one); returns the path."""
     out = Path(out_dir)
-    if (out / COMPLETE_MARKER).exists():
+    marker = out / COMPLETE_MARKER
+    if marker.exists() and marker.read_text() == VERSION:
         return out
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     build_pipeline().save_pretrained(partial)
-    (partial / COMPLETE_MARKER).write_text("tiny random Wan2.2 T2V checkpoint (omni_backends.wan.checkpoint)\n")
+    (partial / COMPLETE_MARKER).write_text(VERSION)
     shutil.rmtree(out, ignore_errors=True)
     partial.rename(out)
     return out

@@ -29,10 +29,6 @@ TINY = "qwen_image_tiny"
 def stage_checkpoint(parameters: dict, model_name: str):
     """Sets torch's threads (`threads`, default 1) and returns the checkpoint directory. Raises
     FileNotFoundError naming the model and the path."""
-    import torch
-
-    from omni_backends.paths import resolve_checkpoint
     from omni_backends.serving import model_config
 
-    torch.set_num_threads(model_config.int_parameter(parameters, "threads", 1))
-    return resolve_checkpoint(parameters.get("checkpoint") or TINY, model_name)
+    return model_config.stage_checkpoint(parameters, model_name, TINY)
