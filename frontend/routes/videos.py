@@ -46,7 +46,7 @@ class VideoCreateRequest(BaseModel):
     """POST /v1/videos fields (JSON: strict types; multipart: strings converted)."""
 
     model_config = ConfigDict(extra="forbid")
-    prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
+    prompt: str = Field(max_length=MAX_PROMPT_CHARS)
     model: str | None = None
     seconds: str | int | float | None = None
     size: str | None = None
