@@ -16,11 +16,25 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 
+import triton_python_backend_utils as pb_utils
+
 from omni_backends.diffusion.engine import DenoiseJob, DenoiseLoop, DenoiseParams, Denoiser, StepOutput
 from omni_backends.serving import bls, events, model_config
 from omni_backends.serving.engine_model import EngineStageModel
 
 EVENT, LATENTS = "EVENT", "LATENTS"
+
+
+def input_tensor(request, name: str) -> np.ndarray | None:
+    """Input `name` of a Triton request as numpy, or None when the client did not send it."""
+    found = pb_utils.get_input_tensor_by_name(request, name)
+    return None if found is None else found.as_numpy()
+
+
+def progress_event(step_event: dict) -> dict:
+    """The client-facing {"type": "progress", "step", "total_steps", "batch_jobs"} event of a denoiser step."""
+    return {"type": "progress", "step": step_event["step"], "total_steps": step_event["total_steps"],
+            "batch_jobs": step_event["batch_jobs"]}
 
 
 class DenoiserStageModel(EngineStageModel):

@@ -8,20 +8,14 @@ streams a "step" event per job; the last is "done" with the final latents. In-fl
 from __future__ import annotations
 
 import numpy as np
-import triton_python_backend_utils as pb_utils
 
 from omni_backends.diffusion import DenoiseParams
-from omni_backends.diffusion.serving import DenoiserStageModel
+from omni_backends.diffusion.serving import DenoiserStageModel, input_tensor
 from omni_backends.errors import RequestError
 from omni_backends.serving import events
 from omni_backends.wan import loading
 from omni_backends.wan.denoiser import WanDenoiser
 from omni_backends.wan.serving import protocol as p
-
-
-def _tensor(request, name: str) -> np.ndarray | None:
-    found = pb_utils.get_input_tensor_by_name(request, name)
-    return None if found is None else found.as_numpy()
 
 
 class TritonPythonModel(DenoiserStageModel):
@@ -31,7 +25,7 @@ class TritonPythonModel(DenoiserStageModel):
                            loading.component(path, "scheduler"))
 
     def make_job(self, request):
-        embeds, negative, params = (_tensor(request, n) for n in (p.EMBEDS, p.NEGATIVE, p.PARAMS))
+        embeds, negative, params = (input_tensor(request, n) for n in (p.EMBEDS, p.NEGATIVE, p.PARAMS))
         if embeds is None or embeds.ndim != 2 or params is None:
             raise RequestError(f"{p.EMBEDS} FP32 [L, D] and {p.PARAMS} are required")
         try:

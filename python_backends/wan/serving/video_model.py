@@ -21,7 +21,7 @@ import random
 
 import numpy as np
 
-from omni_backends.diffusion.serving import denoise_steps
+from omni_backends.diffusion.serving import denoise_steps, progress_event
 from omni_backends.errors import RequestError
 from omni_backends.paths import resolve_checkpoint
 from omni_backends.serving import bls, events, model_config
@@ -127,8 +127,7 @@ class TritonPythonModel(AsyncDecoupledModel):
             "seed": r["seed"], "guidance_scale": r["guidance_scale"], "guidance_scale_2": r["guidance_scale_2"]})
         latents = None
         async for event, step_latents in denoise_steps(ctx, DIT, inputs):
-            yield {"type": "progress", "step": event["step"], "total_steps": event["total_steps"],
-                   "batch_jobs": event["batch_jobs"]}, None
+            yield progress_event(event), None
             if event["type"] == "done":
                 latents = step_latents
         video = (await bls.infer(VAE, {p.LATENTS: latents[None]}, [p.VIDEO]))[p.VIDEO][0]
