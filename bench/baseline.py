@@ -7,6 +7,9 @@ prompt becomes a RequestRecord like a served one, so the same metric code summar
               `model.thinker.generate(streamer=...)`; then one audio chunk at the end of
               `model.generate(return_audio=True)` (timed from its own start), which returns the audio only
               when done, so the baseline TTFP and E2E are that call's duration.
+  qwen_image  diffusers `QwenImagePipeline` on --checkpoint (default $OMNI_MODEL_HOME/qwen_image_tiny), one
+              image per prompt (seed = prompt index, no CFG, size/steps as served), encoded as PNG like the
+              server's b64_json; torch's default threads.
   voice       the stage engines called directly, as the voice pipeline chains them: `ChatLLM.generate`
               (SmolLM2, greedy) -> `SentenceChunker` -> `KokoroTTS.synthesize` per chunk. Text chunks at each
               LLM delta, an audio chunk after each synthesized sentence chunk.
@@ -16,24 +19,28 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from omni_bench.records import AUDIO, TEXT, RequestRecord
+from omni_bench.records import AUDIO, IMAGE, TEXT, RequestRecord
 
-SUPPORTED = ("qwen3_omni", "voice")
+SUPPORTED = {"qwen3_omni": ("chat", "chat-audio"), "voice": ("chat", "chat-audio"), "qwen_image": ("images",)}
 
 
 def check_supported(model: str, workload: str) -> None:
     """Raises ValueError unless there is a baseline for this model and workload (chat and chat-audio of
-    qwen3_omni and voice)."""
-    if model not in SUPPORTED or workload not in ("chat", "chat-audio"):
-        raise ValueError(f"--baseline inprocess supports chat/chat-audio of {', '.join(SUPPORTED)}, "
-                         f"not {workload} of {model!r}")
+    qwen3_omni and voice, images of qwen_image)."""
+    if workload not in SUPPORTED.get(model, ()):
+        raise ValueError(f"--baseline inprocess supports chat/chat-audio of qwen3_omni and voice, images of "
+                         f"qwen_image, not {workload} of {model!r}")
 
 
 def run_baseline(model: str, workload: str, prompts: list[str], *, max_tokens: int, voice: str | None,
-                 checkpoint: str | None, num_warmups: int) -> tuple[list[RequestRecord], float]:
+                 checkpoint: str | None, num_warmups: int, size: str = "64x64",
+                 steps: int = 4) -> tuple[list[RequestRecord], float]:
     """Records of every prompt run in-process and the total duration. Raises ValueError as `check_supported`."""
     check_supported(model, workload)
-    runner = _Qwen3Omni(checkpoint, max_tokens, voice) if model == "qwen3_omni" else _Voice(max_tokens, voice)
+    if model == "qwen_image":
+        runner = _QwenImage(checkpoint, size, steps)
+    else:
+        runner = _Qwen3Omni(checkpoint, max_tokens, voice) if model == "qwen3_omni" else _Voice(max_tokens, voice)
     speak = workload == "chat-audio"
     for prompt in prompts[:num_warmups]:
         runner.run(RequestRecord(-1, prompt), speak)
@@ -99,6 +106,32 @@ class _TokenTimes:
 
     def end(self) -> None:
         """Called by generate when it finishes; nothing to flush."""
+
+
+class _QwenImage:
+    """diffusers' `QwenImagePipeline` on a Qwen-Image checkpoint directory; each image encoded as PNG."""
+
+    def __init__(self, checkpoint: str | None, size: str, steps: int):
+        from omni_backends.paths import model_home
+        from omni_backends.qwen_image.loading import reference_pipeline
+        from omni_backends.qwen_image.serving.protocol import TINY
+
+        self.pipe = reference_pipeline(Path(checkpoint) if checkpoint else model_home() / TINY)
+        width, _, height = size.partition("x")
+        self.width, self.height, self.steps = int(width), int(height), steps
+
+    def run(self, record: RequestRecord, speak: bool) -> None:
+        import io
+
+        import torch
+
+        start = time.perf_counter()
+        image = self.pipe(prompt=record.prompt, height=self.height, width=self.width, num_inference_steps=self.steps,
+                          generator=torch.Generator().manual_seed(max(record.index, 0))).images[0]
+        out = io.BytesIO()
+        image.save(out, "PNG")
+        record.add(time.perf_counter() - start, IMAGE, out.tell())
+        record.images = 1
 
 
 class _Voice:

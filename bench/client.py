@@ -5,6 +5,8 @@
                  else the server's default voice and streamed WAV)
   speech         POST /v1/audio/speech, stream_format "sse", response_format "wav"
   transcription  POST /v1/audio/transcriptions (multipart WAV), response_format "json"
+  images         POST /v1/images/generations, response_format "b64_json", png, size and steps of the
+                 options, seed = prompt index, n 1
 Arrival times are taken as each SSE `data:` line is read. No model code.
 """
 from __future__ import annotations
@@ -20,11 +22,12 @@ from collections.abc import AsyncIterator
 import httpx
 import soundfile as sf
 
-from omni_bench.records import AUDIO, OTHER, TEXT, RequestRecord
+from omni_bench.records import AUDIO, IMAGE, OTHER, TEXT, RequestRecord
 
-WORKLOADS = ("chat", "chat-audio", "speech", "transcription")
+WORKLOADS = ("chat", "chat-audio", "speech", "transcription", "images")
 ENDPOINTS = {"chat": "/v1/chat/completions", "chat-audio": "/v1/chat/completions",
-             "speech": "/v1/audio/speech", "transcription": "/v1/audio/transcriptions"}
+             "speech": "/v1/audio/speech", "transcription": "/v1/audio/transcriptions",
+             "images": "/v1/images/generations"}
 DEFAULT_SPEECH_VOICE = "alloy"
 
 
@@ -35,7 +38,7 @@ class RequestOptions:
     model / endpoint: OpenAI model id and route; voice: output voice (None: the server's default);
     max_tokens: chat completion limit; extra_body: merged last into JSON bodies (so it can override
     `temperature`, which defaults to 0 for reproducible answers); audio: WAV bytes per prompt index
-    for transcription.
+    for transcription; size ("WxH") and steps: images workload.
     """
 
     workload: str
@@ -45,6 +48,8 @@ class RequestOptions:
     max_tokens: int | None = None
     extra_body: dict = dataclasses.field(default_factory=dict)
     audio: tuple[bytes, ...] = ()
+    size: str = "64x64"
+    steps: int = 4
 
 
 class StreamError(RuntimeError):
@@ -159,7 +164,21 @@ async def _transcription(client: httpx.AsyncClient, options: RequestOptions, rec
     record.add(arrived - sent, OTHER, len(record.text))
 
 
-_SENDERS = {"chat": _chat, "chat-audio": _chat, "speech": _speech, "transcription": _transcription}
+async def _images(client: httpx.AsyncClient, options: RequestOptions, record: RequestRecord, sent: float) -> None:
+    body = {"model": options.model, "prompt": record.prompt, "size": options.size, "n": 1,
+            "response_format": "b64_json", "seed": record.index, "num_inference_steps": options.steps,
+            **options.extra_body}
+    response = await client.post(options.endpoint, json={k: v for k, v in body.items() if v is not None})
+    arrived = time.perf_counter()
+    if response.status_code != 200:
+        raise StreamError(f"HTTP {response.status_code}: {response.text[:500]}")
+    for item in response.json()["data"]:
+        record.add(arrived - sent, IMAGE, len(base64.b64decode(item["b64_json"])))
+        record.images += 1
+
+
+_SENDERS = {"chat": _chat, "chat-audio": _chat, "speech": _speech, "transcription": _transcription,
+            "images": _images}
 
 
 async def send(client: httpx.AsyncClient, options: RequestOptions, index: int, prompt: str,

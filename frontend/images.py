@@ -47,3 +47,13 @@ def decode(data: bytes) -> tuple[np.ndarray, np.ndarray | None]:
         alpha = np.asarray(rgba)[..., 3].copy()
         image = rgba
     return np.asarray(image.convert("RGB")).copy(), alpha
+
+
+def stack(images: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """K images of any sizes -> (uint8 [K, Hmax, Wmax, 3] zero-padded, int32 [K, 2] (height, width) each):
+    the INPUT_IMAGES / INPUT_IMAGE_SIZES tensors of the image pipelines."""
+    sizes = np.array([image.shape[:2] for image in images], dtype=np.int32)
+    padded = np.zeros((len(images), int(sizes[:, 0].max()), int(sizes[:, 1].max()), 3), np.uint8)
+    for k, image in enumerate(images):
+        padded[k, :image.shape[0], :image.shape[1]] = image
+    return padded, sizes

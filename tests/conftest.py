@@ -32,6 +32,14 @@ def voice_server(tmp_path_factory):
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def image_server(tmp_path_factory):
+    """Launcher serving the Qwen-Image pipelines (qwen_image, qwen_image_edit) on the tiny checkpoint."""
+    server = start_server(tmp_path_factory.mktemp("image_server"), "--pipelines", "qwen_image,qwen_image_edit")
+    yield server
+    server.stop()
+
+
 class RestartableServer:
     """A launcher a test may stop and start again with the same arguments (`restart()`); attributes are the
     current ServerProcess's (base_url, grpc_url, metrics_url, ...)."""

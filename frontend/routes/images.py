@@ -2,11 +2,13 @@
 
 Image pipeline REQUEST JSON (omni_backends.qwen_image.serving.image_model): {"task": "generate"|"edit",
 "prompt", "negative_prompt", "n", "width", "height", "num_inference_steps", "true_cfg_scale", "seed",
-"partial_images"}; edits add INPUT_IMAGE uint8 [H, W, 3] and INPUT_MASK uint8 [H, W] (the mask's alpha).
+"partial_images"}; edits add INPUT_IMAGES uint8 [K, H, W, 3] + INPUT_IMAGE_SIZES int32 [K, 2] (1-4 images,
+zero-padded) and INPUT_MASK uint8 [H, W] (the mask's alpha, the first image's size).
 Events: {"type": "progress"}, {"type": "image.partial", "index", "partial_image_index"} + IMAGE,
 {"type": "image", "index"} + IMAGE, {"type": "done", "seed", "width", "height", "usage"}.
 Every bad input is a 4xx before the pipeline is called: unknown model, empty prompt, malformed size or
-more than `max_image_pixels`, n outside 1-10, non-image upload, mask of another size or without alpha,
+more than `max_image_pixels`, n outside 1-10, non-image upload, more than 4 images or an input image over
+4096x4096 pixels, mask of another size than the first image or without alpha,
 an upload over `max_upload_bytes` (413), a JSON body to /edits (415).
 """
 from __future__ import annotations
@@ -36,6 +38,8 @@ FILES_PATH = "/files/images/"
 MULTIPLE = 16
 _SIZE = re.compile(r"^(\d{1,5})x(\d{1,5})$")
 _QUALITIES = ("low", "medium", "high")
+MAX_EDIT_IMAGES = 4
+MAX_UPLOAD_PIXELS = 4096 * 4096
 
 
 class ImageOptions(BaseModel):
@@ -131,11 +135,17 @@ async def edits(request: Request):
     uploads = [v for k, v in form.multi_items() if k in ("image", "image[]") and isinstance(v, UploadFile)]
     if not uploads:
         raise bad_request("multipart field 'image' is required", param="image")
-    if len(uploads) > 1:
-        raise bad_request(f"got {len(uploads)} images; this pipeline edits one image per request", param="image")
+    if len(uploads) > MAX_EDIT_IMAGES:
+        raise bad_request(f"got {len(uploads)} images; at most {MAX_EDIT_IMAGES}", param="image")
     pipeline = _pipeline(request, options.model, "edit")
-    pixels, _ = codec_decode(await _read(uploads[0], cfg.max_upload_bytes, "image"), "image")
-    inputs = {"INPUT_IMAGE": pixels}
+    pictures = [codec_decode(await _read(upload, cfg.max_upload_bytes, "image"), "image")[0] for upload in uploads]
+    for picture in pictures:
+        if picture.shape[0] * picture.shape[1] > MAX_UPLOAD_PIXELS:
+            raise bad_request(f"an input image has {picture.shape[1]}x{picture.shape[0]} pixels; at most "
+                              f"{MAX_UPLOAD_PIXELS}", param="image", code="image_too_large")
+    padded, sizes = codec.stack(pictures)
+    inputs = {"INPUT_IMAGES": padded, "INPUT_IMAGE_SIZES": sizes}
+    pixels = pictures[0]
     mask = form.get("mask")
     if isinstance(mask, UploadFile):
         mask_pixels, alpha = codec_decode(await _read(mask, cfg.max_upload_bytes, "mask"), "mask")
@@ -145,7 +155,7 @@ async def edits(request: Request):
         if alpha is None:
             raise bad_request("mask must have an alpha channel (transparent where the image is edited)", param="mask")
         inputs["INPUT_MASK"] = alpha
-    size = _size(request, options.size, (pixels.shape[1], pixels.shape[0]))
+    size = _size(request, options.size, (pictures[-1].shape[1], pictures[-1].shape[0]))
     return await _run(request, _Job(options, pipeline, "edit", size, inputs))
 
 

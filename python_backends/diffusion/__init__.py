@@ -6,9 +6,10 @@
 - `engine`: `DenoiseJob` (one request's latents, scheduler and conditioning rows), `Denoiser` (the
   family's forward for a group of jobs of one shape bucket) and `DenoiseLoop` (a thread that advances
   every live job one step per iteration, one forward per shape bucket: continuous batching at the step).
-- `serving`: Triton adapters: `DenoiserStageModel` (the denoiser as an engine stage) and
-  `denoise_stream` (the orchestrator side: drive one job step by step with progress, partial latents and
-  cancellation).
+- `stage`: `DenoiserStageModel`, the denoiser as a Triton engine stage (one request = one job).
+- `orchestrator`: `denoise_steps`, the client-facing side: drive one job step by step with progress,
+  partial latents and cancellation (torch-free).
+- `tensors`: ragged lists of images / latents as one padded array + sizes.
 """
 from omni_backends.diffusion.engine import DenoiseJob, DenoiseLoop, DenoiseParams, Denoiser, StepOutput
 

@@ -11,12 +11,12 @@ counts, with and without CFG, and with different prompt lengths share a forward.
 from __future__ import annotations
 
 import logging
-import threading
-from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 import numpy as np
+
+from omni_backends.batch_loop import BatchLoop
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +98,9 @@ class LoopStats:
     max_batch_jobs: int = 0
 
 
-class DenoiseLoop:
-    """Owns a Denoiser on a background thread; thread-safe `submit` / `abort` (the EngineLoop contract).
+class DenoiseLoop(BatchLoop):
+    """Owns a Denoiser on a background thread; thread-safe `submit` / `abort` / `shutdown` (the EngineLoop
+    contract, omni_backends.batch_loop).
 
     max_running: batch slots (jobs denoised together); more wait in FIFO order.
     `on_output(request_id, StepOutput)` runs on the loop thread once per step and exactly once with
@@ -107,71 +108,28 @@ class DenoiseLoop:
     """
 
     def __init__(self, denoiser: Denoiser, *, max_running: int = 16, name: str = "denoise-loop"):
-        if max_running < 1:
-            raise ValueError(f"max_running must be >= 1, got {max_running}")
-        self.denoiser, self.max_running = denoiser, max_running
-        self._cond = threading.Condition()
-        self._waiting: deque[_Entry] = deque()
-        self._running: dict[str, _Entry] = {}
-        self._aborts: set[str] = set()
-        self._stopping = False
+        self.denoiser = denoiser
         self._stats = LoopStats()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        super().__init__(max_running=max_running, name=name)
 
     def submit(self, request_id: str, job: DenoiseJob, params: DenoiseParams,
                on_output: Callable[[str, StepOutput], None]) -> None:
-        """Queue a job; it joins the next iteration. Raises ValueError for a duplicate id, RuntimeError
+        """Queue a job; it joins the next iteration. Raises ValueError for an id in flight, RuntimeError
         after shutdown()."""
-        with self._cond:
-            if self._stopping:
-                raise RuntimeError("DenoiseLoop is shut down")
-            if request_id in self._running or any(e.request_id == request_id for e in self._waiting):
-                raise ValueError(f"request id {request_id!r} is already in flight")
-            self._waiting.append(_Entry(job, params, on_output, request_id))
-            self._cond.notify()
-
-    def abort(self, request_id: str) -> bool:
-        """Cancel a job before its next step (final output with finish_reason "abort"); False if unknown."""
-        with self._cond:
-            if request_id not in self._running and all(e.request_id != request_id for e in self._waiting):
-                return False
-            self._aborts.add(request_id)
-            self._cond.notify()
-            return True
+        self._enqueue(_Entry(job, params, on_output, request_id))
 
     def stats(self) -> LoopStats:
         with self._cond:
-            return LoopStats(len(self._running) + len(self._waiting), len(self._running), self._stats.forwards,
-                             self._stats.steps, self._stats.max_batch_jobs)
-
-    def shutdown(self, timeout: float | None = None) -> None:
-        """Abort every job, stop the thread and join it."""
-        with self._cond:
-            self._stopping = True
-            self._cond.notify()
-        self._thread.join(timeout)
+            return LoopStats(len(self._in_flight), len(self._running), self._stats.forwards, self._stats.steps,
+                             self._stats.max_batch_jobs)
 
     # ---- loop thread ----------------------------------------------------------------------------
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not (self._waiting or self._running or self._aborts or self._stopping):
-                    self._cond.wait()
-                if self._stopping:
-                    self._aborts.update(self._running)
-                    self._aborts.update(e.request_id for e in self._waiting)
-                while self._waiting and len(self._running) < self.max_running and not self._stopping:
-                    entry = self._waiting.popleft()
-                    self._running[entry.request_id] = entry
-            self._apply_aborts()
-            if self._stopping:
-                return
-            groups: dict[Hashable, list[_Entry]] = {}
-            for entry in list(self._running.values()):
-                groups.setdefault(entry.job.bucket, []).append(entry)
-            for group in groups.values():
-                self._forward(group)
+    def _iterate(self, admitted: list[_Entry]) -> None:
+        groups: dict[Hashable, list[_Entry]] = {}
+        for entry in list(self._running.values()):
+            groups.setdefault(entry.job.bucket, []).append(entry)
+        for group in groups.values():
+            self._forward(group)
 
     def _forward(self, group: list[_Entry]) -> None:
         jobs = [e.job for e in group]
@@ -199,19 +157,13 @@ class DenoiseLoop:
             else:
                 self._call(entry, output)
 
-    def _apply_aborts(self) -> None:
-        with self._cond:
-            aborts, self._aborts = self._aborts, set()
-            entries = [self._running[r] for r in aborts if r in self._running]
-            entries += [e for e in self._waiting if e.request_id in aborts]
-            self._waiting = deque(e for e in self._waiting if e.request_id not in aborts)
+    def _finish_aborted(self, entries) -> None:
         for entry in entries:
             self._finish(entry, StepOutput(step=entry.job.step, total_steps=entry.job.total_steps, finished=True,
                                            finish_reason="abort"))
 
     def _finish(self, entry: _Entry, output: StepOutput) -> None:
-        with self._cond:
-            self._running.pop(entry.request_id, None)  # the slot is free before the final callback
+        self._release(entry)  # the slot is free before the final callback
         self._call(entry, output)
 
     def _call(self, entry: _Entry, output: StepOutput) -> None:

@@ -7,13 +7,12 @@ each request's `on_output`. The thread sleeps on a Condition while nothing is li
 from __future__ import annotations
 
 import logging
-import threading
-from collections import deque
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
+from omni_backends.batch_loop import BatchLoop
 from omni_backends.engine.request import EngineRequest, FinishReason, OnOutput, Prompt, StepOutput
 from omni_backends.engine.runner import Runner, RowOutput
 from omni_backends.engine.sampling import SamplingParams, sample_next_token
@@ -40,8 +39,8 @@ class EngineStats:
     generated_tokens: int
 
 
-class EngineLoop:
-    """Owns a runner on a background thread; thread-safe submit/abort.
+class EngineLoop(BatchLoop):
+    """Owns a runner on a background thread; thread-safe submit/abort (omni_backends.batch_loop).
 
     Args:
         runner: the model runner (see `omni_backends.engine.runner.Runner`).
@@ -54,20 +53,10 @@ class EngineLoop:
     """
 
     def __init__(self, runner: Runner, *, max_running: int = 32, name: str = "engine-loop") -> None:
-        if max_running < 1:
-            raise ValueError(f"max_running must be >= 1, got {max_running}")
         self.runner = runner
-        self.max_running = max_running
-        self._cond = threading.Condition()
-        self._waiting: deque[EngineRequest] = deque()
-        self._running: dict[str, EngineRequest] = {}
-        self._aborts: set[str] = set()
-        self._in_flight: set[str] = set()
-        self._stopping = False
         self._steps = 0
         self._tokens = 0
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        super().__init__(max_running=max_running, name=name)
 
     # ---- public, thread-safe -------------------------------------------------------------------
 
@@ -78,28 +67,7 @@ class EngineLoop:
             ValueError: when request_id is already in flight.
             RuntimeError: after shutdown().
         """
-        request = EngineRequest(request_id, prompt, params, on_output)
-        with self._cond:
-            if self._stopping:
-                raise RuntimeError("EngineLoop is shut down")
-            if request_id in self._in_flight:
-                raise ValueError(f"request id {request_id!r} is already in flight")
-            self._in_flight.add(request_id)
-            self._waiting.append(request)
-            self._cond.notify()
-
-    def abort(self, request_id: str) -> bool:
-        """Cancel a request before its next step; it gets a final StepOutput with finish_reason "abort".
-
-        Returns:
-            True when the request was in flight, False when unknown or already finished.
-        """
-        with self._cond:
-            if request_id not in self._in_flight:
-                return False
-            self._aborts.add(request_id)
-            self._cond.notify()
-            return True
+        self._enqueue(EngineRequest(request_id, prompt, params, on_output))
 
     def stats(self) -> EngineStats:
         """Current counters (see EngineStats)."""
@@ -112,42 +80,14 @@ class EngineLoop:
                 generated_tokens=self._tokens,
             )
 
-    @property
-    def num_in_flight(self) -> int:
-        """Requests submitted and not finished (the metric the Triton adapters export)."""
-        with self._cond:
-            return len(self._in_flight)
-
-    def shutdown(self, timeout: float | None = None) -> None:
-        """Abort every request in flight, stop the thread and join it."""
-        with self._cond:
-            self._stopping = True
-            self._cond.notify()
-        self._thread.join(timeout)
-
     # ---- engine thread -------------------------------------------------------------------------
 
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not (self._waiting or self._running or self._aborts or self._stopping):
-                    self._cond.wait()
-                if self._stopping:
-                    self._aborts.update(self._in_flight)
-                    admitted = []
-                else:
-                    room = self.max_running - len(self._running)
-                    admitted = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
-                    self._running.update((r.request_id, r) for r in admitted)
-            self._apply_aborts()
-            if self._stopping:
-                return
-            admitted = [r for r in admitted if r.request_id in self._running]
-            if admitted:
-                self._forward(admitted, prefill=True)
-            self._apply_aborts()
-            if self._running:
-                self._forward(list(self._running.values()), prefill=False)
+    def _iterate(self, admitted: list[EngineRequest]) -> None:
+        if admitted:
+            self._forward(admitted, prefill=True)
+        self._apply_aborts()
+        if self._running:
+            self._forward(list(self._running.values()), prefill=False)
 
     def _forward(self, requests: list[EngineRequest], prefill: bool) -> None:
         """Run one prefill or decode forward for `requests`, then sample and emit per request."""
@@ -192,13 +132,8 @@ class EngineLoop:
             self._retire(request)
         self._call(request, output)
 
-    def _apply_aborts(self) -> None:
-        with self._cond:
-            aborts, self._aborts = self._aborts, set()
-            waiting = [r for r in self._waiting if r.request_id in aborts]
-            self._waiting = deque(r for r in self._waiting if r.request_id not in aborts)
-        running = [self._running[rid] for rid in aborts if rid in self._running]
-        self._finish_all(waiting + running, "abort")
+    def _finish_aborted(self, requests: Sequence[EngineRequest]) -> None:
+        self._finish_all(requests, "abort")
 
     def _finish_all(self, requests: Sequence[EngineRequest], reason: FinishReason, error: str | None = None) -> None:
         for request in requests:
@@ -207,12 +142,8 @@ class EngineLoop:
 
     def _retire(self, request: EngineRequest) -> None:
         """Free the request's cache and drop it from the counters (before its final callback)."""
-        with self._cond:
-            was_running = self._running.pop(request.request_id, None) is not None
-        if was_running:
+        if self._release(request):
             self.runner.release([request.request_id])
-        with self._cond:
-            self._in_flight.discard(request.request_id)
 
     def _call(self, request: EngineRequest, output: StepOutput) -> None:
         try:

@@ -1,7 +1,7 @@
 """Deterministic tiny random-weight Qwen-Image checkpoint in the layout of a real diffusers one.
 
-`python -m omni_backends.qwen_image.checkpoint OUT_DIR` writes what `QwenImagePipeline.save_pretrained`
-writes (model_index.json, scheduler/, text_encoder/, tokenizer/, transformer/, vae/), plus processor/ (the
+`write_checkpoint(OUT_DIR)` (run by `python -m omni_backends.prepare qwen_image`) writes what
+`QwenImagePipeline.save_pretrained` writes (model_index.json, scheduler/, text_encoder/, tokenizer/, transformer/, vae/), plus processor/ (the
 `Qwen2VLImageProcessor` the edit pipelines need) and `omni_triton.json` (the prompt-template offsets of the
 tiny tokenizer, see `loading`). Sizes follow ../shared notes "models.md §4": transformer 2 layers x 2 heads
 x 16, VAE base_dim 8 / z_dim 16 (vae_scale_factor 8, as the real VAE), Qwen2.5-VL text encoder hidden 32.
@@ -10,7 +10,6 @@ Idempotent: a directory holding the completion marker is left as it is.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from pathlib import Path
@@ -85,13 +84,3 @@ def write_checkpoint(out_dir: str | os.PathLike) -> Path:
     (out / COMPLETE_MARKER).write_text("ok\n")
     return out
 
-
-def main(argv: list[str] | None = None) -> None:
-    """CLI: write the tiny checkpoint into OUT_DIR (skipped when complete) and print its path."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out_dir", help="directory to write the checkpoint into")
-    print(write_checkpoint(parser.parse_args(argv).out_dir))
-
-
-if __name__ == "__main__":
-    main()

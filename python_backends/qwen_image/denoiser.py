@@ -51,8 +51,8 @@ class QwenImageDenoiser(Denoiser):
 
     def __init__(self, transformer, scheduler, checkpoint):
         self.transformer, self.scheduler_config = transformer, scheduler.config
-        self.pipe = loading.pipeline(checkpoint, transformer=transformer, scheduler=scheduler)
-        self.edit_pipe = loading.pipeline(checkpoint, edit=True, transformer=transformer, scheduler=scheduler)
+        self.pipes = {v: loading.pipeline(checkpoint, v, transformer=transformer, scheduler=scheduler)
+                      for v in ("t2i", "edit", "edit_plus")}
         self.segments = SegmentedForward(transformer, lambda name: any(p in name for p in _TEXT_LINEARS),
                                          _trim_attention)
 
@@ -61,15 +61,15 @@ class QwenImageDenoiser(Denoiser):
         return self.transformer.config.in_channels // 4
 
     def make_job(self, embeds: np.ndarray, negative: np.ndarray | None, *, n: int, height: int, width: int,
-                 steps: int, seed: int, cfg_scale: float, condition: np.ndarray | None = None) -> QwenImageJob:
+                 steps: int, seed: int, cfg_scale: float, conditions: list[np.ndarray] = ()) -> QwenImageJob:
         """A job as the pipeline's `__call__` prepares it.
 
         embeds / negative: float32 [L, D] prompt embeddings (`encode_prompt` output, one prompt); negative is
-        used only when cfg_scale > 1 (true CFG). condition: the edit pipeline's VAE latents of the condition
-        image, float32 [16, 1, h, w] (None for text-to-image). height / width: pixels, multiples of 16.
+        used only when cfg_scale > 1 (true CFG). conditions: the VAE latents of the edit's condition images,
+        float32 [16, 1, h, w] each (none for text-to-image; one: QwenImageEditPipeline; several:
+        QwenImageEditPlusPipeline). height / width: pixels, multiples of 16.
         """
-        edit = condition is not None
-        pipe = self.edit_pipe if edit else self.pipe
+        pipe = self.pipes["t2i" if not conditions else "edit" if len(conditions) == 1 else "edit_plus"]
         cond, _ = pipe.encode_prompt(prompt=None, prompt_embeds=torch.from_numpy(embeds)[None], device="cpu",
                                      num_images_per_prompt=n, max_sequence_length=MAX_SEQUENCE_LENGTH)
         neg = None
@@ -79,10 +79,12 @@ class QwenImageDenoiser(Denoiser):
         generator = torch.Generator().manual_seed(seed)
         scale = pipe.vae_scale_factor
         shapes = [(1, height // scale // 2, width // scale // 2)]
-        if edit:
-            latents, image_latents = pipe.prepare_latents(torch.from_numpy(condition)[None], n, self.latent_channels,
-                                                          height, width, cond.dtype, "cpu", generator)
-            shapes.append((1, condition.shape[-2] // 2, condition.shape[-1] // 2))
+        if conditions:
+            images = [torch.from_numpy(c)[None] for c in conditions]
+            latents, image_latents = pipe.prepare_latents(images[0] if len(images) == 1 else images, n,
+                                                          self.latent_channels, height, width, cond.dtype, "cpu",
+                                                          generator)
+            shapes += [(1, c.shape[-2] // 2, c.shape[-1] // 2) for c in conditions]
         else:
             latents = pipe.prepare_latents(n, self.latent_channels, height, width, cond.dtype, "cpu", generator)
             image_latents = None

@@ -5,7 +5,7 @@ stages call the library's own `encode_prompt`, `prepare_latents`, `_encode_vae_i
 Each stage loads only its components (`component(path, "transformer")`, ...). A checkpoint may hold
 `omni_triton.json` with `prompt_template_encode_start_idx` / `edit_prompt_template_encode_start_idx`: how
 many template tokens its tokenizer's prompt prefix has (the pipelines hard-code 34 / 64, the real Qwen
-vocabulary's counts); the tiny checkpoint's small tokenizer needs its own.
+vocabulary's counts; both edit pipelines share the 64); the tiny checkpoint's small tokenizer needs its own.
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ EDIT_TEMPLATE = ("<|im_start|>system\nDescribe the key features of the input ima
                  "<|vision_end|>{}<|im_end|>\n<|im_start|>assistant\n")
 
 _CLASSES = {"transformer": "QwenImageTransformer2DModel", "vae": "AutoencoderKLQwenImage"}
+PIPELINES = {"t2i": "QwenImagePipeline", "edit": "QwenImageEditPipeline", "edit_plus": "QwenImageEditPlusPipeline"}
 
 
 def component(path: str | Path, name: str):
@@ -72,22 +73,24 @@ def offsets(path: str | Path) -> dict[str, int]:
     return json.loads(file.read_text()) if file.exists() else {}
 
 
-def pipeline(path: str | Path, edit: bool = False, **components):
-    """A diffusers `QwenImagePipeline` (or `QwenImageEditPipeline` with edit=True) holding `components`
-    (missing ones are None) with the checkpoint's template offsets applied."""
-    from diffusers import QwenImageEditPipeline, QwenImagePipeline
+def pipeline(path: str | Path, variant: str = "t2i", **components):
+    """A diffusers pipeline holding `components` (missing ones are None) with the checkpoint's template
+    offsets applied. variant: "t2i" (`QwenImagePipeline`), "edit" (`QwenImageEditPipeline`, one condition
+    image) or "edit_plus" (`QwenImageEditPlusPipeline`, several condition images)."""
+    import diffusers
 
-    names = ["scheduler", "vae", "text_encoder", "tokenizer", "transformer"] + (["processor"] if edit else [])
-    pipe = (QwenImageEditPipeline if edit else QwenImagePipeline)(**{n: components.get(n) for n in names})
+    cls = getattr(diffusers, PIPELINES[variant])
+    names = ["scheduler", "vae", "text_encoder", "tokenizer", "transformer"] + (["processor"] if variant != "t2i" else [])
+    pipe = cls(**{n: components.get(n) for n in names})
     found = offsets(path)
-    key = "edit_prompt_template_encode_start_idx" if edit else "prompt_template_encode_start_idx"
+    key = "prompt_template_encode_start_idx" if variant == "t2i" else "edit_prompt_template_encode_start_idx"
     if key in found:
         pipe.prompt_template_encode_start_idx = found[key]
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
 
-def reference_pipeline(path: str | Path, edit: bool = False):
+def reference_pipeline(path: str | Path, variant: str = "t2i"):
     """The whole diffusers pipeline on the checkpoint (tests and the in-process benchmark baseline)."""
-    names = ["scheduler", "vae", "text_encoder", "tokenizer", "transformer"] + (["processor"] if edit else [])
-    return pipeline(path, edit, **{n: component(path, n) for n in names})
+    names = ["scheduler", "vae", "text_encoder", "tokenizer", "transformer"] + (["processor"] if variant != "t2i" else [])
+    return pipeline(path, variant, **{n: component(path, n) for n in names})

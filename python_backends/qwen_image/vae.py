@@ -17,7 +17,7 @@ class ImageVAE:
     def __init__(self, checkpoint, vae):
         self.vae = vae
         self.pipe = loading.pipeline(checkpoint, vae=vae)
-        self.edit_pipe = loading.pipeline(checkpoint, edit=True, vae=vae)
+        self.edit_pipe = loading.pipeline(checkpoint, "edit", vae=vae)
 
     @torch.no_grad()
     def decode(self, latents: np.ndarray, height: int, width: int) -> np.ndarray:
@@ -33,7 +33,8 @@ class ImageVAE:
     @torch.no_grad()
     def encode_condition(self, image: np.ndarray) -> np.ndarray:
         """uint8 [H, W, 3] condition image -> float32 [16, 1, h, w] normalised latents, resized and encoded as
-        `QwenImageEditPipeline` does (about 1024x1024 pixels, `sample_mode="argmax"`: no randomness)."""
+        `QwenImageEditPipeline` and `QwenImageEditPlusPipeline` do, one image per call (about 1024x1024 pixels,
+        `sample_mode="argmax"`: no randomness)."""
         pipe = self.edit_pipe
         pil = Image.fromarray(image)
         width, height = condition_size(*pil.size)

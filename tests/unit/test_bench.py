@@ -99,3 +99,13 @@ def test_text_tokens_prefer_the_text_split_of_usage():
     assert text_tokens({"completion_tokens": 65, "completion_tokens_details": {"text_tokens": 16, "audio_tokens": 49}}) == 16
     assert text_tokens({"completion_tokens": 65, "completion_tokens_details": {"text_tokens": 0}}) == 0
     assert text_tokens({"completion_tokens": 12, "completion_tokens_details": None}) == 12
+
+
+def test_image_latency_and_images_per_second():
+    r = RequestRecord(0, "a cat", images=2)
+    r.add(0.4, "image", 1000)
+    r.add(0.4, "image", 1200)
+    assert request_metrics(r)["image_latency_s"] == pytest.approx(0.2)
+    summary = summarize([r, RequestRecord(1, "x", error="boom")], 2.0)
+    assert summary["throughput"]["images_per_s"] == pytest.approx(1.0)
+    assert summary["metrics"]["image_latency_s"]["median"] == pytest.approx(0.2)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from omni_backends.diffusion import DenoiseParams
-from omni_backends.diffusion.serving import DenoiserStageModel
-from omni_backends.diffusion.serving import input_tensor as _tensor
+from omni_backends.diffusion.stage import DenoiserStageModel
+from omni_backends.diffusion.stage import input_tensor as _tensor
+from omni_backends.diffusion.tensors import unpack_ragged
 from omni_backends.errors import RequestError
 from omni_backends.qwen_image import loading
 from omni_backends.qwen_image.denoiser import QwenImageDenoiser
@@ -34,10 +35,19 @@ class TritonPythonModel(DenoiserStageModel):
                 np.ascontiguousarray(embeds, np.float32), _optional_float(_tensor(request, p.NEGATIVE)),
                 n=int(spec["n"]), height=int(spec["height"]), width=int(spec["width"]), steps=int(spec["steps"]),
                 seed=int(spec["seed"]), cfg_scale=float(spec.get("cfg_scale", 1.0)),
-                condition=_optional_float(_tensor(request, p.CONDITION)))
+                conditions=_conditions(request))
         except (KeyError, TypeError, ValueError) as exc:
             raise RequestError(f"invalid denoise job: {exc}") from None
         return job, DenoiseParams(latent_steps=frozenset(int(s) for s in spec.get("latent_steps", [])))
+
+
+def _conditions(request) -> list[np.ndarray]:
+    padded, sizes = _tensor(request, p.CONDITIONS), _tensor(request, p.CONDITION_SIZES)
+    if padded is None:
+        return []
+    if sizes is None:
+        raise ValueError(f"{p.CONDITIONS} needs {p.CONDITION_SIZES}")
+    return unpack_ragged(np.ascontiguousarray(padded, np.float32), sizes)
 
 
 def _optional_float(array: np.ndarray | None) -> np.ndarray | None:

@@ -1,13 +1,16 @@
 """qwen_image / qwen_image_edit: the client-facing Qwen-Image orchestrator (async BLS, decoupled).
 
-Config parameter `task`: "generate" (text-to-image, `QwenImagePipeline`) or "edit" (`QwenImageEditPipeline`);
+Config parameter `task`: "generate" (text-to-image, `QwenImagePipeline`) or "edit" (one image:
+`QwenImageEditPipeline`; several: `QwenImageEditPlusPipeline`);
 `default_size` ("WxH" used when REQUEST has no width/height; edits default to the input image's size).
 Inputs: REQUEST BYTES [1] JSON {"prompt", "negative_prompt", "n" (1-10), "width", "height" (multiples of
 16), "num_inference_steps" (1-200, default `default_steps`), "true_cfg_scale" (default 4.0 like the
 pipelines; true CFG runs only with a negative_prompt, as there), "seed" (default: random, reported),
-"partial_images" (0-3)}; edit: INPUT_IMAGE UINT8 [H, W, 3] (the image to edit) and optional INPUT_MASK
-UINT8 [H, W] (alpha of the OpenAI mask: the edit is kept where it is 0, the input image elsewhere).
-Flow: text encoder (prompt, and the negative prompt concurrently) [+ VAE encode of the condition image]
+"partial_images" (0-3)}; edit: INPUT_IMAGES UINT8 [K, H, W, 3] + INPUT_IMAGE_SIZES INT32 [K, 2] (the
+images, zero-padded, `omni_backends.diffusion.tensors.pack_ragged`; the size defaults to the last one's)
+and optional INPUT_MASK UINT8 [H, W] (alpha of the OpenAI mask over the first image: the edit is kept
+where it is 0, the first image elsewhere).
+Flow: text encoder (prompt, and the negative prompt concurrently) [+ VAE encode of each condition image]
 -> one denoising job on qwen_image_dit, whose per-step responses become {"type": "progress", "step",
 "total_steps", "batch_jobs"} events (and partial images: intermediate latents decoded by qwen_image_vae)
 -> VAE decode of the final latents. Cancelling the request aborts the job before its next step.
@@ -26,14 +29,16 @@ import random
 import numpy as np
 from PIL import Image
 
-from omni_backends.diffusion.serving import denoise_steps, progress_event
+from omni_backends.diffusion.orchestrator import denoise_steps, progress_event
+from omni_backends.diffusion.tensors import pack_ragged, unpack_ragged
 from omni_backends.errors import RequestError
 from omni_backends.qwen_image.serving import protocol as p
 from omni_backends.serving import bls, events, model_config
 from omni_backends.serving.decoupled import AsyncDecoupledModel
 
 TEXT_ENCODER, DIT, VAE = "qwen_image_text_encoder", "qwen_image_dit", "qwen_image_vae"
-INPUT_IMAGE, INPUT_MASK, IMAGE = "INPUT_IMAGE", "INPUT_MASK", "IMAGE"
+INPUT_IMAGES, INPUT_IMAGE_SIZES, INPUT_MASK, IMAGE = "INPUT_IMAGES", "INPUT_IMAGE_SIZES", "INPUT_MASK", "IMAGE"
+MAX_IMAGES = 4
 MULTIPLE = 16                   # vae_scale_factor 8 x 2x2 patches
 MAX_PARTIAL_IMAGES = 3
 _NO_IMAGE = np.zeros((0, 0, 3), np.uint8)
@@ -78,10 +83,8 @@ class TritonPythonModel(AsyncDecoupledModel):
         cfg = body.get("true_cfg_scale", 4.0)
         if not isinstance(cfg, (int, float)) or isinstance(cfg, bool) or not 0 <= cfg <= 50:
             raise RequestError("true_cfg_scale must be a number in [0, 50]", param="true_cfg_scale")
-        image = ctx.input(INPUT_IMAGE)
-        if self.task == "edit" and (image is None or image.ndim != 3 or image.shape[-1] != 3):
-            raise RequestError("an edit needs the image to edit (INPUT_IMAGE uint8 [H, W, 3])", param="image")
-        default = (image.shape[1], image.shape[0]) if self.task == "edit" else self.default_size
+        images = self._images(ctx)
+        default = (images[-1].shape[1], images[-1].shape[0]) if images else self.default_size
         width = _int(body, "width", default[0] // MULTIPLE * MULTIPLE, MULTIPLE, 16384)
         height = _int(body, "height", default[1] // MULTIPLE * MULTIPLE, MULTIPLE, 16384)
         if width % MULTIPLE or height % MULTIPLE or width * height > self.max_pixels:
@@ -92,15 +95,33 @@ class TritonPythonModel(AsyncDecoupledModel):
             seed = random.getrandbits(63)
         elif not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2 ** 63:
             raise RequestError("seed must be an integer in [0, 2^63)", param="seed")
-        return {"prompt": prompt, "negative": negative, "cfg": float(cfg), "image": image, "mask": ctx.input(INPUT_MASK),
+        mask = ctx.input(INPUT_MASK)
+        if mask is not None and (not images or mask.shape != images[0].shape[:2]):
+            raise RequestError("INPUT_MASK must be uint8 [H, W] of the first image's size", param="mask")
+        return {"prompt": prompt, "negative": negative, "cfg": float(cfg), "images": images, "mask": mask,
                 "n": _int(body, "n", 1, 1, 10), "width": width, "height": height, "seed": seed,
                 "steps": _int(body, "num_inference_steps", self.default_steps, 1, 200),
                 "partials": _int(body, "partial_images", 0, 0, MAX_PARTIAL_IMAGES)}
 
-    async def _encode_text(self, prompt: str, image: np.ndarray | None) -> np.ndarray:
+    def _images(self, ctx) -> list[np.ndarray]:
+        padded, sizes = ctx.input(INPUT_IMAGES), ctx.input(INPUT_IMAGE_SIZES)
+        if self.task != "edit":
+            if padded is not None:
+                raise RequestError(f"model {self.model_name} generates from text only", param="image")
+            return []
+        if padded is None or sizes is None or padded.ndim != 4 or not 1 <= len(padded) <= MAX_IMAGES:
+            raise RequestError(f"an edit needs 1-{MAX_IMAGES} images (INPUT_IMAGES uint8 [K, H, W, 3] + "
+                               "INPUT_IMAGE_SIZES int32 [K, 2])", param="image")
+        try:
+            return unpack_ragged(padded, sizes)
+        except ValueError as exc:
+            raise RequestError(str(exc), param="image") from None
+
+    async def _encode_text(self, prompt: str, images: list[np.ndarray]) -> np.ndarray:
         inputs = {p.PROMPT: np.array([[prompt.encode()]], dtype=np.object_)}
-        if image is not None:
-            inputs[p.IMAGE] = image[None]
+        if images:
+            padded, sizes = pack_ragged(images)
+            inputs[p.IMAGES_IN], inputs[p.IMAGE_SIZES] = padded[None], sizes[None]
         return (await bls.infer(TEXT_ENCODER, inputs, [p.EMBEDS]))[p.EMBEDS][0]
 
     async def _decode(self, latents: np.ndarray, r: dict) -> np.ndarray:
@@ -110,22 +131,20 @@ class TritonPythonModel(AsyncDecoupledModel):
     async def handle(self, ctx):
         r = self._request(ctx)
         cfg = r["cfg"] > 1 and r["negative"] is not None  # the pipelines' rule for true CFG
-        work = [self._encode_text(r["prompt"], r["image"])]
+        work = [self._encode_text(r["prompt"], r["images"])]
         if cfg:
-            work.append(self._encode_text(r["negative"], r["image"]))
-        if r["image"] is not None:
-            work.append(bls.infer(VAE, {p.IMAGE: r["image"][None]}, [p.CONDITION]))
+            work.append(self._encode_text(r["negative"], r["images"]))
+        work += [bls.infer(VAE, {p.IMAGE: image[None]}, [p.CONDITION]) for image in r["images"]]
         results = await asyncio.gather(*work)
         ctx.check()
         embeds = results[0]
         inputs = {p.EMBEDS: embeds}
         if cfg:
             inputs[p.NEGATIVE] = results[1]
-        condition_tokens = 0
-        if r["image"] is not None:
-            condition = results[-1][p.CONDITION][0]
-            inputs[p.CONDITION] = condition
-            condition_tokens = condition.shape[-1] * condition.shape[-2] // 4
+        conditions = [found[p.CONDITION][0] for found in results[2 if cfg else 1:]]
+        condition_tokens = sum(c.shape[-1] * c.shape[-2] // 4 for c in conditions)
+        if conditions:
+            inputs[p.CONDITIONS], inputs[p.CONDITION_SIZES] = pack_ragged(conditions)
         partial = partial_steps(r["steps"], r["partials"])
         spec = {"n": r["n"], "height": r["height"], "width": r["width"], "steps": r["steps"], "seed": r["seed"],
                 "cfg_scale": r["cfg"] if cfg else 1.0, "latent_steps": partial}
@@ -152,11 +171,11 @@ class TritonPythonModel(AsyncDecoupledModel):
 
     @staticmethod
     def _composite(image: np.ndarray, r: dict) -> np.ndarray:
-        """With an edit mask: the generated pixels where the mask is transparent, the input image elsewhere."""
+        """With an edit mask: the generated pixels where the mask is transparent, the first image elsewhere."""
         mask = r["mask"]
         if mask is None:
             return image
         size = (image.shape[1], image.shape[0])
         keep = np.asarray(Image.fromarray(mask).resize(size, Image.NEAREST)) > 0
-        source = np.asarray(Image.fromarray(r["image"]).resize(size, Image.BICUBIC))
+        source = np.asarray(Image.fromarray(r["images"][0]).resize(size, Image.BICUBIC))
         return np.where(keep[..., None], source, image)

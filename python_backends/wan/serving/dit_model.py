@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from omni_backends.diffusion import DenoiseParams
-from omni_backends.diffusion.serving import DenoiserStageModel, input_tensor
+from omni_backends.diffusion.stage import DenoiserStageModel, input_tensor
 from omni_backends.errors import RequestError
 from omni_backends.serving import events
 from omni_backends.wan import loading

@@ -21,7 +21,7 @@ import random
 
 import numpy as np
 
-from omni_backends.diffusion.serving import denoise_steps, progress_event
+from omni_backends.diffusion.orchestrator import denoise_steps, progress_event
 from omni_backends.errors import RequestError
 from omni_backends.paths import resolve_checkpoint
 from omni_backends.serving import bls, events, model_config

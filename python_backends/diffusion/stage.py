@@ -1,41 +1,28 @@
-"""Triton adapters of the diffusion machinery (only imported inside Triton stubs).
+"""The denoiser stage's Triton adapter (only imported inside Triton stubs).
 
 `DenoiserStageModel`: the denoiser as an engine stage (decoupled, `max_batch_size: 0`): one request is one
 job; `execute` only enqueues it into the `DenoiseLoop` thread, which steps every live job together, and
 the EngineStageModel sender thread streams one response per step and polls cancellation (a cancelled job
 leaves its batch slot before the next step). Families implement `build_denoiser(path)` and
-`make_job(request) -> (DenoiseJob, DenoiseParams)`.
-
-`denoise_steps`: the orchestrator side: drives one job through a denoiser model with BLS and yields each
-step's event and latents, so a client-facing model can emit progress and partial images per step and stop
-between steps when its client cancels (leaving the stream cancels the job).
+`make_job(request) -> (DenoiseJob, DenoiseParams)`. The orchestrator side is
+`omni_backends.diffusion.orchestrator`.
 """
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import numpy as np
 
-import triton_python_backend_utils as pb_utils
-
 from omni_backends.diffusion.engine import DenoiseJob, DenoiseLoop, DenoiseParams, Denoiser, StepOutput
-from omni_backends.serving import bls, events, model_config
+from omni_backends.diffusion.orchestrator import EVENT, LATENTS
+from omni_backends.serving import events, model_config
 from omni_backends.serving.engine_model import EngineStageModel
-
-EVENT, LATENTS = "EVENT", "LATENTS"
 
 
 def input_tensor(request, name: str) -> np.ndarray | None:
     """Input `name` of a Triton request as numpy, or None when the client did not send it."""
+    import triton_python_backend_utils as pb_utils
+
     found = pb_utils.get_input_tensor_by_name(request, name)
     return None if found is None else found.as_numpy()
-
-
-def progress_event(step_event: dict) -> dict:
-    """The client-facing {"type": "progress", "step", "total_steps", "batch_jobs"} event of a denoiser step."""
-    return {"type": "progress", "step": step_event["step"], "total_steps": step_event["total_steps"],
-            "batch_jobs": step_event["batch_jobs"]}
-
 
 class DenoiserStageModel(EngineStageModel):
     """Config parameter `max_running` (default 16): batch slots; more jobs wait."""
@@ -65,14 +52,3 @@ class DenoiserStageModel(EngineStageModel):
         if output.latents is not None:
             tensors[LATENTS] = np.ascontiguousarray(output.latents, dtype=np.float32)
         return tensors
-
-
-async def denoise_steps(ctx, model: str, inputs: dict[str, np.ndarray]) -> AsyncIterator[tuple[dict, np.ndarray | None]]:
-    """(step event, latents or None) for each step of one job on denoiser `model`; ends after the "done"
-    event. Raises Cancelled when the client cancels (the job is aborted), RequestError / StageError."""
-    async for response in bls.stream(ctx, model, inputs, [EVENT, LATENTS]):
-        event = events.read_json(response[EVENT])
-        yield event, response.get(LATENTS)
-        if event["type"] == "done":
-            return
-    raise RuntimeError(f"{model} ended the job without a done event")
