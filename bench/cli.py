@@ -23,7 +23,7 @@ from omni_bench.metrics import request_metrics, summarize
 from omni_bench.runner import http_client, run_level
 
 DEFAULT_MODELS = {"chat": "voice", "chat-audio": "voice", "speech": "tts", "transcription": "asr",
-                  "images": "qwen_image"}
+                  "images": "qwen_image", "videos": "wan"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -41,8 +41,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dataset", default=BUILTIN, help="'builtin' or a JSONL file of {\"prompt\": ...} lines")
     p.add_argument("--seed", type=int, default=0, help="prompt shuffle and Poisson schedule")
     p.add_argument("--max-tokens", type=int, default=64, help="chat max_tokens")
-    p.add_argument("--size", default="64x64", help="images: WIDTHxHEIGHT")
-    p.add_argument("--steps", type=int, default=4, help="images: num_inference_steps")
+    p.add_argument("--size", default="64x64", help="images, videos: WIDTHxHEIGHT")
+    p.add_argument("--steps", type=int, default=4, help="images, videos: num_inference_steps")
+    p.add_argument("--frames", type=int, default=17, help="videos: num_frames (4k+1; 17 = 1 s at 16 fps)")
     p.add_argument("--voice", help="output voice (chat-audio: sends audio.format pcm16; default: the server's "
                                    "default voice, streamed as WAV; speech default: alloy)")
     p.add_argument("--extra-body", type=json.loads, default={},
@@ -56,8 +57,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--plot", help="write a PNG of medians and throughput against concurrency (needs matplotlib)")
     p.add_argument("--baseline", choices=["inprocess"],
                    help="also run the prompts through the model library in this process and compare")
-    p.add_argument("--checkpoint", help="baseline checkpoint directory (qwen3_omni / qwen_image; default "
-                                        "$OMNI_MODEL_HOME/qwen3_omni_tiny / qwen_image_tiny)")
+    p.add_argument("--checkpoint", help="baseline checkpoint directory (qwen3_omni / qwen_image / wan; default "
+                                        "$OMNI_MODEL_HOME/qwen3_omni_tiny / qwen_image_tiny / wan_tiny)")
     args = p.parse_args(argv)
     if not isinstance(args.extra_body, dict):
         p.error("--extra-body must be a JSON object")
@@ -82,7 +83,7 @@ async def _levels(args: argparse.Namespace, prompts: list[str], audio_file: byte
             audio = (audio_file,) if audio_file else \
                 await synthesize_inputs(client, prompts, args.speech_model, args.voice)
         options = RequestOptions(args.workload, args.model, args.endpoint, args.voice, args.max_tokens,
-                                 args.extra_body, audio, args.size, args.steps)
+                                 args.extra_body, audio, args.size, args.steps, args.frames)
         levels = []
         for cap in args.max_concurrency:
             records, duration = await run_level(client, options, prompts, max_concurrency=cap or None,
@@ -105,7 +106,7 @@ def _baseline(args: argparse.Namespace, prompts: list[str], levels: list[dict]) 
 
     records, duration = run_baseline(args.model, args.workload, prompts, max_tokens=args.max_tokens,
                                      voice=args.voice, checkpoint=args.checkpoint, num_warmups=args.num_warmups,
-                                     size=args.size, steps=args.steps)
+                                     size=args.size, steps=args.steps, frames=args.frames)
     result = level_result(args.workload, args.model, 1, math.inf, records, duration)
     served = next((level for level in levels if level["max_concurrency"] == 1), levels[0])
     result["compared_with_max_concurrency"] = served["max_concurrency"]

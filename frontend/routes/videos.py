@@ -8,7 +8,8 @@
 
 Create fields: `prompt` (required), `model`, `seconds`, `size` ("WxH"), `input_reference` (an image file,
 or {"image_url": data URL} in JSON), and the extensions `seed`, `num_inference_steps`, `fps`,
-`num_frames` (4k+1; overrides `seconds`), `guidance_scale`, `negative_prompt`. Defaults and limits
+`num_frames` (4k+1; overrides `seconds`), `guidance_scale`, `guidance_scale_2` (Wan2.2's low-noise expert),
+`negative_prompt`. Defaults and limits
 come from the pipeline (its `describe` action). Jobs run in the background (omni_frontend.videos.runner)
 and live in the job store under `--data-dir` (omni_frontend.videos.store).
 """
@@ -57,6 +58,7 @@ class VideoCreateRequest(BaseModel):
     fps: int | None = Field(default=None, ge=1, le=120)
     num_frames: int | None = Field(default=None, ge=1)
     guidance_scale: float | None = Field(default=None, ge=0.0, le=100.0)
+    guidance_scale_2: float | None = Field(default=None, ge=0.0, le=100.0)
     negative_prompt: str | None = Field(default=None, max_length=MAX_PROMPT_CHARS)
 
 
@@ -193,6 +195,8 @@ def resolve_params(req: VideoCreateRequest, described: dict) -> tuple[dict, str,
               "fps": fps, "num_inference_steps": steps,
               "guidance_scale": req.guidance_scale if req.guidance_scale is not None else defaults["guidance_scale"],
               "seed": req.seed if req.seed is not None else secrets.randbits(31)}
+    if req.guidance_scale_2 is not None:
+        params["guidance_scale_2"] = req.guidance_scale_2
     return params, seconds, size
 
 

@@ -20,6 +20,7 @@ import torch
 from PIL import Image
 
 from omni_backends.paths import model_home
+from omni_bench.cli import main as bench_main
 from omni_backends.wan import loading
 from omni_backends.wan.serving.protocol import TINY
 from omni_frontend.videos import encoding
@@ -124,7 +125,7 @@ def test_pipeline_frames_bit_equal_to_diffusers_while_batched(wan_server, refere
     WanPipeline's with the same seed, bit for bit (two experts). The second is sent once the first is
     denoising, which has steps enough left for the second to join."""
     bodies = [dict(prompt="a cat walking on the grass", negative_prompt="blurry", width=48, height=32, num_frames=9,
-                   num_inference_steps=100, guidance_scale=5.0, seed=3),
+                   num_inference_steps=60, guidance_scale=5.0, seed=3),
               dict(prompt="waves crashing on a beach at sunset", width=48, height=32, num_frames=9,
                    num_inference_steps=6, guidance_scale=1.0, seed=11)]
     denoising = threading.Event()
@@ -236,6 +237,20 @@ def test_bad_lookups_get_404_and_400(wan_server):
     assert early.status_code == 400 and early.json()["error"]["code"] == "video_not_ready"
     assert httpx.get(f"{base}/v1/videos/{video['id']}/content", params={"variant": "gif"}).status_code == 400
     _delete_all(wan_server)
+
+
+def test_bench_videos_workload_with_inprocess_baseline(wan_server, tmp_path):
+    out = tmp_path / "videos.json"
+    code = bench_main(["--base-url", wan_server.base_url, "--workload", "videos", "--num-prompts", "2",
+                       "--num-warmups", "0", "--size", "32x32", "--frames", "5", "--steps", "2",
+                       "--baseline", "inprocess", "--result-json", str(out)])
+    assert code == 0
+    result = json.loads(out.read_text())
+    level, baseline = result["levels"][0], result["baseline"]
+    assert level["model"] == "wan" and level["summary"]["completed"] == 2
+    assert [r["video_frames"] for r in level["requests"]] == [5, 5] == [r["video_frames"] for r in baseline["requests"]]
+    assert level["summary"]["throughput"]["video_frames_per_s"] > 0 and "frames_per_s" in baseline["comparison"]
+    assert httpx.get(f"{wan_server.base_url}/v1/videos").json()["data"] == []     # the bench deletes its videos
 
 
 def test_restart_keeps_finished_videos_and_fails_interrupted_ones(wan_server):

@@ -109,3 +109,13 @@ def test_image_latency_and_images_per_second():
     summary = summarize([r, RequestRecord(1, "x", error="boom")], 2.0)
     assert summary["throughput"]["images_per_s"] == pytest.approx(1.0)
     assert summary["metrics"]["image_latency_s"]["median"] == pytest.approx(0.2)
+
+
+def test_video_frames_per_second():
+    r = RequestRecord(0, "a cat", video_frames=17)
+    r.add(0.1, "other", 0)
+    r.add(0.5, "other", 100)
+    assert request_metrics(r)["frames_per_s"] == pytest.approx(34.0)
+    summary = summarize([r, RequestRecord(1, "x", error="boom")], 1.0)
+    assert summary["throughput"]["video_frames_per_s"] == pytest.approx(17.0)
+    assert summary["metrics"]["frames_per_s"]["median"] == pytest.approx(34.0)
