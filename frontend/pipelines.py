@@ -45,7 +45,7 @@ REGISTRY: dict[str, Pipeline] = {p.name: p for p in (
              aliases=("sora-2", "sora-2-pro")),
 )}
 
-DEFAULT = ("voice", "tts", "asr", "qwen3_omni", "qwen_image", "qwen_image_edit")
+DEFAULT = ("voice", "tts", "asr", "qwen3_omni", "qwen_image", "qwen_image_edit", "wan")
 
 
 def parse_extra(spec: str) -> Pipeline:
