@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from omni_bench.metrics import STATS, UNITS
 
-COMPARED = ("ttft_s", "ttfp_s", "e2e_s", "rtf", "image_latency_s", "frames_per_s")
+COMPARED = ("ttft_s", "ttfp_s", "e2e_s", "rtf", "image_latency_s", "frames_per_second")
 
 
 def _value(name: str, value: float) -> str:
