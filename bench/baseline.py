@@ -133,6 +133,7 @@ class _QwenImage:
 
         start = time.perf_counter()
         image = self.pipe(prompt=record.prompt, height=self.height, width=self.width, num_inference_steps=self.steps,
+                          true_cfg_scale=1.0,
                           generator=torch.Generator().manual_seed(max(record.index, 0))).images[0]
         out = io.BytesIO()
         image.save(out, "PNG")

@@ -13,6 +13,7 @@ an upload over `max_upload_bytes` (413), a JSON body to /edits (415).
 """
 from __future__ import annotations
 
+import asyncio
 import base64
 import dataclasses
 import json
@@ -39,6 +40,7 @@ MULTIPLE = 16
 _SIZE = re.compile(r"^(\d{1,5})x(\d{1,5})$")
 _QUALITIES = ("low", "medium", "high")
 MAX_EDIT_IMAGES = 4
+MAX_PROMPT_CHARS = 32000
 MAX_UPLOAD_PIXELS = 4096 * 4096
 
 
@@ -94,7 +96,8 @@ def _size(request: Request, value: str | None, default: tuple[int, int] | None) 
     else:
         match = _SIZE.match(value)
         if not match:
-            raise bad_request(f"size must be 'WIDTHxHEIGHT' or 'auto', got {value!r}", param="size", code="invalid_size")
+            raise bad_request(f"size must be 'WIDTHxHEIGHT' or 'auto', got {value!r}", param="size",
+                              code="invalid_size")
         size = (int(match[1]), int(match[2]))
         if size[0] < MULTIPLE or size[1] < MULTIPLE or size[0] % MULTIPLE or size[1] % MULTIPLE:
             raise bad_request(f"size {value}: width and height must be positive multiples of {MULTIPLE}",
@@ -108,6 +111,9 @@ def _size(request: Request, value: str | None, default: tuple[int, int] | None) 
 def _check(options: ImageOptions) -> None:
     if not options.prompt.strip():
         raise bad_request("prompt must not be empty", param="prompt", code="empty_prompt")
+    if len(options.prompt) > MAX_PROMPT_CHARS:
+        raise bad_request(f"prompt is {len(options.prompt)} characters; the limit is {MAX_PROMPT_CHARS}",
+                          param="prompt", code="prompt_too_long")
     if options.background == "transparent":
         raise bad_request("background 'transparent' is not supported: the model paints opaque images",
                           param="background")
@@ -138,7 +144,8 @@ async def edits(request: Request):
     if len(uploads) > MAX_EDIT_IMAGES:
         raise bad_request(f"got {len(uploads)} images; at most {MAX_EDIT_IMAGES}", param="image")
     pipeline = _pipeline(request, options.model, "edit")
-    pictures = [codec_decode(await _read(upload, cfg.max_upload_bytes, "image"), "image")[0] for upload in uploads]
+    pictures = [(await _decode_upload(await _read(upload, cfg.max_upload_bytes, "image"), "image"))[0]
+                for upload in uploads]
     for picture in pictures:
         if picture.shape[0] * picture.shape[1] > MAX_UPLOAD_PIXELS:
             raise bad_request(f"an input image has {picture.shape[1]}x{picture.shape[0]} pixels; at most "
@@ -148,7 +155,7 @@ async def edits(request: Request):
     pixels = pictures[0]
     mask = form.get("mask")
     if isinstance(mask, UploadFile):
-        mask_pixels, alpha = codec_decode(await _read(mask, cfg.max_upload_bytes, "mask"), "mask")
+        mask_pixels, alpha = await _decode_upload(await _read(mask, cfg.max_upload_bytes, "mask"), "mask")
         if mask_pixels.shape[:2] != pixels.shape[:2]:
             raise bad_request(f"mask is {mask_pixels.shape[1]}x{mask_pixels.shape[0]} but the image is "
                               f"{pixels.shape[1]}x{pixels.shape[0]}", param="mask", code="mask_size_mismatch")
@@ -187,9 +194,10 @@ async def _read(upload: UploadFile, limit: int, name: str) -> bytes:
     return data
 
 
-def codec_decode(data: bytes, name: str) -> tuple[np.ndarray, np.ndarray | None]:
+async def _decode_upload(data: bytes, name: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """Decoded off the event loop (large images take tens of milliseconds)."""
     try:
-        return codec.decode(data)
+        return await asyncio.to_thread(codec.decode, data)
     except codec.ImageDecodeError as exc:
         raise bad_request(f"{name} is not a readable image (png, jpeg, webp, ...): {exc}", param=name,
                           code="invalid_image") from exc
@@ -230,18 +238,24 @@ async def _run(request: Request, job: _Job):
 
     pictures, done = await pipeline_stream.until_disconnect(request, collect())
     o = job.options
-    data = [_item(request, o, image) for image in pictures]
+    data = [await _item(request, o, image) for image in pictures]
     return {"created": int(time.time()), "data": data, "size": f"{done.get('width')}x{done.get('height')}",
             "output_format": o.output_format, "quality": _quality(o), "background": "opaque",
             "usage": done.get("usage"), "seed": done.get("seed")}
 
 
-def _item(request: Request, options: ImageOptions, image: np.ndarray) -> dict:
-    data = codec.encode(image, options.output_format, options.output_compression)
+async def _encode(image: np.ndarray, options: ImageOptions) -> bytes:
+    """Encoded off the event loop, so that other requests keep streaming meanwhile."""
+    return await asyncio.to_thread(codec.encode, image, options.output_format, options.output_compression)
+
+
+async def _item(request: Request, options: ImageOptions, image: np.ndarray) -> dict:
+    data = await _encode(image, options)
     if options.response_format == "b64_json":
         return {"b64_json": base64.b64encode(data).decode()}
     key, expires = request.app.state.images.put(data, codec.CONTENT_TYPES[options.output_format])
-    return {"url": f"{str(request.base_url).rstrip('/')}{FILES_PATH}{key}.{options.output_format}", "expires_at": expires}
+    url = f"{str(request.base_url).rstrip('/')}{FILES_PATH}{key}.{options.output_format}"
+    return {"url": url, "expires_at": expires}
 
 
 async def _sse(request: Request, job: _Job, events):
@@ -252,7 +266,7 @@ async def _sse(request: Request, job: _Job, events):
         async for event, image in events:
             kind = event.get("type")
             if kind == "image.partial":
-                data = codec.encode(image, o.output_format, o.output_compression)
+                data = await _encode(image, o)
                 yield json.dumps({"type": f"{prefix}.partial_image", "b64_json": base64.b64encode(data).decode(),
                                   "created_at": int(time.time()), "partial_image_index": event["partial_image_index"],
                                   "size": f"{image.shape[1]}x{image.shape[0]}", **common})
@@ -260,7 +274,7 @@ async def _sse(request: Request, job: _Job, events):
                 finished.append(image)
             elif kind == "done":
                 for image in finished:
-                    data = codec.encode(image, o.output_format, o.output_compression)
+                    data = await _encode(image, o)
                     yield json.dumps({"type": f"{prefix}.completed", "b64_json": base64.b64encode(data).decode(),
                                       "created_at": int(time.time()), "size": f"{image.shape[1]}x{image.shape[0]}",
                                       "usage": event.get("usage"), **common})

@@ -22,7 +22,8 @@ def progress_event(step_event: dict) -> dict:
             "batch_jobs": step_event["batch_jobs"]}
 
 
-async def denoise_steps(ctx, model: str, inputs: dict[str, np.ndarray]) -> AsyncIterator[tuple[dict, np.ndarray | None]]:
+async def denoise_steps(ctx, model: str,
+                        inputs: dict[str, np.ndarray]) -> AsyncIterator[tuple[dict, np.ndarray | None]]:
     """(step event, latents or None) for each step of one job on denoiser `model`; ends after the "done"
     event. Raises Cancelled when the client cancels (the job is aborted), RequestError / StageError."""
     async for response in bls.stream(ctx, model, inputs, [EVENT, LATENTS]):

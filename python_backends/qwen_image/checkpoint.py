@@ -1,7 +1,8 @@
 """Deterministic tiny random-weight Qwen-Image checkpoint in the layout of a real diffusers one.
 
 `write_checkpoint(OUT_DIR)` (run by `python -m omni_backends.prepare qwen_image`) writes what
-`QwenImagePipeline.save_pretrained` writes (model_index.json, scheduler/, text_encoder/, tokenizer/, transformer/, vae/), plus processor/ (the
+`QwenImagePipeline.save_pretrained` writes (model_index.json, scheduler/, text_encoder/, tokenizer/,
+transformer/, vae/), plus processor/ (the
 `Qwen2VLImageProcessor` the edit pipelines need) and `omni_triton.json` (the prompt-template offsets of the
 tiny tokenizer, see `loading`). Sizes follow ../shared notes "models.md §4": transformer 2 layers x 2 heads
 x 16, VAE base_dim 8 / z_dim 16 (vae_scale_factor 8, as the real VAE), Qwen2.5-VL text encoder hidden 32.

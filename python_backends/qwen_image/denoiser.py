@@ -70,12 +70,13 @@ class QwenImageDenoiser(Denoiser):
         QwenImageEditPlusPipeline). height / width: pixels, multiples of 16.
         """
         pipe = self.pipes["t2i" if not conditions else "edit" if len(conditions) == 1 else "edit_plus"]
-        cond, _ = pipe.encode_prompt(prompt=None, prompt_embeds=torch.from_numpy(embeds)[None], device="cpu",
-                                     num_images_per_prompt=n, max_sequence_length=MAX_SEQUENCE_LENGTH)
+        dtype = self.transformer.dtype
+        cond, _ = pipe.encode_prompt(prompt=None, prompt_embeds=torch.from_numpy(embeds)[None].to(dtype),
+                                     device="cpu", num_images_per_prompt=n, max_sequence_length=MAX_SEQUENCE_LENGTH)
         neg = None
         if cfg_scale > 1 and negative is not None:
-            neg, _ = pipe.encode_prompt(prompt=None, prompt_embeds=torch.from_numpy(negative)[None], device="cpu",
-                                        num_images_per_prompt=n, max_sequence_length=MAX_SEQUENCE_LENGTH)
+            neg, _ = pipe.encode_prompt(prompt=None, prompt_embeds=torch.from_numpy(negative)[None].to(dtype),
+                                        device="cpu", num_images_per_prompt=n, max_sequence_length=MAX_SEQUENCE_LENGTH)
         generator = torch.Generator().manual_seed(seed)
         scale = pipe.vae_scale_factor
         shapes = [(1, height // scale // 2, width // scale // 2)]
@@ -90,8 +91,9 @@ class QwenImageDenoiser(Denoiser):
             image_latents = None
         scheduler = type(pipe.scheduler).from_config(self.scheduler_config)
         config = scheduler.config
-        mu = calculate_shift(latents.shape[1], config.get("base_image_seq_len", 256), config.get("max_image_seq_len", 4096),
-                             config.get("base_shift", 0.5), config.get("max_shift", 1.15))
+        mu = calculate_shift(latents.shape[1], config.get("base_image_seq_len", 256),
+                             config.get("max_image_seq_len", 4096), config.get("base_shift", 0.5),
+                             config.get("max_shift", 1.15))
         timesteps, steps = retrieve_timesteps(scheduler, steps, "cpu", sigmas=np.linspace(1.0, 1 / steps, steps), mu=mu)
         scheduler.set_begin_index(0)
         return QwenImageJob(bucket=tuple(shapes), total_steps=steps, latents=latents, image_latents=image_latents,

@@ -26,20 +26,22 @@ _CLASSES = {"transformer": "QwenImageTransformer2DModel", "vae": "AutoencoderKLQ
 PIPELINES = {"t2i": "QwenImagePipeline", "edit": "QwenImageEditPipeline", "edit_plus": "QwenImageEditPlusPipeline"}
 
 
-def component(path: str | Path, name: str):
-    """One component of the checkpoint: "transformer", "vae", "text_encoder", "tokenizer", "scheduler"
-    or "processor" (the Qwen2-VL processor of the edit pipeline). Raises FileNotFoundError if absent."""
+def component(path: str | Path, name: str, dtype: str = "float32"):
+    """One component of the checkpoint: "transformer", "vae", "text_encoder" (loaded in `dtype`: float32,
+    bfloat16 or float16), "tokenizer", "scheduler" or "processor" (the Qwen2-VL processor of the edit
+    pipelines). Raises FileNotFoundError if absent, ValueError for an unknown name or dtype."""
     folder = Path(path) / name
     if name != "processor" and not folder.is_dir():
         raise FileNotFoundError(f"{path} has no {name}/ folder (not a Qwen-Image diffusers checkpoint)")
     if name in _CLASSES:
         import diffusers
 
-        return getattr(diffusers, _CLASSES[name]).from_pretrained(path, subfolder=name).eval()
+        return getattr(diffusers, _CLASSES[name]).from_pretrained(path, subfolder=name,
+                                                                 torch_dtype=_dtype(dtype)).eval()
     if name == "text_encoder":
         from transformers import Qwen2_5_VLForConditionalGeneration
 
-        return Qwen2_5_VLForConditionalGeneration.from_pretrained(path, subfolder=name).eval()
+        return Qwen2_5_VLForConditionalGeneration.from_pretrained(path, subfolder=name, dtype=_dtype(dtype)).eval()
     if name == "tokenizer":
         from transformers import AutoTokenizer
 
@@ -53,6 +55,14 @@ def component(path: str | Path, name: str):
     raise ValueError(f"unknown Qwen-Image component {name!r}")
 
 
+def _dtype(name: str):
+    import torch
+
+    if name not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"dtype must be float32, bfloat16 or float16, got {name!r}")
+    return getattr(torch, name)
+
+
 def image_only_processor(path: str | Path):
     """`Qwen2VLProcessor` (image processor from processor/, tokenizer from tokenizer/) without its video
     processor: transformers builds that from torchvision, which cannot load beside torch 2.13 here."""
@@ -60,11 +70,14 @@ def image_only_processor(path: str | Path):
 
     class ImageOnlyQwen2VLProcessor(Qwen2VLProcessor):
         def check_argument_for_proper_class(self, name, arg):
-            return None if (name == "video_processor" and arg is None) else super().check_argument_for_proper_class(name, arg)
+            if name == "video_processor" and arg is None:
+                return None
+            return super().check_argument_for_proper_class(name, arg)
 
     folder = Path(path) / "processor"
     images = Qwen2VLImageProcessorPil.from_pretrained(folder if folder.is_dir() else path)
-    return ImageOnlyQwen2VLProcessor(image_processor=images, tokenizer=component(path, "tokenizer"), video_processor=None)
+    return ImageOnlyQwen2VLProcessor(image_processor=images, tokenizer=component(path, "tokenizer"),
+                                     video_processor=None)
 
 
 def offsets(path: str | Path) -> dict[str, int]:
@@ -80,7 +93,7 @@ def pipeline(path: str | Path, variant: str = "t2i", **components):
     import diffusers
 
     cls = getattr(diffusers, PIPELINES[variant])
-    names = ["scheduler", "vae", "text_encoder", "tokenizer", "transformer"] + (["processor"] if variant != "t2i" else [])
+    names = _component_names(variant)
     pipe = cls(**{n: components.get(n) for n in names})
     found = offsets(path)
     key = "prompt_template_encode_start_idx" if variant == "t2i" else "edit_prompt_template_encode_start_idx"
@@ -90,7 +103,12 @@ def pipeline(path: str | Path, variant: str = "t2i", **components):
     return pipe
 
 
+def _component_names(variant: str) -> list[str]:
+    names = ["scheduler", "vae", "text_encoder", "tokenizer", "transformer"]
+    return names + (["processor"] if variant != "t2i" else [])
+
+
 def reference_pipeline(path: str | Path, variant: str = "t2i"):
     """The whole diffusers pipeline on the checkpoint (tests and the in-process benchmark baseline)."""
-    names = ["scheduler", "vae", "text_encoder", "tokenizer", "transformer"] + (["processor"] if variant != "t2i" else [])
+    names = _component_names(variant)
     return pipeline(path, variant, **{n: component(path, n) for n in names})

@@ -172,7 +172,8 @@ def test_streamed_masked_edit_keeps_the_unmasked_pixels(image_server, edited):
     mask[..., 3] = 255
     mask[:16, :16, 3] = 0                                  # edit only the top-left corner
     events = list(_client(image_server).images.edit(
-        model="qwen_image_edit", image=("in.png", _png(SOURCE), "image/png"), mask=("mask.png", _png(mask), "image/png"),
+        model="qwen_image_edit", image=("in.png", _png(SOURCE), "image/png"),
+        mask=("mask.png", _png(mask), "image/png"),
         prompt="make it green", size="64x64", stream=True, partial_images=1, extra_body=EDIT))
     assert [e.type for e in events] == ["image_edit.partial_image", "image_edit.completed"]
     out = _pixels(events[-1].b64_json)

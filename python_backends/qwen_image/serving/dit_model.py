@@ -23,7 +23,8 @@ from omni_backends.serving import events
 class TritonPythonModel(DenoiserStageModel):
     def build_denoiser(self):
         path = p.stage_checkpoint(self.parameters, self.model_name)
-        return QwenImageDenoiser(loading.component(path, "transformer"), loading.component(path, "scheduler"), path)
+        transformer = loading.component(path, "transformer", self.parameters.get("dtype") or "float32")
+        return QwenImageDenoiser(transformer, loading.component(path, "scheduler"), path)
 
     def make_job(self, request):
         embeds, params = _tensor(request, p.EMBEDS), _tensor(request, p.PARAMS)

@@ -1,6 +1,8 @@
 """Tensors between the Qwen-Image Triton models (no Triton imports). Every stage reads its checkpoint
 from the model-config parameter `checkpoint` (absolute, or relative to $OMNI_MODEL_HOME; default
-`qwen_image_tiny`) and sets torch's intra-op threads from `threads` (0: torch's default).
+`qwen_image_tiny`), loads its component in `dtype` (float32 default; bfloat16 / float16 for real
+checkpoints: latents and embeddings then travel as float32 and are cast back) and sets torch's intra-op
+threads from `threads` (0: torch's default).
 
 qwen_image_text_encoder (max_batch_size 1: each tensor has a leading batch dim of 1)
   in   PROMPT       BYTES [1]         the prompt (or negative prompt)

@@ -17,8 +17,9 @@ class TritonPythonModel(BatchStageModel):
     def setup(self) -> None:
         path = p.stage_checkpoint(self.parameters, self.model_name)
         processor = loading.component(path, "processor") if (path / "processor").is_dir() else None
-        self.encoder = TextEncoder(path, loading.component(path, "text_encoder"), loading.component(path, "tokenizer"),
-                                   processor)
+        dtype = self.parameters.get("dtype") or "float32"
+        self.encoder = TextEncoder(path, loading.component(path, "text_encoder", dtype),
+                                   loading.component(path, "tokenizer"), processor)
 
     def infer_row(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         prompt, images = string(inputs.get(p.PROMPT)), inputs.get(p.IMAGES_IN)

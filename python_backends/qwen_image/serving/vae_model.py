@@ -14,7 +14,7 @@ from omni_backends.serving.batch_model import BatchStageModel
 class TritonPythonModel(BatchStageModel):
     def setup(self) -> None:
         path = p.stage_checkpoint(self.parameters, self.model_name)
-        self.vae = ImageVAE(path, loading.component(path, "vae"))
+        self.vae = ImageVAE(path, loading.component(path, "vae", self.parameters.get("dtype") or "float32"))
 
     def infer_row(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if p.LATENTS in inputs:
