@@ -14,6 +14,9 @@ prompt becomes a RequestRecord like a served one, so the same metric code summar
   qwen_image  diffusers `QwenImagePipeline` on --checkpoint (default $OMNI_MODEL_HOME/qwen_image_tiny), one
               image per prompt (seed = prompt index, no CFG, size/steps as served), encoded as PNG like the
               server's b64_json; torch's default threads.
+  wan         diffusers `WanPipeline` on --checkpoint (default $OMNI_MODEL_HOME/wan_tiny), one video per prompt
+              (size, frames, steps and guidance as served, seed = prompt index), its uint8 frames encoded to MP4
+              with the server's encoder (omni_frontend.videos.encoding); torch's default threads.
   voice       the stage engines called directly, as the voice pipeline chains them: `ChatLLM.generate`
               (SmolLM2, greedy) -> `SentenceChunker` -> `KokoroTTS.synthesize` per chunk. Text chunks at each
               LLM delta, an audio chunk after each synthesized sentence chunk.
@@ -23,26 +26,30 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from omni_bench.records import AUDIO, IMAGE, TEXT, RequestRecord
+from omni_bench.records import AUDIO, IMAGE, OTHER, TEXT, RequestRecord
 
-SUPPORTED = {"qwen3_omni": ("chat", "chat-audio"), "voice": ("chat", "chat-audio"), "qwen_image": ("images",)}
+SUPPORTED = {"qwen3_omni": ("chat", "chat-audio"), "voice": ("chat", "chat-audio"), "qwen_image": ("images",),
+             "wan": ("videos",)}
 
 
 def check_supported(model: str, workload: str) -> None:
     """Raises ValueError unless there is a baseline for this model and workload (chat and chat-audio of
-    qwen3_omni and voice, images of qwen_image)."""
+    qwen3_omni and voice, images of qwen_image, videos of wan)."""
     if workload not in SUPPORTED.get(model, ()):
         raise ValueError(f"--baseline inprocess supports chat/chat-audio of qwen3_omni and voice, images of "
-                         f"qwen_image, not {workload} of {model!r}")
+                         f"qwen_image, videos of wan, not {workload} of {model!r}")
 
 
 def run_baseline(model: str, workload: str, prompts: list[str], *, max_tokens: int, voice: str | None,
                  checkpoint: str | None, num_warmups: int, extra_body: dict | None = None,
-                 device: str = "cpu", size: str = "64x64", steps: int = 4) -> tuple[list[RequestRecord], float]:
+                 device: str = "cpu", size: str = "64x64", steps: int = 4,
+                 frames: int = 17) -> tuple[list[RequestRecord], float]:
     """Records of every prompt run in-process and the total duration. Raises ValueError as `check_supported`."""
     check_supported(model, workload)
     if model == "qwen_image":
         runner = _QwenImage(checkpoint, size, steps)
+    elif model == "wan":
+        runner = _Wan(checkpoint, size, steps, frames)
     elif model == "qwen3_omni":
         runner = _Qwen3Omni(checkpoint, max_tokens, voice, extra_body or {}, device)
     else:
@@ -169,6 +176,36 @@ class _QwenImage:
         image.save(out, "PNG")
         record.add(time.perf_counter() - start, IMAGE, out.tell())
         record.images = 1
+
+
+class _Wan:
+    """diffusers' `WanPipeline` on a Wan checkpoint directory; each video encoded to MP4 like the server's."""
+
+    def __init__(self, checkpoint: str | None, size: str, steps: int, frames: int):
+        from omni_backends.paths import model_home
+        from omni_backends.wan.loading import reference_pipeline
+        from omni_backends.wan.serving.protocol import TINY
+        from omni_bench.client import VIDEO_GUIDANCE
+
+        self.pipe = reference_pipeline(Path(checkpoint) if checkpoint else model_home() / TINY)
+        width, _, height = size.partition("x")
+        self.call = {"width": int(width), "height": int(height), "num_frames": frames, "num_inference_steps": steps,
+                     **VIDEO_GUIDANCE}
+
+    def run(self, record: RequestRecord, speak: bool) -> None:
+        import tempfile
+
+        import torch
+
+        from omni_frontend.videos.encoding import write_mp4
+
+        start = time.perf_counter()
+        frames = self.pipe(record.prompt, generator=torch.Generator().manual_seed(max(record.index, 0)),
+                           output_type="np", **self.call).frames[0]
+        with tempfile.TemporaryDirectory() as folder:
+            write_mp4((frames * 255).round().astype("uint8"), 16, Path(folder) / "video.mp4")
+        record.add(time.perf_counter() - start, OTHER, 100)
+        record.video_frames = int(frames.shape[0])
 
 
 class _Voice:

@@ -27,7 +27,7 @@ from omni_bench.runner import http_client, run_level
 from omni_bench.triton_transport import TRANSPORTS, send_triton
 
 DEFAULT_MODELS = {"chat": "voice", "chat-audio": "voice", "speech": "tts", "transcription": "asr",
-                  "images": "qwen_image", "realtime": "voice"}
+                  "images": "qwen_image", "videos": "wan", "realtime": "voice"}
 REALTIME = "realtime"  # /v1/realtime sessions (omni_bench.realtime), not an HTTP request workload
 
 
@@ -50,8 +50,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dataset", default=BUILTIN, help="'builtin' or a JSONL file of {\"prompt\": ...} lines")
     p.add_argument("--seed", type=int, default=0, help="prompt shuffle and Poisson schedule")
     p.add_argument("--max-tokens", type=int, default=64, help="chat max_tokens")
-    p.add_argument("--size", default="64x64", help="images: WIDTHxHEIGHT")
-    p.add_argument("--steps", type=int, default=4, help="images: num_inference_steps")
+    p.add_argument("--size", default="64x64", help="images, videos: WIDTHxHEIGHT")
+    p.add_argument("--steps", type=int, default=4, help="images, videos: num_inference_steps")
+    p.add_argument("--frames", type=int, default=17, help="videos: num_frames (4k+1; 17 = 1 s at 16 fps)")
     p.add_argument("--voice", help="output voice (chat-audio: sends audio.format pcm16; default: the server's "
                                    "default voice, streamed as WAV; speech default: alloy)")
     p.add_argument("--extra-body", type=json.loads, default={},
@@ -69,8 +70,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--baseline-only", action="store_true",
                    help="run only the in-process baseline (no server needed) and write it to --result-json")
     p.add_argument("--baseline-prompts", type=int, help="prompts for the in-process baseline (default: all)")
-    p.add_argument("--checkpoint", help="baseline checkpoint directory or preset (qwen3_omni / qwen_image; default "
-                                        "$OMNI_MODEL_HOME/qwen3_omni_tiny / qwen_image_tiny)")
+    p.add_argument("--checkpoint", help="baseline checkpoint directory or preset (qwen3_omni / qwen_image / wan; "
+                                        "default $OMNI_MODEL_HOME/qwen3_omni_tiny / qwen_image_tiny / wan_tiny)")
     p.add_argument("--device", default="cpu", help="baseline device (cpu, cuda, cuda:N)")
     realtime = p.add_argument_group("realtime workload (omni_bench.realtime)")
     realtime.add_argument("--turn-detection", choices=["server_vad", "manual"], default="server_vad",
@@ -111,7 +112,7 @@ async def _levels(args: argparse.Namespace, prompts: list[str], audio_file: byte
             audio = (audio_file,) if audio_file else \
                 await synthesize_inputs(client, prompts, args.speech_model, args.voice)
         options = RequestOptions(args.workload, args.model, args.endpoint, args.voice, args.max_tokens,
-                                 args.extra_body, audio, args.size, args.steps)
+                                 args.extra_body, audio, args.size, args.steps, args.frames)
         if args.transport == "triton":
             def one(index, prompt, start):
                 return send_triton(args.triton_url, options, index, prompt, start, args.timeout)
@@ -144,7 +145,8 @@ def _baseline(args: argparse.Namespace, prompts: list[str], levels: list[dict]) 
         records, duration = run_baseline(args.model, args.workload, prompts[:args.baseline_prompts or None],
                                          max_tokens=args.max_tokens, voice=args.voice, checkpoint=args.checkpoint,
                                          num_warmups=args.num_warmups, extra_body=args.extra_body,
-                                         device=args.device, size=args.size, steps=args.steps)
+                                         device=args.device, size=args.size, steps=args.steps,
+                                         frames=args.frames)
         result = level_result(args.workload, args.model, 1, math.inf, records, duration)
         print(report.table({**result, "model": f"{args.model} (in-process baseline)"}))
     else:

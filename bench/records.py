@@ -35,8 +35,8 @@ class RequestRecord:
     transcription); completion_tokens: generated text tokens from the server's usage (None when it
     reported none; see client.text_tokens);
     audio_samples / sample_rate: decoded output audio; input_audio_s: seconds of audio sent
-    (transcription); images: images received (images workload); error: the failure message, None when the
-    request succeeded.
+    (transcription); images: images received (images workload); video_frames: frames of the finished video
+    (videos workload); error: the failure message, None when the request succeeded.
     """
 
     index: int
@@ -49,6 +49,7 @@ class RequestRecord:
     sample_rate: int | None = None
     input_audio_s: float | None = None
     images: int = 0
+    video_frames: int = 0
     error: str | None = None
 
     @property

@@ -9,7 +9,7 @@ from omni_frontend import admission, errors, observability
 from omni_frontend.config import FrontendConfig
 from omni_frontend.image_store import ImageStore
 from omni_frontend.realtime import route as realtime
-from omni_frontend.routes import chat, images, speech, system, transcriptions
+from omni_frontend.routes import chat, images, speech, system, transcriptions, videos
 from omni_frontend.triton_client import TritonClient
 from omni_frontend.validation import BodyLimitMiddleware, require_valid_text
 
@@ -53,8 +53,9 @@ def create_app(config: FrontendConfig) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.limits.max_body_bytes)
     app.add_middleware(errors.CatchAllMiddleware)
     app.add_middleware(observability.ObservabilityMiddleware, metrics=app.state.metrics)  # outermost
-    for module in (system, chat, speech, transcriptions, images, realtime):
+    for module in (system, chat, speech, transcriptions, images, videos, realtime):
         app.include_router(module.router)
+    videos.install(app, config, app.state.triton)  # its shutdown runs before the Triton channel closes
 
     @app.on_event("shutdown")
     async def _close():

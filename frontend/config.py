@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from omni_frontend.pipelines import Pipeline
 
@@ -53,7 +54,9 @@ class FrontendConfig:
     heartbeats /health checks; None skips that check); pipelines: the loaded ones; api_key: require
     `Authorization: Bearer <key>` on /v1 routes when set; limits: request size limits; admission:
     in-flight and queue bounds per pipeline; max_image_pixels: largest width x height the image routes
-    accept; image_url_ttl_s: lifetime of a `response_format: "url"` image in seconds."""
+    accept; image_url_ttl_s: lifetime of a `response_format: "url"` image in seconds. Videos: job store
+    under `data_dir`; at most `max_queued_videos` waiting (429 past it) and `max_running_videos`
+    generating at once; finished videos kept `video_ttl_s` (0: forever)."""
 
     triton_url: str
     pipelines: list[Pipeline]
@@ -66,6 +69,10 @@ class FrontendConfig:
     audio_expires_s: int = 3600
     max_image_pixels: int = 1024 * 1024
     image_url_ttl_s: float = 600.0
+    data_dir: Path = Path("var/data")
+    max_queued_videos: int = 16
+    max_running_videos: int = 2
+    video_ttl_s: int = 86400
 
     def pipeline(self, model: str, kind: str | None = None) -> Pipeline | None:
         """The loaded pipeline a client's `model` names (id or alias), optionally of one kind."""

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 
-CHAT, SPEECH, TRANSCRIPTION, IMAGE = "chat", "speech", "transcription", "image"
+CHAT, SPEECH, TRANSCRIPTION, IMAGE, VIDEO = "chat", "speech", "transcription", "image", "video"
 
 
 @dataclasses.dataclass(frozen=True)
 class Pipeline:
-    """name: OpenAI model id; kind: chat | speech | transcription | image (which routes accept it);
+    """name: OpenAI model id; kind: chat | speech | transcription | image | video (which routes accept it);
     entry: client-facing Triton model; models: all Triton models to load; aliases: extra ids;
     tasks: for image pipelines, "generate" (/v1/images/generations) and/or "edit" (/v1/images/edits);
     vad / asr: the stage models a `/v1/realtime` session calls directly (voice-activity stream and
@@ -45,9 +45,12 @@ REGISTRY: dict[str, Pipeline] = {p.name: p for p in (
     Pipeline("qwen_image_edit", IMAGE, "qwen_image_edit", _QWEN_IMAGE_STAGES + ("qwen_image_edit",),
              "Qwen-Image-Edit image editing: text+image encoder, VAE encode -> step-batched DiT -> VAE",
              tasks=("edit",)),
+    Pipeline("wan", VIDEO, "wan", ("wan_text_encoder", "wan_dit", "wan_vae", "wan"),
+             "Wan2.2 text-to-video: UMT5 text encoder -> DiT denoiser (step-batched) -> VAE decode",
+             aliases=("sora-2", "sora-2-pro")),
 )}
 
-DEFAULT = ("voice", "tts", "asr", "qwen3_omni", "qwen_image", "qwen_image_edit")
+DEFAULT = ("voice", "tts", "asr", "qwen3_omni", "qwen_image", "qwen_image_edit", "wan")
 
 
 def parse_extra(spec: str) -> Pipeline:
@@ -59,8 +62,8 @@ def parse_extra(spec: str) -> Pipeline:
         names = tuple(m for m in models.split(",") if m)
     except ValueError as exc:
         raise ValueError(f"bad pipeline spec {spec!r}: expected NAME=KIND:model1,model2") from exc
-    if kind not in (CHAT, SPEECH, TRANSCRIPTION, IMAGE) or not names:
-        raise ValueError(f"bad pipeline spec {spec!r}: kind must be chat|speech|transcription|image")
+    if kind not in (CHAT, SPEECH, TRANSCRIPTION, IMAGE, VIDEO) or not names:
+        raise ValueError(f"bad pipeline spec {spec!r}: kind must be chat|speech|transcription|image|video")
     return Pipeline(name, kind, names[-1], names)
 
 

@@ -49,6 +49,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--triton-metrics-port", type=int, default=8003)
     p.add_argument("--api-key", default=os.environ.get("OMNI_API_KEY"), help="require Bearer KEY on /v1 routes")
     p.add_argument("--log-dir", type=Path, default=ROOT / "var" / "log")
+    p.add_argument("--data-dir", type=Path, default=ROOT / "var" / "data",
+                   help="video job store (SQLite) and generated files; kept across restarts")
+    p.add_argument("--max-queued-videos", type=int, default=16, help="videos waiting to start; past it POST gets 429")
+    p.add_argument("--max-running-videos", type=int, default=2,
+                   help="videos generating at once (their denoising steps are batched together)")
+    p.add_argument("--video-ttl", type=int, default=86400,
+                   help="seconds a finished video (and its files) is kept; 0 keeps it forever")
     p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for every model")
     p.add_argument("--no-prepare", action="store_true", help="skip preparing the default model checkpoints")
     p.add_argument("--no-frontend", action="store_true",
@@ -73,7 +80,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="chat messages per request (default: %(default)s)")
     g.add_argument("--max-audio-seconds", type=float, default=limits.max_audio_seconds,
                    help="seconds of input audio per request (default: %(default)s)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.max_queued_videos < 0 or args.max_running_videos < 1 or args.video_ttl < 0:
+        p.error("--max-queued-videos and --video-ttl must be >= 0, --max-running-videos >= 1")
+    return args
 
 
 def _per_pipeline(value: str, minimum: int = 1) -> tuple[int | None, dict[str, int]]:
@@ -161,7 +171,9 @@ def main(argv: list[str] | None = None) -> int:
                                max_messages=args.max_messages, max_audio_seconds=args.max_audio_seconds)
         app = create_app(FrontendConfig(triton_url=server.grpc_url, pipelines=selected, api_key=args.api_key,
                                         triton_metrics_url=server.metrics_url, limits=limits,
-                                        admission=admission_limits(args)))
+                                        admission=admission_limits(args), data_dir=args.data_dir,
+                                        max_queued_videos=args.max_queued_videos,
+                                        max_running_videos=args.max_running_videos, video_ttl_s=args.video_ttl))
         uv = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                                            timeout_graceful_shutdown=5))
         threading.Thread(target=_announce, args=(uv, args, server, selected), daemon=True).start()

@@ -40,3 +40,37 @@ def image_server(tmp_path_factory):
     server = start_server(tmp_path_factory.mktemp("image_server"), "--pipelines", "qwen_image,qwen_image_edit")
     yield server
     server.stop()
+
+
+class RestartableServer:
+    """A launcher a test may stop and start again with the same arguments (`restart()`); attributes are the
+    current ServerProcess's (base_url, grpc_url, metrics_url, ...)."""
+
+    def __init__(self, tmp_dir, *args: str):
+        self.tmp_dir, self.args = tmp_dir, args
+        self.server = start_server(tmp_dir, *args)
+
+    def __getattr__(self, name):
+        return getattr(self.server, name)
+
+    def restart(self) -> int:
+        """Ctrl-C, wait, start again on new ports; returns the first run's exit code."""
+        code = self.server.stop()
+        self.server = start_server(self.tmp_dir, *self.args)
+        return code
+
+
+@pytest.fixture(scope="session")
+def wan_server(tmp_path_factory):
+    """Launcher serving the `wan` video pipeline (tiny checkpoint) with its job store in a temporary
+    --data-dir; one video generates at a time and two may wait (so the queue limit is reachable)."""
+    from omni_backends.paths import model_home
+    from omni_backends.wan.checkpoint import write_checkpoint
+    from omni_backends.wan.serving.protocol import TINY
+
+    write_checkpoint(model_home() / TINY)
+    tmp = tmp_path_factory.mktemp("wan_server")
+    server = RestartableServer(tmp, "--pipelines", "wan", "--no-prepare", "--data-dir", str(tmp / "data"),
+                               "--max-running-videos", "1", "--max-queued-videos", "2")
+    yield server
+    server.stop()

@@ -16,6 +16,12 @@ from omni_backends.serving import bls, events
 EVENT, LATENTS = "EVENT", "LATENTS"
 
 
+def progress_event(step_event: dict) -> dict:
+    """The client-facing {"type": "progress", "step", "total_steps", "batch_jobs"} event of a denoiser step."""
+    return {"type": "progress", "step": step_event["step"], "total_steps": step_event["total_steps"],
+            "batch_jobs": step_event["batch_jobs"]}
+
+
 async def denoise_steps(ctx, model: str,
                         inputs: dict[str, np.ndarray]) -> AsyncIterator[tuple[dict, np.ndarray | None]]:
     """(step event, latents or None) for each step of one job on denoiser `model`; ends after the "done"

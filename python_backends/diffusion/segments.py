@@ -4,8 +4,8 @@ CPU GEMM libraries pick kernels by matrix shape, so a row's result depends on ho
 call (MKL: M < 16 and M >= 16 give different bits). A batched forward therefore differs from the
 library's unbatched pipeline in the last bits, and those differences grow through the denoising loop.
 `SegmentedForward` keeps everything else batched (module traversal, norms, element-wise ops) but runs
-every `nn.Linear` and every attention call once per segment, at exactly the shape the pipeline itself
-uses for that request: a segment is the rows of one pipeline call (one request's n images, cond or
+every `nn.Linear`, every convolution (e.g. Wan's Conv3d patch embedding) and every attention call once
+per segment, at exactly the shape the pipeline itself uses for that request: a segment is the rows of one pipeline call (one request's n images, cond or
 uncond), and its text (encoder) stream is cut back to its own length (the batch pads it to the longest).
 
 Usage (the family's denoiser decides which modules carry the text stream and how to cut attention args):
@@ -68,6 +68,8 @@ class SegmentedForward:
         for name, module in model.named_modules():
             if isinstance(module, torch.nn.Linear):
                 module.forward = self._linear(module, is_text_linear(name))
+            elif isinstance(module, torch.nn.modules.conv._ConvNd):
+                module.forward = self._rows(module.forward)
         model.set_attn_processor({name: _segmented(proc)(self, proc) for name, proc in model.attn_processors.items()})
 
     @contextmanager
@@ -96,6 +98,15 @@ class SegmentedForward:
                     parts.append(F.linear(part, module.weight, module.bias))
             return torch.cat(parts)
         return forward
+
+    def _rows(self, forward: Callable) -> Callable:
+        """`forward` once per segment's rows (modules that do not take the text stream)."""
+        def segmented(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+            layout = self.current(x.shape[0])
+            if layout is None:
+                return forward(x, *args, **kwargs)
+            return torch.cat([forward(x[start:stop], *args, **kwargs) for start, stop, _ in layout.spans()])
+        return segmented
 
 
 class _SegmentedProcessor:

@@ -16,6 +16,14 @@ from omni_backends.diffusion.orchestrator import EVENT, LATENTS
 from omni_backends.serving import events, model_config
 from omni_backends.serving.engine_model import EngineStageModel
 
+
+def input_tensor(request, name: str) -> np.ndarray | None:
+    """Input `name` of a Triton request as numpy, or None when the client did not send it."""
+    import triton_python_backend_utils as pb_utils
+
+    found = pb_utils.get_input_tensor_by_name(request, name)
+    return None if found is None else found.as_numpy()
+
 class DenoiserStageModel(EngineStageModel):
     """Config parameter `max_running` (default 16): batch slots; more jobs wait."""
 

@@ -21,9 +21,9 @@ pytestmark = pytest.mark.integration
 REPEAT = 8
 LEVEL_KEYS = {"workload", "model", "max_concurrency", "request_rate", "summary", "requests"}
 RECORD_KEYS = {"index", "prompt", "send_time", "chunks", "text", "completion_tokens", "audio_samples", "sample_rate",
-               "input_audio_s", "images", "error", "ok", "metrics"}
+               "input_audio_s", "images", "video_frames", "error", "ok", "metrics"}
 METRIC_KEYS = {"ttft_s", "ttfp_s", "e2e_s", "itl_s", "tpot_s", "audio_duration_s", "rtf", "completion_tokens",
-               "image_latency_s"}
+               "image_latency_s", "frames_per_second"}
 
 
 def _bench(tmp_path, server, *args: str) -> tuple[int, dict]:

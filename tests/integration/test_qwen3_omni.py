@@ -10,7 +10,6 @@ import base64
 import io
 import json
 import shutil
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -18,12 +17,11 @@ import numpy as np
 import openai
 import pytest
 import soundfile
-import tritonclient.grpc as grpcclient
 from transformers import AutoTokenizer, Qwen3OmniMoeForConditionalGeneration, WhisperFeatureExtractor
 
 from omni_backends.paths import QWEN3_OMNI_TINY, model_home
 from omni_backends.qwen3_omni.prompt import PromptBuilder
-from tests.harness import MAIN_REPOSITORY, metric_value, start_server, wait_for
+from tests.harness import MAIN_REPOSITORY, metric_value, start_server, triton_stream, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -81,27 +79,11 @@ def _generate(reference, messages, voice, audios=()):
 
 def _triton_events(server, body: dict, audio: np.ndarray | None = None) -> list[tuple[dict, np.ndarray]]:
     """Drive the client-facing Triton model directly (gRPC streaming): every (event, AUDIO) in order."""
-    responses, done = [], threading.Event()
-
-    def callback(result, error):
-        responses.append((result, error))
-        if error is not None or result.get_response().parameters["triton_final_response"].bool_param:
-            done.set()
-
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    client.start_stream(callback=callback)
-    inputs = [grpcclient.InferInput("REQUEST", [1], "BYTES")]
-    inputs[0].set_data_from_numpy(np.array([json.dumps(body).encode()], dtype=np.object_))
+    inputs = {"REQUEST": np.array([json.dumps(body).encode()], dtype=np.object_)}
     if audio is not None:
-        inputs.append(grpcclient.InferInput("INPUT_AUDIO", [audio.size], "FP32"))
-        inputs[1].set_data_from_numpy(audio.astype(np.float32))
-    client.async_stream_infer("qwen3_omni", inputs, enable_empty_final_response=True)
-    assert done.wait(120)
-    client.stop_stream()
-    client.close()
-    assert all(error is None for _, error in responses), [str(e) for _, e in responses if e]
-    return [(json.loads(r.as_numpy("EVENT")[0]), r.as_numpy("AUDIO")) for r, _ in responses
-            if r.as_numpy("EVENT") is not None]
+        inputs["INPUT_AUDIO"] = audio.astype(np.float32)
+    return [(json.loads(r.as_numpy("EVENT")[0]), r.as_numpy("AUDIO"))
+            for r in triton_stream(server.grpc_url, "qwen3_omni", inputs, timeout_s=120)]
 
 
 def _messages(prompt: str) -> list[dict]:

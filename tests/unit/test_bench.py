@@ -101,11 +101,16 @@ def test_text_tokens_prefer_the_text_split_of_usage():
     assert text_tokens({"completion_tokens": 12, "completion_tokens_details": None}) == 12
 
 
-def test_image_latency_and_images_per_second():
-    r = RequestRecord(0, "a cat", images=2)
-    r.add(0.4, "image", 1000)
-    r.add(0.4, "image", 1200)
-    assert request_metrics(r)["image_latency_s"] == pytest.approx(0.2)
-    summary = summarize([r, RequestRecord(1, "x", error="boom")], 2.0)
-    assert summary["throughput"]["images_per_s"] == pytest.approx(1.0)
-    assert summary["metrics"]["image_latency_s"]["median"] == pytest.approx(0.2)
+@pytest.mark.parametrize("outputs, chunks, duration, metric, value, throughput, rate", [
+    ({"images": 2}, [(0.4, "image", 1000), (0.4, "image", 1200)], 2.0, "image_latency_s", 0.2, "images_per_s", 1.0),
+    ({"video_frames": 17}, [(0.1, "other", 0), (0.5, "other", 100)], 1.0, "frames_per_second", 34.0,
+     "video_frames_per_s", 17.0),
+])
+def test_image_and_video_metrics(outputs, chunks, duration, metric, value, throughput, rate):
+    r = RequestRecord(0, "a cat", **outputs)
+    for chunk in chunks:
+        r.add(*chunk)
+    assert request_metrics(r)[metric] == pytest.approx(value)
+    summary = summarize([r, RequestRecord(1, "x", error="boom")], duration)
+    assert summary["throughput"][throughput] == pytest.approx(rate)
+    assert summary["metrics"][metric]["median"] == pytest.approx(value)

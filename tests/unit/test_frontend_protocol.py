@@ -89,7 +89,7 @@ def test_pipeline_registry():
     with pytest.raises(ValueError, match="unknown pipeline"):
         pipelines.resolve(["nope"])
     with pytest.raises(ValueError, match="bad pipeline spec"):
-        pipelines.parse_extra("m=video:a")
+        pipelines.parse_extra("m=hologram:a")
 
 
 USER = [{"role": "user", "content": "hi"}]

@@ -8,21 +8,16 @@ In-flight requests (`omni_inflight_requests`) are the jobs holding or awaiting a
 from __future__ import annotations
 
 import numpy as np
-import triton_python_backend_utils as pb_utils
 
 from omni_backends.diffusion import DenoiseParams
 from omni_backends.diffusion.stage import DenoiserStageModel
+from omni_backends.diffusion.stage import input_tensor as _tensor
 from omni_backends.diffusion.tensors import unpack_ragged
 from omni_backends.errors import RequestError
 from omni_backends.qwen_image import loading
 from omni_backends.qwen_image.denoiser import QwenImageDenoiser
 from omni_backends.qwen_image.serving import protocol as p
 from omni_backends.serving import events
-
-
-def _tensor(request, name: str) -> np.ndarray | None:
-    found = pb_utils.get_input_tensor_by_name(request, name)
-    return None if found is None else found.as_numpy()
 
 
 class TritonPythonModel(DenoiserStageModel):

@@ -29,7 +29,7 @@ import random
 import numpy as np
 from PIL import Image
 
-from omni_backends.diffusion.orchestrator import denoise_steps
+from omni_backends.diffusion.orchestrator import denoise_steps, progress_event
 from omni_backends.diffusion.tensors import pack_ragged, unpack_ragged
 from omni_backends.errors import RequestError
 from omni_backends.qwen_image.serving import protocol as p
@@ -151,8 +151,7 @@ class TritonPythonModel(AsyncDecoupledModel):
         inputs[p.PARAMS] = events.json_tensor(spec)
         final = None
         async for event, latents in denoise_steps(ctx, DIT, inputs):
-            yield {"type": "progress", "step": event["step"], "total_steps": event["total_steps"],
-                   "batch_jobs": event["batch_jobs"]}, None
+            yield progress_event(event), None
             if event["type"] == "done":
                 final = latents
             elif latents is not None:

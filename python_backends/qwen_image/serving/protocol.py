@@ -33,15 +33,7 @@ TINY = "qwen_image_tiny"
 
 
 def stage_checkpoint(parameters: dict, model_name: str):
-    """Sets torch's intra-op threads (`threads`; 0 or absent: torch's default, one per core, which the
-    in-process diffusers pipeline uses too: CPU convolutions give other bits with other thread counts)
-    and returns the checkpoint directory. Raises FileNotFoundError naming the model and the path."""
-    import torch
-
-    from omni_backends.paths import resolve_checkpoint
+    """Sets torch's intra-op threads and returns the checkpoint directory (`model_config.stage_checkpoint`)."""
     from omni_backends.serving import model_config
 
-    threads = model_config.int_parameter(parameters, "threads", 0)
-    if threads > 0:
-        torch.set_num_threads(threads)
-    return resolve_checkpoint(parameters.get("checkpoint") or TINY, model_name)
+    return model_config.stage_checkpoint(parameters, model_name, TINY)
