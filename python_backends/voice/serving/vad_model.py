@@ -19,7 +19,6 @@ from __future__ import annotations
 import time
 import traceback
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from omni_backends.errors import RequestError
