@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from omni_bench import report
+from omni_bench import peer, report
 from omni_bench.client import ENDPOINTS, WORKLOADS, RequestOptions, StreamError, read_wav, synthesize_inputs
 from omni_bench.datasets import BUILTIN, load_prompts
 from omni_bench.metrics import request_metrics, summarize
@@ -55,11 +57,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="also run the prompts through the model library in this process and compare")
     p.add_argument("--checkpoint", help="baseline checkpoint directory (qwen3_omni; default "
                                         "$OMNI_MODEL_HOME/qwen3_omni_tiny)")
+    p.add_argument("--baseline-url", help="a peer OpenAI-compatible server (e.g. scripts/peer_asr_server): every level "
+                                          "also runs there, alternated with the served runs, with CPU-s per audio-s and "
+                                          "/health latency of both servers")
+    p.add_argument("--baseline-model", help="model id sent to --baseline-url (default: --model)")
+    p.add_argument("--rounds", type=int, default=2, help="with --baseline-url: served/peer runs per level (each all prompts)")
     args = p.parse_args(argv)
     if not isinstance(args.extra_body, dict):
         p.error("--extra-body must be a JSON object")
     if args.num_prompts < 1 or args.num_warmups < 0 or args.request_rate <= 0 or min(args.max_concurrency) < 0:
         p.error("--num-prompts must be >= 1, --num-warmups and --max-concurrency >= 0, --request-rate > 0")
+    if args.rounds < 1:
+        p.error("--rounds must be >= 1")
     args.model = args.model or DEFAULT_MODELS[args.workload]
     if args.baseline:
         from omni_bench.baseline import check_supported
@@ -72,22 +81,38 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-async def _levels(args: argparse.Namespace, prompts: list[str], audio_file: bytes | None) -> list[dict]:
-    async with http_client(args.base_url, args.api_key, args.timeout, max(args.max_concurrency)) as client:
+async def _levels(args: argparse.Namespace, prompts: list[str], audio_file: bytes | None) -> tuple[list[dict], list[dict]]:
+    """Served levels, and with --baseline-url the peer's levels (alternated with the served runs)."""
+    async with contextlib.AsyncExitStack() as stack:
+        cap_max = max(args.max_concurrency)
+        client = await stack.enter_async_context(http_client(args.base_url, args.api_key, args.timeout, cap_max))
         audio: tuple[bytes, ...] = ()
         if args.workload == "transcription":
             audio = (audio_file,) if audio_file else \
                 await synthesize_inputs(client, prompts, args.speech_model, args.voice)
         options = RequestOptions(args.workload, args.model, args.endpoint, args.voice, args.max_tokens,
                                  args.extra_body, audio)
-        levels = []
+        sides = [(client, options, peer.listening_process(args.base_url))]
+        if args.baseline_url:
+            peer_client = await stack.enter_async_context(http_client(args.baseline_url, None, args.timeout, cap_max))
+            peer_options = dataclasses.replace(options, model=args.baseline_model or args.model)
+            sides.append((peer_client, peer_options, peer.listening_process(args.baseline_url)))
+        levels, peer_levels = [], []
         for cap in args.max_concurrency:
-            records, duration = await run_level(client, options, prompts, max_concurrency=cap or None,
-                                                request_rate=args.request_rate, num_warmups=args.num_warmups,
-                                                seed=args.seed)
-            levels.append(level_result(args.workload, args.model, cap or None, args.request_rate, records, duration))
-            print(report.table(levels[-1]), flush=True)
-    return levels
+            level = {"max_concurrency": cap or None, "request_rate": args.request_rate,
+                     "num_warmups": args.num_warmups, "seed": args.seed}
+            if not args.baseline_url:
+                records, duration = await run_level(client, options, prompts, **level)
+                levels.append(level_result(args.workload, args.model, cap or None, args.request_rate, records, duration))
+                print(report.table(levels[-1]), flush=True)
+                continue
+            for (records, duration, cpu, health), out, name in zip(
+                    await peer.alternated(sides, prompts, args.rounds, **level), (levels, peer_levels),
+                    (args.model, f"{args.baseline_url} (peer)")):
+                out.append(level_result(args.workload, name, cap or None, args.request_rate, records, duration))
+                out[-1]["server_usage"] = peer.usage(records, cpu, health, args.workload)
+                print(report.table(out[-1]), flush=True)
+        return levels, peer_levels
 
 
 def level_result(workload: str, model: str, cap: int | None, rate: float, records, duration: float) -> dict:
@@ -122,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     started = time.time()
     try:
-        levels = asyncio.run(_levels(args, prompts, audio_file))
+        levels, peer_levels = asyncio.run(_levels(args, prompts, audio_file))
     except (StreamError, httpx.HTTPError) as exc:  # preparing transcription input failed
         print(f"bench: {exc}", file=sys.stderr)
         return 2
@@ -132,13 +157,18 @@ def main(argv: list[str] | None = None) -> int:
               "levels": levels}
     if args.baseline:
         result["baseline"] = _baseline(args, prompts, levels)
+    if peer_levels:
+        compared = [(p["max_concurrency"], peer.comparison(s, p)) for s, p in zip(levels, peer_levels)]
+        result["baseline_server"] = {"url": args.baseline_url, "rounds": args.rounds, "levels": peer_levels,
+                                     "comparison": [{"max_concurrency": cap, **c} for cap, c in compared]}
+        print(peer.comparison_table(compared, args.baseline_url))
     if args.result_json:
         Path(args.result_json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.result_json).write_text(json.dumps(result, indent=1))
         print(f"results written to {args.result_json}")
     if args.plot:
         print(report.plot(levels, args.plot))
-    errors = [r["error"] for level in levels for r in level["requests"] if r["error"]]
+    errors = [r["error"] for level in levels + peer_levels for r in level["requests"] if r["error"]]
     if errors:
         print(f"bench: {len(errors)} request(s) failed; the first: {errors[0]}", file=sys.stderr)
     return 1 if errors else 0

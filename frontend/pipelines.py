@@ -10,7 +10,8 @@ CHAT, SPEECH, TRANSCRIPTION = "chat", "speech", "transcription"
 @dataclasses.dataclass(frozen=True)
 class Pipeline:
     """name: OpenAI model id; kind: chat | speech | transcription (which routes accept it);
-    entry: client-facing Triton model; models: all Triton models to load; aliases: extra ids."""
+    entry: client-facing Triton model; models: all Triton models to load; aliases: extra ids;
+    stream_entry: a decoupled twin of `entry` for streamed results (transcription), if any."""
 
     name: str
     kind: str
@@ -18,6 +19,7 @@ class Pipeline:
     models: tuple[str, ...]
     description: str = ""
     aliases: tuple[str, ...] = ()
+    stream_entry: str | None = None
 
 
 REGISTRY: dict[str, Pipeline] = {p.name: p for p in (
@@ -28,8 +30,9 @@ REGISTRY: dict[str, Pipeline] = {p.name: p for p in (
              "Whisper tiny.en -> SmolLM2-135M-Instruct -> Kokoro-82M, text and speech out"),
     Pipeline("tts", SPEECH, "tts", ("voice_tts", "tts"), "Kokoro-82M text-to-speech",
              aliases=("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "kokoro")),
-    Pipeline("asr", TRANSCRIPTION, "voice_asr", ("voice_asr",), "Whisper tiny.en speech recognition",
-             aliases=("whisper-1", "whisper-tiny.en", "gpt-4o-transcribe", "gpt-4o-mini-transcribe")),
+    Pipeline("asr", TRANSCRIPTION, "voice_asr", ("voice_asr", "voice_asr_stream"), "Whisper tiny.en speech recognition",
+             aliases=("whisper-1", "whisper-tiny.en", "gpt-4o-transcribe", "gpt-4o-mini-transcribe"),
+             stream_entry="voice_asr_stream"),
 )}
 
 DEFAULT = ("voice", "tts", "asr", "qwen3_omni")

@@ -5,7 +5,7 @@ One `WhisperASR` holds one model instance for the life of the stage. No torch.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,6 +47,21 @@ class Transcription:
     segments: tuple[Segment, ...] = field(default_factory=tuple)
 
 
+@dataclass(frozen=True)
+class TranscriptionStream:
+    """A transcription in progress: language and audio duration (s) are known at once; iterating
+    `segments` decodes the audio window by window (30 s each) and yields each Segment when it is done."""
+
+    language: str
+    duration: float
+    segments: Iterator[Segment]
+
+
+def join_segments(texts: Sequence[str]) -> str:
+    """The transcript text of stripped segment texts: the non-empty ones joined by single spaces."""
+    return " ".join(t for t in texts if t)
+
+
 class WhisperASR:
     """Whisper tiny.en speech recognition (faster-whisper).
 
@@ -73,18 +88,25 @@ class WhisperASR:
         word_timestamps: also fill `Segment.words`.
         Raises ValueError for a non-1-D or empty array.
         """
+        stream = self.stream(pcm, language, prompt, temperature, word_timestamps)
+        found = tuple(stream.segments)
+        return Transcription(text=join_segments([s.text for s in found]), language=stream.language,
+                             duration=stream.duration, segments=found)
+
+    def stream(self, pcm: np.ndarray, language: str | None = "en", prompt: str | None = None,
+               temperature: float = 0.0, word_timestamps: bool = False) -> TranscriptionStream:
+        """Start transcribing; segments are decoded lazily as the returned stream is iterated (arguments
+        and errors as `transcribe`; the segment texts are stripped)."""
         audio = np.asarray(pcm, dtype=np.float32)
         if audio.ndim != 1 or audio.size == 0:
             raise ValueError(f"pcm must be a non-empty 1-D float32 array at 16 kHz, got shape {audio.shape}")
         segments, info = self._model.transcribe(
             audio, language=language, initial_prompt=prompt, temperature=temperature, beam_size=1,
             word_timestamps=word_timestamps, condition_on_previous_text=False)
-        found = tuple(
-            Segment(start=s.start, end=s.end, text=s.text.strip(),
-                    words=tuple(Word(w.start, w.end, w.word.strip(), w.probability) for w in s.words or ()))
-            for s in segments)
-        return Transcription(text=" ".join(s.text for s in found if s.text), language=info.language,
-                             duration=info.duration, segments=found)
+        found = (Segment(start=s.start, end=s.end, text=s.text.strip(),
+                         words=tuple(Word(w.start, w.end, w.word.strip(), w.probability) for w in s.words or ()))
+                 for s in segments)
+        return TranscriptionStream(language=info.language, duration=info.duration, segments=found)
 
     def transcribe_batch(self, pcms: Sequence[np.ndarray], **options) -> list[Transcription]:
         """Transcribe several utterances with the one model (sequentially; options as in `transcribe`)."""

@@ -284,7 +284,7 @@ def test_engine_stage_rejects_a_bad_seed_over_grpc_and_survives(voice_server, cl
                                                      messages=[{"role": "user", "content": QUESTION}]).choices[0].message.content
 
 
-def test_transcription_text_srt_and_streamed_outputs(voice_server, client):
+def test_transcription_text_and_srt_outputs(voice_server, client):
     speech = client.audio.speech.create(model="tts-1", voice="alloy", input="Please send the report before noon.",
                                         response_format="wav").content
     url, files = f"{voice_server.base_url}/v1/audio/transcriptions", {"file": ("q.wav", speech, "audio/wav")}
@@ -292,9 +292,23 @@ def test_transcription_text_srt_and_streamed_outputs(voice_server, client):
     assert text.headers["content-type"].startswith("text/plain") and "report" in text.text.lower()
     srt = httpx.post(url, files=files, data={"model": "whisper-1", "response_format": "srt"}, timeout=60).text
     assert srt.startswith("1\n00:00:0") and " --> " in srt and "report" in srt.lower()
+
+
+def test_streamed_transcription_deltas_concatenate_to_the_text_then_done(voice_server, client):
+    """One delta per Whisper segment (with its own leading space), exactly one transcript.text.done whose
+    text is the deltas joined, then data: [DONE]; the same text as the non-streamed answer."""
+    speech = client.audio.speech.create(model="tts-1", voice="alloy", response_format="wav",
+                                        input="The quick brown fox jumps over the lazy dog. My phone number is "
+                                              "five five five. Please call me back before noon tomorrow.").content
+    url, files = f"{voice_server.base_url}/v1/audio/transcriptions", {"file": ("q.wav", speech, "audio/wav")}
     with httpx.stream("POST", url, files=files, data={"model": "whisper-1", "stream": "true"}, timeout=60) as response:
-        events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+        lines = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    events = [json.loads(line) for line in lines[:-1]]
     deltas = [e["delta"] for e in events if e["type"] == "transcript.text.delta"]
-    done = [e for e in events if e["type"] == "transcript.text.done"]
-    assert deltas and len(done) == 1 and "".join(deltas).strip() == done[0]["text"].strip()
-    assert done[0]["usage"]["type"] == "duration" and done[0]["usage"]["seconds"] > 1.0
+    assert [e["type"] for e in events] == ["transcript.text.delta"] * len(deltas) + ["transcript.text.done"]
+    assert len(deltas) >= 2 and all(d.startswith(" ") for d in deltas[1:])
+    done = events[-1]
+    assert "".join(deltas) == done["text"] == client.audio.transcriptions.create(
+        model="whisper-1", file=("q.wav", speech, "audio/wav")).text
+    assert done["usage"]["type"] == "duration" and done["usage"]["seconds"] > 3.0
