@@ -6,6 +6,7 @@ import hmac
 from fastapi import FastAPI
 
 from omni_frontend import errors, observability
+from omni_frontend.liveness import HeartbeatReader
 from omni_frontend.config import FrontendConfig
 from omni_frontend.routes import chat, speech, system, transcriptions
 from omni_frontend.triton_client import TritonClient
@@ -34,6 +35,7 @@ def create_app(config: FrontendConfig) -> FastAPI:
     app = FastAPI(title="Omni-Triton", version="0.1.0")
     app.state.config = config
     app.state.triton = TritonClient(config.triton_url, config.request_timeout_s)
+    app.state.liveness = HeartbeatReader(config.triton_metrics_url) if config.triton_metrics_url else None
     app.state.metrics = observability.FrontendMetrics()
     errors.install_handlers(app)
 
@@ -46,5 +48,7 @@ def create_app(config: FrontendConfig) -> FastAPI:
     @app.on_event("shutdown")
     async def _close():
         await app.state.triton.close()
+        if app.state.liveness is not None:
+            await app.state.liveness.close()
 
     return app
