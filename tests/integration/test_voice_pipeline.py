@@ -312,3 +312,32 @@ def test_streamed_transcription_deltas_concatenate_to_the_text_then_done(voice_s
     assert "".join(deltas) == done["text"] == client.audio.transcriptions.create(
         model="whisper-1", file=("q.wav", speech, "audio/wav")).text
     assert done["usage"]["type"] == "duration" and done["usage"]["seconds"] > 3.0
+
+
+def _wav_sizes(data: bytes) -> tuple[int, int, float]:
+    """(RIFF size field, data size field, duration that Python's wave module reads) of a WAV file."""
+    import struct
+    import wave
+
+    with wave.open(io.BytesIO(data)) as reader:
+        seconds = reader.getnframes() / reader.getframerate()
+    return struct.unpack("<I", data[4:8])[0], struct.unpack("<I", data[data.index(b"data") + 4:][:4])[0], seconds
+
+
+def test_whole_wav_answers_carry_real_sizes_and_only_streams_use_unknown_sizes(voice_server, client):
+    speech = client.audio.speech.create(model="tts-1", voice="alloy", input="Hello there, my friend.",
+                                        response_format="wav").content
+    riff, data, seconds = _wav_sizes(speech)
+    assert riff == len(speech) - 8 and data == len(speech) - 44 and 0.5 < seconds < 5  # was read as 89,478 s
+    reply = client.chat.completions.create(model="voice", modalities=["text", "audio"], temperature=0, max_tokens=12,
+                                           audio={"voice": "alloy", "format": "wav"},
+                                           messages=[{"role": "user", "content": QUESTION}])
+    audio = base64.b64decode(reply.choices[0].message.audio.data)
+    riff, data, seconds = _wav_sizes(audio)
+    assert riff == len(audio) - 8 and data == len(audio) - 44 and seconds > 0.5
+    with httpx.stream("POST", f"{voice_server.base_url}/v1/audio/speech", timeout=120, json={
+            "model": "tts-1", "voice": "alloy", "input": "Hello there.", "response_format": "wav",
+            "stream_format": "sse"}) as response:
+        first = next(json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: "))
+    header = base64.b64decode(first["audio"])[:44]
+    assert header[:4] == b"RIFF" and header[4:8] == header[40:44] == b"\xff\xff\xff\xff"
