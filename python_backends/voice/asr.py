@@ -5,8 +5,8 @@ One `WhisperASR` holds one model instance for the life of the stage. No torch.
 Lean encoder: Whisper's encoder takes 30 s windows, and faster-whisper zero-pads the mel features of a
 shorter (or the last) window up to 3000 frames; the encoder is ~75 % of the CPU of a short request. The
 padding frames are dropped down to `min_encoder_frames` (2400 = 24 s, whisper.cpp's `audio_ctx` idea):
-34 % less CPU on the round-trip sentences with word-for-word the same transcripts. Shorter contexts saved
-more but changed words (2000: "turn" heard as "tone"), so 2400 is the floor.
+34 % less CPU on the round-trip sentences with the same words (a first word's casing may differ).
+Shorter contexts saved more but changed words (2000: "turn" heard as "tone"), so 2400 is the floor.
 """
 from __future__ import annotations
 
