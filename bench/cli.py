@@ -2,6 +2,8 @@
 
 Example: scripts/bench --workload chat-audio --model voice --num-prompts 16 --max-concurrency 1 4 8 \
              --result-json var/bench/voice.json --baseline inprocess
+GPU (docs/gpu.md): the baseline alone first (`--baseline-only`, the model fills the GPU), then the served
+sweep over Triton gRPC comparing with it (`--transport triton --baseline var/bench/baseline.json`).
 """
 from __future__ import annotations
 
@@ -19,10 +21,11 @@ from pathlib import Path
 import httpx
 
 from omni_bench import peer, report
-from omni_bench.client import ENDPOINTS, WORKLOADS, RequestOptions, StreamError, read_wav, synthesize_inputs
+from omni_bench.client import ENDPOINTS, WORKLOADS, RequestOptions, StreamError, read_wav, send, synthesize_inputs
 from omni_bench.datasets import BUILTIN, load_prompts
 from omni_bench.metrics import request_metrics, summarize
 from omni_bench.runner import http_client, run_level
+from omni_bench.triton_transport import TRANSPORTS, send_triton
 
 DEFAULT_MODELS = {"chat": "voice", "chat-audio": "voice", "speech": "tts", "transcription": "asr"}
 
@@ -32,6 +35,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--workload", choices=WORKLOADS, default="chat")
     p.add_argument("--base-url", default="http://127.0.0.1:8000", help="the frontend")
+    p.add_argument("--transport", choices=TRANSPORTS, default="http",
+                   help="http: OpenAI API of the frontend; triton: gRPC streaming to the client-facing Triton "
+                        "model named by --model (chat workloads; no frontend needed)")
+    p.add_argument("--triton-url", default="127.0.0.1:8001", help="Triton gRPC host:port (--transport triton)")
     p.add_argument("--model", help="OpenAI model id (default: voice for chat workloads, tts, asr)")
     p.add_argument("--endpoint", help="route (default: the workload's OpenAI route)")
     p.add_argument("--num-prompts", type=int, default=16, help="timed requests per concurrency level")
@@ -53,10 +60,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds")
     p.add_argument("--result-json", help="write config, per-request records and summaries here")
     p.add_argument("--plot", help="write a PNG of medians and throughput against concurrency (needs matplotlib)")
-    p.add_argument("--baseline", choices=["inprocess"],
-                   help="also run the prompts through the model library in this process and compare")
-    p.add_argument("--checkpoint", help="baseline checkpoint directory (qwen3_omni; default "
+    p.add_argument("--baseline", metavar="inprocess|JSON",
+                   help="inprocess: also run the prompts through the model library in this process and compare; "
+                        "a JSON file written by --baseline-only: compare with that baseline")
+    p.add_argument("--baseline-only", action="store_true",
+                   help="run only the in-process baseline (no server needed) and write it to --result-json")
+    p.add_argument("--baseline-prompts", type=int, help="prompts for the in-process baseline (default: all)")
+    p.add_argument("--checkpoint", help="baseline checkpoint directory or preset (qwen3_omni; default "
                                         "$OMNI_MODEL_HOME/qwen3_omni_tiny)")
+    p.add_argument("--device", default="cpu", help="baseline device (cpu, cuda, cuda:N)")
     p.add_argument("--baseline-url", help="a peer OpenAI-compatible server (e.g. scripts/peer_asr_server): every level "
                                           "also runs there, alternated with the served runs, with CPU-s per audio-s and "
                                           "/health latency of both servers")
@@ -70,13 +82,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.rounds < 1:
         p.error("--rounds must be >= 1")
     args.model = args.model or DEFAULT_MODELS[args.workload]
-    if args.baseline:
+    if args.baseline_only:
+        args.baseline = "inprocess"
+    if args.transport == "triton" and args.workload not in ("chat", "chat-audio"):
+        p.error("--transport triton supports the chat and chat-audio workloads")
+    if args.baseline == "inprocess":
         from omni_bench.baseline import check_supported
 
         try:
             check_supported(args.model, args.workload)
         except ValueError as exc:
             p.error(str(exc))
+    elif args.baseline and not Path(args.baseline).is_file():
+        p.error(f"--baseline must be 'inprocess' or an existing JSON file, got {args.baseline!r}")
     args.endpoint = args.endpoint or ENDPOINTS[args.workload]
     return args
 
@@ -92,17 +110,26 @@ async def _levels(args: argparse.Namespace, prompts: list[str], audio_file: byte
                 await synthesize_inputs(client, prompts, args.speech_model, args.voice)
         options = RequestOptions(args.workload, args.model, args.endpoint, args.voice, args.max_tokens,
                                  args.extra_body, audio)
-        sides = [(client, options, peer.listening_process(args.base_url))]
+        if args.transport == "triton":
+            def one(index, prompt, start):
+                return send_triton(args.triton_url, options, index, prompt, start, args.timeout)
+        else:
+            def one(index, prompt, start):
+                return send(client, options, index, prompt, start)
+        sides = [(one, client, peer.listening_process(args.base_url))]
         if args.baseline_url:
             peer_client = await stack.enter_async_context(http_client(args.baseline_url, None, args.timeout, cap_max))
             peer_options = dataclasses.replace(options, model=args.baseline_model or args.model)
-            sides.append((peer_client, peer_options, peer.listening_process(args.baseline_url)))
+
+            def peer_one(index, prompt, start):
+                return send(peer_client, peer_options, index, prompt, start)
+            sides.append((peer_one, peer_client, peer.listening_process(args.baseline_url)))
         levels, peer_levels = [], []
         for cap in args.max_concurrency:
             level = {"max_concurrency": cap or None, "request_rate": args.request_rate,
                      "num_warmups": args.num_warmups, "seed": args.seed}
             if not args.baseline_url:
-                records, duration = await run_level(client, options, prompts, **level)
+                records, duration = await run_level(one, prompts, **level)
                 levels.append(level_result(args.workload, args.model, cap or None, args.request_rate, records, duration))
                 print(report.table(levels[-1]), flush=True)
                 continue
@@ -123,16 +150,25 @@ def level_result(workload: str, model: str, cap: int | None, rate: float, record
 
 
 def _baseline(args: argparse.Namespace, prompts: list[str], levels: list[dict]) -> dict:
-    from omni_bench.baseline import run_baseline  # imports model code: only with --baseline
+    """The baseline level (run in-process now, or read from a --baseline-only JSON) compared with the served
+    max_concurrency=1 level."""
+    if args.baseline == "inprocess":
+        from omni_bench.baseline import run_baseline  # imports model code: only with --baseline inprocess
 
-    records, duration = run_baseline(args.model, args.workload, prompts, max_tokens=args.max_tokens,
-                                     voice=args.voice, checkpoint=args.checkpoint, num_warmups=args.num_warmups)
-    result = level_result(args.workload, args.model, 1, math.inf, records, duration)
-    served = next((level for level in levels if level["max_concurrency"] == 1), levels[0])
-    result["compared_with_max_concurrency"] = served["max_concurrency"]
-    result["comparison"] = report.compare(served["summary"], result["summary"])
-    print(report.table({**result, "model": f"{args.model} (in-process baseline)"}))
-    print(report.comparison_table(result["comparison"], served["max_concurrency"]))
+        records, duration = run_baseline(args.model, args.workload, prompts[:args.baseline_prompts or None],
+                                         max_tokens=args.max_tokens, voice=args.voice, checkpoint=args.checkpoint,
+                                         num_warmups=args.num_warmups, extra_body=args.extra_body,
+                                         device=args.device)
+        result = level_result(args.workload, args.model, 1, math.inf, records, duration)
+        print(report.table({**result, "model": f"{args.model} (in-process baseline)"}))
+    else:
+        result = json.loads(Path(args.baseline).read_text())["baseline"]
+        result["source"] = args.baseline
+    if levels:
+        served = next((level for level in levels if level["max_concurrency"] == 1), levels[0])
+        result["compared_with_max_concurrency"] = served["max_concurrency"]
+        result["comparison"] = report.compare(served["summary"], result["summary"])
+        print(report.comparison_table(result["comparison"], served["max_concurrency"]))
     return result
 
 
@@ -147,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     started = time.time()
     try:
-        levels, peer_levels = asyncio.run(_levels(args, prompts, audio_file))
+        levels, peer_levels = ([], []) if args.baseline_only else asyncio.run(_levels(args, prompts, audio_file))
     except (StreamError, httpx.HTTPError) as exc:  # preparing transcription input failed
         print(f"bench: {exc}", file=sys.stderr)
         return 2

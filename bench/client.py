@@ -18,7 +18,6 @@ import time
 from collections.abc import AsyncIterator
 
 import httpx
-import soundfile as sf
 
 from omni_bench.records import AUDIO, OTHER, TEXT, RequestRecord
 
@@ -154,6 +153,8 @@ async def _transcription(client: httpx.AsyncClient, options: RequestOptions, rec
     arrived = time.perf_counter()
     if response.status_code != 200:
         raise StreamError(f"HTTP {response.status_code}: {response.text[:500]}")
+    import soundfile as sf
+
     record.text = response.json()["text"]
     record.input_audio_s = sf.info(io.BytesIO(wav)).duration
     record.add(arrived - sent, OTHER, len(record.text))
@@ -198,6 +199,8 @@ async def synthesize_inputs(client: httpx.AsyncClient, prompts: list[str], model
 
 def read_wav(path: str) -> bytes:
     """A WAV file's bytes, checked to be readable audio (raises ValueError otherwise)."""
+    import soundfile as sf
+
     data = open(path, "rb").read()
     try:
         sf.info(io.BytesIO(data))

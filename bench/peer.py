@@ -21,7 +21,7 @@ import httpx
 import psutil
 
 from omni_bench.metrics import stats
-from omni_bench.runner import run_level
+from omni_bench.runner import SendFn, run_level
 
 HEALTH_PERIOD_S = 0.25
 
@@ -69,19 +69,20 @@ async def _probe_health(client: httpx.AsyncClient, latencies: list[float], stop:
             pass
 
 
-async def measured_run(client: httpx.AsyncClient, options, prompts: list[str], process: psutil.Process | None,
+async def measured_run(send: SendFn, client: httpx.AsyncClient, prompts: list[str], process: psutil.Process | None,
                        *, num_warmups: int, **level) -> tuple[list, float, float | None, list[float]]:
-    """`run_level` with the server's CPU seconds and /health latencies measured around its timed requests
-    (warm-ups go first, unmeasured): (records, duration_s, cpu_s or None, health latencies in s)."""
+    """`run_level` of `send` with the server's CPU seconds and /health latencies (through `client`) measured
+    around its timed requests (warm-ups go first, unmeasured): (records, duration_s, cpu_s or None,
+    health latencies in s)."""
     if num_warmups:
-        await run_level(client, options, prompts[:num_warmups], max_concurrency=1, request_rate=float("inf"),
+        await run_level(send, prompts[:num_warmups], max_concurrency=1, request_rate=float("inf"),
                         num_warmups=0, seed=0)
     latencies: list[float] = []
     stop = asyncio.Event()
     probe = asyncio.create_task(_probe_health(client, latencies, stop))
     before = tree_cpu_s(process)
     try:
-        records, duration = await run_level(client, options, prompts, num_warmups=0, **level)
+        records, duration = await run_level(send, prompts, num_warmups=0, **level)
     finally:
         stop.set()
         await probe
@@ -89,16 +90,17 @@ async def measured_run(client: httpx.AsyncClient, options, prompts: list[str], p
     return records, duration, (after - before if before is not None and after is not None else None), latencies
 
 
-async def alternated(sides: list[tuple[httpx.AsyncClient, object, psutil.Process | None]], prompts: list[str],
+async def alternated(sides: list[tuple[SendFn, httpx.AsyncClient, psutil.Process | None]], prompts: list[str],
                      rounds: int, **level) -> list[tuple[list, float, float | None, list[float]]]:
-    """Runs the level `rounds` times on each side in turn (A, B, A, B, ...); per side the pooled records,
+    """Runs the level `rounds` times on each side (its send function, HTTP client for /health, server
+    process) in turn (A, B, A, B, ...); per side the pooled records,
     the summed duration and CPU seconds (None if any run could not measure it) and all /health latencies.
     Warm-ups run in the first round only."""
     pooled: list[tuple[list, float, float | None, list[float]]] = [([], 0.0, 0.0, []) for _ in sides]
     for round_index in range(rounds):
-        for i, (client, options, process) in enumerate(sides):
+        for i, (send, client, process) in enumerate(sides):
             warmups = level["num_warmups"] if round_index == 0 else 0
-            records, duration, cpu, health = await measured_run(client, options, prompts, process,
+            records, duration, cpu, health = await measured_run(send, client, prompts, process,
                                                                 **{**level, "num_warmups": warmups})
             old = pooled[i]
             pooled[i] = (old[0] + records, old[1] + duration,

@@ -2,6 +2,7 @@
 
     python -m omni_frontend.serve [--pipelines voice,tts,...] [--host 127.0.0.1] [--port 8000]
                                   [--triton-grpc-port 8001] [--api-key KEY] ...
+    python -m omni_frontend.serve --deploy deploy/qwen3_omni_h200.yaml ...   (GPU stages: docs/gpu.md)
 
 Loads only the selected pipelines' models (explicit model control), waits until every model is
 ready, serves the OpenAI API with uvicorn, and on SIGINT/SIGTERM stops both, leaving no child
@@ -20,14 +21,12 @@ import threading
 import time
 from pathlib import Path
 
-import uvicorn
-
+from omni_frontend import deploy
 from omni_frontend import pipelines as registry
-from omni_frontend.app import create_app
-from omni_frontend.config import FrontendConfig
 from omni_frontend.tritonserver import LaunchError, TritonServer, port_in_use
 
 ROOT = Path(__file__).resolve().parent.parent
+CHECKPOINT_PRESETS = ("qwen3_omni_tiny", "qwen3_omni_30b_a3b_random")   # python -m omni_backends.prepare NAME
 log = logging.getLogger("omni_frontend.serve")
 
 
@@ -39,6 +38,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="serve a pipeline that is not in the registry (tests, custom repositories)")
     p.add_argument("--model-repository", action="append", type=Path, default=None,
                    help="model repository folder (repeatable; default: ./model_repository)")
+    p.add_argument("--deploy", type=Path, metavar="YAML",
+                   help="deploy file (deploy/*.yaml): render its pipeline's models with the file's devices and "
+                        "settings into var/deploy/<name>/ and serve that pipeline from there")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--triton-grpc-port", type=int, default=8001)
@@ -48,12 +50,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--log-dir", type=Path, default=ROOT / "var" / "log")
     p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for every model")
     p.add_argument("--no-prepare", action="store_true", help="skip preparing the default model checkpoints")
+    p.add_argument("--no-frontend", action="store_true",
+                   help="serve Triton only (gRPC/HTTP clients, scripts/bench --transport triton); the frontend's "
+                        "packages are then not needed")
     return p.parse_args(argv)
 
 
 def prepare_models(names: list[str]) -> None:
-    """Runs model preparation in a subprocess (the frontend never imports model code)."""
-    known = [n for n in names if n in registry.REGISTRY]
+    """Runs model preparation in a subprocess (the frontend never imports model code). Names: pipelines and
+    checkpoint presets (`qwen3_omni_30b_a3b_random`); anything else (a checkpoint directory) is skipped."""
+    known = [n for n in names if n in registry.REGISTRY or n in CHECKPOINT_PRESETS]
     if not known:
         return
     done = subprocess.run([sys.executable, "-m", "omni_backends.prepare", *known])
@@ -66,10 +72,16 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # /health polls Triton's metrics
     args = parse_args(argv)
     try:
+        if args.deploy is not None:
+            deployment = deploy.load(args.deploy)
+            rendered = deploy.render(deployment, ROOT / "var" / "deploy" / deployment.name)
+            log.info("rendered %s into %s", args.deploy, rendered)
+            args.pipelines, args.model_repository = deployment.pipeline, [rendered]
+            args.prepare_only = [deployment.checkpoint] if deployment.checkpoint else None
         extra = [registry.parse_extra(s) for s in args.extra_pipeline]
         names = [n for n in args.pipelines.split(",") if n] + [p.name for p in extra]
         selected = registry.resolve(list(dict.fromkeys(names)), extra)
-    except ValueError as exc:
+    except ValueError as exc:   # DeployError is a ValueError: one line naming the key
         print(f"error: {exc}", file=sys.stderr)
         return 2
     server = None
@@ -77,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         if port_in_use(args.host, args.port):
             raise LaunchError(f"port {args.host}:{args.port} is already in use (pass --port)")
         if not args.no_prepare:
-            prepare_models([p.name for p in selected])
+            prepare = getattr(args, "prepare_only", None)
+            prepare_models(prepare if prepare is not None else [p.name for p in selected])
         server = TritonServer(
             repositories=[r.resolve() for r in (args.model_repository or [ROOT / "model_repository"])],
             models=registry.triton_models(selected), grpc_port=args.triton_grpc_port,
@@ -87,6 +100,13 @@ def main(argv: list[str] | None = None) -> int:
         log.info("starting tritonserver with models: %s", ", ".join(server.models))
         server.start()
         log.info("tritonserver ready in %.1f s (log: %s)", time.monotonic() - started, server.log_path)
+        if args.no_frontend:
+            return _serve_triton_only(server)
+        import uvicorn
+
+        from omni_frontend.app import create_app
+        from omni_frontend.config import FrontendConfig
+
         app = create_app(FrontendConfig(triton_url=server.grpc_url, pipelines=selected, api_key=args.api_key,
                                         triton_metrics_url=server.metrics_url))
         uv = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
@@ -109,7 +129,21 @@ def main(argv: list[str] | None = None) -> int:
             log.info("tritonserver stopped")
 
 
-def _watch(uv: uvicorn.Server, server: TritonServer, died: threading.Event) -> None:
+def _serve_triton_only(server: TritonServer) -> int:
+    """Wait until SIGINT/SIGTERM (exit 0) or until tritonserver dies (exit 1); the caller stops the server."""
+    print(f"Omni-Triton ready (Triton only): gRPC {server.grpc_url}   metrics {server.metrics_url}", flush=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    while not stop.wait(0.5):
+        if server.process is not None and server.process.poll() is not None:
+            print(f"error: {server.failure(f'tritonserver exited unexpectedly with code {server.process.returncode}')}",
+                  file=sys.stderr, flush=True)
+            return 1
+    return 0
+
+
+def _watch(uv, server: TritonServer, died: threading.Event) -> None:
     """Stops the frontend (exit 1) if tritonserver dies under it: a supervisor can then restart us."""
     while not uv.should_exit:
         process = server.process
@@ -122,7 +156,7 @@ def _watch(uv: uvicorn.Server, server: TritonServer, died: threading.Event) -> N
         time.sleep(0.5)
 
 
-def _announce(uv: uvicorn.Server, args, server: TritonServer, selected) -> None:
+def _announce(uv, args, server: TritonServer, selected) -> None:
     while not uv.started and not uv.should_exit:
         time.sleep(0.05)
     if uv.started:

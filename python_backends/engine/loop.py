@@ -1,8 +1,11 @@
 """EngineLoop: a background thread that continuously batches all live requests of one runner.
 
-Each iteration: apply pending aborts, admit waiting requests (prefill: their first token), apply
-aborts again, then ONE decode forward for every live request (the just-admitted ones included), sample each row with its own params, and call
-each request's `on_output`. The thread sleeps on a Condition while nothing is live.
+Each iteration: apply pending aborts, admit waiting requests, prefill what the runner takes this
+iteration (a runner with chunked prefill may take only part of a long prompt and return no row for
+that request yet, so running streams keep decoding between the chunks), apply aborts again, then ONE
+decode forward for every prefilled request (the just-prefilled ones included), sample all rows with
+one host synchronisation (`sample_rows`, each row with its own params), and call each request's
+`on_output`. The thread sleeps on a Condition while nothing is live.
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ import torch
 
 from omni_backends.engine.request import EngineRequest, FinishReason, OnOutput, Prompt, StepOutput
 from omni_backends.engine.runner import Runner, RowOutput
-from omni_backends.engine.sampling import SamplingParams, sample_next_token
+from omni_backends.engine.sampling import SamplingParams, sample_rows
 
 log = logging.getLogger(__name__)
 
@@ -142,37 +145,52 @@ class EngineLoop:
             self._apply_aborts()
             if self._stopping:
                 return
-            admitted = [r for r in admitted if r.request_id in self._running]
-            if admitted:
-                self._forward(admitted, prefill=True)
+            pending = [r for r in self._running.values() if not r.prefilled]
+            if pending:
+                self._forward(pending, prefill=True)
             self._apply_aborts()
-            if self._running:
-                self._forward(list(self._running.values()), prefill=False)
+            decoding = [r for r in self._running.values() if r.prefilled]
+            if decoding:
+                self._forward(decoding, prefill=False)
 
     def _forward(self, requests: list[EngineRequest], prefill: bool) -> None:
-        """Run one prefill or decode forward for `requests`, then sample and emit per request."""
+        """Run one prefill or decode forward for `requests`, then sample and emit per request.
+
+        A prefill may return None for a request whose prompt is not complete yet (chunked prefill).
+        """
         try:
             if prefill:
                 rows = self.runner.prefill(requests)
             else:
                 tokens = torch.tensor([r.output_ids[-1] for r in requests], dtype=torch.long)
                 rows = self.runner.decode(requests, tokens)
+            done = [(r, row) for r, row in zip(requests, rows) if row is not None]
+            sampled = self._sample(done)
         except Exception as exc:  # the engine must survive a bad request or model error
             log.exception("runner %s failed", "prefill" if prefill else "decode")
             self._finish_all(requests if prefill else list(self._running.values()), "error", repr(exc))
             return
         with self._cond:
             self._steps += 1
-        for request, row in zip(requests, rows):
-            self._emit_token(request, row)
+        for (request, row), token in zip(done, sampled):
+            request.prefilled = True
+            self._emit_token(request, row, token)
 
-    def _emit_token(self, request: EngineRequest, row: RowOutput) -> None:
+    @staticmethod
+    def _sample(done: list[tuple[EngineRequest, RowOutput]]) -> list[int]:
+        if not done:
+            return []
+        requests = [r for r, _ in done]
+        logits = torch.stack([row.logits for _, row in done])
+        seen = [r.seen_token_ids() if r.params.repetition_penalty != 1.0 else None for r in requests]
+        return sample_rows(logits, [r.params for r in requests], seen, [len(r.output_ids) for r in requests],
+                           [r.generator for r in requests])
+
+    def _emit_token(self, request: EngineRequest, row: RowOutput, token: int) -> None:
         params = request.params
         with self._cond:
             if request.request_id in self._aborts:
                 return  # aborted during the forward: _apply_aborts sends its final output
-        seen = request.seen_token_ids() if params.repetition_penalty != 1.0 else None
-        token = sample_next_token(row.logits, params, seen, len(request.output_ids), request.generator)
         request.output_ids.append(token)
         reason: FinishReason | None = None
         if token in params.stop_token_ids:

@@ -93,7 +93,8 @@ class EngineRequest:
 
     Attributes: request_id, prompt, params, on_output, output_ids (list[int] generated so far),
     next_position (text position of the next token to feed), generator (per-request RNG or None),
-    state (dict a model-specific runner may use for its own per-request data).
+    prefilled (the whole prompt has been run), state (dict a model-specific runner may use for its
+    own per-request data).
     """
 
     def __init__(self, request_id: str, prompt: Prompt, params: SamplingParams, on_output: OnOutput):
@@ -104,6 +105,7 @@ class EngineRequest:
         self.output_ids: list[int] = []
         self.next_position = prompt.next_position
         self.generator = make_generator(params.seed)
+        self.prefilled = False
         self.state: dict[str, Any] = {}
 
     def seen_token_ids(self) -> torch.Tensor:

@@ -10,6 +10,7 @@ implement the `Runner` protocol directly.
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
@@ -40,14 +41,22 @@ class RowOutput:
 class Runner(Protocol):
     """What EngineLoop needs from a model runner. All calls come from the engine thread."""
 
-    def prefill(self, requests: Sequence[EngineRequest]) -> list[RowOutput]:
-        """Run the prompts of new requests, keep their caches, return one RowOutput per request (same order)."""
+    def prefill(self, requests: Sequence[EngineRequest]) -> list[RowOutput | None]:
+        """Run the prompts of requests not yet prefilled, keep their caches, return one entry per request
+        (same order): a RowOutput once its prompt is complete, None while a chunked prefill is not done."""
 
     def decode(self, requests: Sequence[EngineRequest], token_ids: torch.Tensor) -> list[RowOutput]:
         """Feed token_ids (int64 [B], one per request, same order) to all given live requests in one step."""
 
     def release(self, request_ids: Sequence[str]) -> None:
         """Forget these requests' caches (unknown ids are ignored)."""
+
+
+def cache_kwargs(model: torch.nn.Module, cache) -> dict:
+    """The forward kwarg for a KV cache: transformers >= 5.2x calls it `cache`, earlier 5.x `past_key_values`
+    (the GPU image has 5.17). The cache object is updated in place either way."""
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return {name: cache}
 
 
 def text_mrope_position_ids(positions: torch.Tensor, sections: int = 4) -> torch.Tensor:
@@ -62,7 +71,7 @@ class DecoderRunner:
     """Runner for a transformers causal LM with a full-attention DynamicCache.
 
     Args:
-        model: the causal LM (eval mode is set here); forward must accept `cache=` (transformers 5).
+        model: the causal LM (eval mode is set here); forward must accept a cache (`cache_kwargs`).
         hidden_layers: indexes into the model's `hidden_states` tuple to return per token (0 = input
             embeddings, i = output of decoder layer i); empty: hidden states are not computed.
         position_ids_fn: maps text positions int64 [B, L] to the model's position_ids layout
@@ -160,7 +169,7 @@ class DecoderRunner:
             **self.decode_inputs(rows, tokens),
             attention_mask=mask,
             position_ids=self.position_ids_fn(positions),
-            cache=cache,
+            **cache_kwargs(self.model, cache),
             use_cache=True,
             output_hidden_states=bool(self.hidden_layers),
         )
@@ -207,12 +216,12 @@ class DecoderRunner:
             **first.model_kwargs,
             attention_mask=mask,
             position_ids=position_ids,
-            cache=cache,
+            **cache_kwargs(self.model, cache),
             use_cache=True,
             output_hidden_states=bool(self.hidden_layers),
         )
-        self.kv.add([(r.request_id, cache_layers(out.cache, row, skip + lengths[row])) for row, r in enumerate(group)])
-        self._remember_prefixes(group, out.cache)
+        self.kv.add([(r.request_id, cache_layers(cache, row, skip + lengths[row])) for row, r in enumerate(group)])
+        self._remember_prefixes(group, cache)
         return [self._row_output(out, row, lengths[row]) for row in range(len(group))]
 
     def _row_output(self, out, row: int, n_fed: int) -> RowOutput:

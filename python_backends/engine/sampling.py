@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -122,15 +122,7 @@ def sample_next_token(
     Returns:
         The chosen token id.
     """
-    scores = logits.float().clone()
-    if params.repetition_penalty != 1.0 and seen_token_ids is not None and seen_token_ids.numel():
-        seen = seen_token_ids.to(scores.device)
-        picked = scores[seen]
-        scores[seen] = torch.where(picked > 0, picked / params.repetition_penalty, picked * params.repetition_penalty)
-    if params.suppress_token_ids:
-        scores[list(params.suppress_token_ids)] = -float("inf")
-    if num_generated < params.min_tokens and params.stop_token_ids:
-        scores[list(params.stop_token_ids)] = -float("inf")
+    scores = masked_scores(logits.float().clone(), params, seen_token_ids, num_generated)
     if params.greedy:
         return int(scores.argmax())
     scores = scores / params.temperature
@@ -145,6 +137,46 @@ def sample_next_token(
         scores = scores.masked_fill(remove.scatter(0, order, remove), -float("inf"))
     probs = scores.softmax(-1)
     return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def masked_scores(scores: torch.Tensor, params: SamplingParams, seen_token_ids: torch.Tensor | None = None,
+                  num_generated: int = 0) -> torch.Tensor:
+    """Apply repetition_penalty, suppress_token_ids and min_tokens to one row of float scores [vocab], in place
+    (returns it). Only device operations: no host synchronisation on CUDA tensors."""
+    if params.repetition_penalty != 1.0 and seen_token_ids is not None and seen_token_ids.numel():
+        seen = seen_token_ids.to(scores.device)
+        picked = scores[seen]
+        scores[seen] = torch.where(picked > 0, picked / params.repetition_penalty, picked * params.repetition_penalty)
+    if params.suppress_token_ids:
+        scores[list(params.suppress_token_ids)] = -float("inf")
+    if num_generated < params.min_tokens and params.stop_token_ids:
+        scores[list(params.stop_token_ids)] = -float("inf")
+    return scores
+
+
+def sample_rows(logits: torch.Tensor, params: Sequence[SamplingParams], seen_token_ids: Sequence[torch.Tensor | None],
+                num_generated: Sequence[int], generators: Sequence[torch.Generator | None]) -> list[int]:
+    """`sample_next_token` for every row of a batch with ONE host synchronisation for the greedy rows.
+
+    Args:
+        logits: float [B, vocab] on any device (not modified); the other arguments are per row.
+
+    Greedy rows are masked on the logits' device and picked by one batched argmax; sampled rows run
+    `sample_next_token` on the CPU with their own generator, so each row's token is exactly what
+    `sample_next_token` gives for it alone.
+    """
+    tokens: list[int | None] = [None] * len(params)
+    greedy = [i for i, p in enumerate(params) if p.greedy]
+    if greedy:
+        scores = logits[greedy].float()
+        for row, i in enumerate(greedy):
+            masked_scores(scores[row], params[i], seen_token_ids[i], num_generated[i])
+        for i, token in zip(greedy, scores.argmax(-1).tolist()):
+            tokens[i] = token
+    for i, p in enumerate(params):
+        if tokens[i] is None:
+            tokens[i] = sample_next_token(logits[i].cpu(), p, seen_token_ids[i], num_generated[i], generators[i])
+    return tokens
 
 
 def check_context_length(prompt_tokens: int, max_tokens: int, context_length: int) -> None:

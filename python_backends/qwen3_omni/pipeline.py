@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from omni_backends.engine import SamplingParams
+from omni_backends.engine.options import EngineOptions
 from omni_backends.qwen3_omni.code2wav import Code2WavStreamer
 from omni_backends.qwen3_omni.loading import Qwen3OmniStages
 from omni_backends.qwen3_omni.talker import Talker
@@ -56,12 +57,16 @@ class LocalOmniPipeline:
         stages: `loading.load_stages(dir)`.
         tts_embeds: float [3, H_thinker] (`loading.load_tts_embeds`).
         chunk_frames, first_chunk_frames, left_context_frames: `Code2WavStreamer` settings.
+        options: the thinker's and talker's engine (`EngineOptions`; default: "dynamic").
+        max_running: most requests each engine holds at once.
     """
 
     def __init__(self, stages: Qwen3OmniStages, tts_embeds: torch.Tensor, chunk_frames: int = 25,
-                 first_chunk_frames: int = 5, left_context_frames: int = 25):
-        self.thinker = Thinker(stages.thinker, stages.config, stages.tokenizer, stages.feature_extractor)
-        self.talker = Talker(stages.talker, stages.config, tts_embeds)
+                 first_chunk_frames: int = 5, left_context_frames: int = 25, options: EngineOptions | None = None,
+                 max_running: int = 32):
+        self.thinker = Thinker(stages.thinker, stages.config, stages.tokenizer, stages.feature_extractor,
+                               max_running=max_running, options=options)
+        self.talker = Talker(stages.talker, stages.config, tts_embeds, options=options, max_running=max_running)
         self.code2wav = Code2WavStreamer(stages.code2wav, chunk_frames, first_chunk_frames, left_context_frames)
 
     def close(self) -> None:

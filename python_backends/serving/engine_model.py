@@ -22,6 +22,7 @@ from omni_backends.errors import RequestError
 from omni_backends.serving import model_config, sidechannel
 from omni_backends.serving.decoupled import send_final
 from omni_backends.serving.metrics import StageMetrics
+from omni_backends.serving.tensors import to_triton
 
 CANCEL_POLL_S = 0.02
 _STOP = object()
@@ -33,8 +34,8 @@ class EngineStageModel:
     - `build_loop(args) -> EngineLoop` (load the model, make the runner);
     - `make_prompt(request) -> (Prompt, SamplingParams, context)`: parse one Triton request; raise
       RequestError for bad input; `context` is any per-request object passed back below;
-    - `encode(context, output: StepOutput) -> dict[name, np.ndarray]`: tensors of one token's
-      response (return None to send nothing for this output);
+    - `encode(context, output: StepOutput) -> dict[name, np.ndarray | torch.Tensor]`: tensors of one
+      token's response (CUDA torch tensors go out through DLPack; return None to send nothing);
     - optionally `finished(context) -> bool`: True once the request is complete before the engine
       says so (e.g. a stop string matched): it is aborted in the engine and gets FINAL at once.
     """
@@ -123,7 +124,7 @@ class EngineStageModel:
                 raise RuntimeError(output.error or "engine error")
             tensors = self.encode(context, output) if output.token_id is not None or output.finished else None
             if tensors and not sender.is_cancelled():
-                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in tensors.items()]))
+                sender.send(pb_utils.InferenceResponse([to_triton(k, v) for k, v in tensors.items()]))
             if not output.finished and self.finished(context):
                 self.loop.abort(rid)  # its abort output arrives later and is ignored
                 output = StepOutput(token_id=None, finished=True, finish_reason="stop")

@@ -36,6 +36,7 @@ from omni_backends.qwen3_omni.serving import protocol as p
 from omni_backends.serving import bls, events
 from omni_backends.serving.fanin import FanIn
 from omni_backends.serving.decoupled import AsyncDecoupledModel
+from omni_backends.serving.tensors import on_gpu
 
 THINKER, TALKER, CODE2WAV = "qwen3_omni_thinker", "qwen3_omni_talker", "qwen3_omni_code2wav"
 MODALITIES = ("text", "audio")
@@ -164,9 +165,20 @@ class TritonPythonModel(AsyncDecoupledModel):
         finally:
             codes_q.put_nowait(_END)
 
-    def _talker_inputs(self, turn: _Turn, responses: list[dict]) -> dict[str, np.ndarray]:
+    def _talker_inputs(self, turn: _Turn, responses: list[dict]) -> dict:
+        """The talker request's tensors; the thinker's hidden states stay CUDA tensors when they came as such."""
         embeds = [r[p.EMBED] for r in responses if p.EMBED in r]
-        inputs = {p.TEXT_EMBEDS: (np.concatenate(embeds) if embeds else np.zeros((0, 1), np.float32))[None]}
+        for embed in embeds:
+            self.metrics.tensor(p.EMBED, "in", on_gpu(embed))
+        if embeds and on_gpu(embeds[0]):
+            import torch
+
+            text = torch.cat(embeds)[None]
+        else:
+            text = (np.concatenate(embeds) if embeds else np.zeros((0, 1), np.float32))[None]
+        if embeds:
+            self.metrics.tensor(p.TEXT_EMBEDS, "out", on_gpu(text))
+        inputs = {p.TEXT_EMBEDS: text}
         if turn.talker_seq is None:
             first, body = responses[0], turn.body
             inputs.update({name: first[name][None] for name in p.PROMPT_TENSORS})

@@ -29,6 +29,7 @@ from omni_backends.qwen3_omni.talker import Talker, TalkerPrompt
 from omni_backends.serving import events, model_config, sidechannel
 from omni_backends.serving.decoupled import send_final
 from omni_backends.serving.metrics import StageMetrics
+from omni_backends.serving.tensors import from_triton, on_gpu
 
 CANCEL_POLL_S = 0.02
 _STOP = object()
@@ -47,12 +48,20 @@ class _Command:
     params: dict | None = None
 
 
+def _float_tensor(value) -> torch.Tensor:
+    """A float32 torch tensor of an input: CUDA tensors stay where they are, numpy arrays are copied."""
+    return value.float() if on_gpu(value) else torch.from_numpy(np.array(value, np.float32))
+
+
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         self.model_name, _, parameters = model_config.load(args)
-        path = p.stage_checkpoint(parameters, self.model_name)
-        omni_config = load_config(path)
-        self.talker = Talker(load_talker(path, omni_config), omni_config, load_tts_embeds(path, omni_config))
+        setup = p.stage_setup(args, parameters, self.model_name)
+        omni_config = load_config(setup.path)
+        self.talker = Talker(load_talker(setup.path, omni_config, setup.device, setup.dtype), omni_config,
+                             load_tts_embeds(setup.path, omni_config, setup.device, setup.dtype), options=setup.options,
+                             max_running=model_config.int_parameter(parameters, "max_running", 32))
+        self.talker.warmup()
         self.max_frames = model_config.int_parameter(parameters, "max_frames", 4095)
         self.metrics = StageMetrics(self.model_name)
         self._commands: queue.Queue = queue.Queue()
@@ -79,21 +88,25 @@ class TritonPythonModel:
     def _parse(self, request, sender) -> _Command:
         def tensor(name):
             found = pb_utils.get_input_tensor_by_name(request, name)
-            return None if found is None else found.as_numpy()[0]   # drop the batch dim
+            return None if found is None else from_triton(found)[0]   # drop the batch dim
 
         embeds = tensor(p.TEXT_EMBEDS)
         abort = p.flag(tensor(p.ABORT))
         if embeds is None and not abort:
             raise RequestError(f"{p.TEXT_EMBEDS} is required (it may hold 0 rows)")
+        if embeds is not None:
+            self.metrics.tensor(p.TEXT_EMBEDS, "in", on_gpu(embeds))
         command = _Command(sequence=int(request.correlation_id()), sender=sender, request_id=request.request_id(),
                            start=p.flag(tensor(p.START)), end=p.flag(tensor(p.END)), abort=abort,
-                           embeds=None if embeds is None else torch.from_numpy(np.array(embeds, np.float32)))
+                           embeds=None if embeds is None else _float_tensor(embeds))
         if command.start and not command.abort:
             if any(tensor(name) is None for name in (*p.PROMPT_TENSORS, p.TALKER_PARAMS)):
                 raise RequestError(f"the START request needs {', '.join((*p.PROMPT_TENSORS, p.TALKER_PARAMS))}")
-            command.prompt = TalkerPrompt(prompt_ids=torch.from_numpy(tensor(p.PROMPT_IDS).astype(np.int64)),
-                                          prompt_embeds=torch.from_numpy(np.array(tensor(p.PROMPT_EMBEDS))),
-                                          mm_hidden=torch.from_numpy(np.array(tensor(p.MM_HIDDEN))))
+            ids = tensor(p.PROMPT_IDS)
+            command.prompt = TalkerPrompt(prompt_ids=ids.long().cpu() if on_gpu(ids) else torch.from_numpy(
+                                              np.asarray(ids, dtype=np.int64)),
+                                          prompt_embeds=_float_tensor(tensor(p.PROMPT_EMBEDS)),
+                                          mm_hidden=_float_tensor(tensor(p.MM_HIDDEN)))
             command.params = events.read_json(tensor(p.TALKER_PARAMS))
         return command
 

@@ -2,7 +2,9 @@
 
 Tensors: see `omni_backends.qwen3_omni.serving.protocol`. Sampling from the REQUEST JSON: temperature
 (0 or null: greedy), top_p, top_k (-1/0: off), max_tokens (null: config `max_tokens`, default 256),
-seed, stop (strings; the text is cut there and the turn ends with finish_reason "stop"). The turn
+min_tokens (vLLM's extension: `<|im_end|>` is suppressed before that many tokens), seed, stop
+(strings; the text is cut there and the turn ends with finish_reason "stop"). Stage settings:
+`protocol.stage_setup` (device from the instance kind, dtype, engine, kernels, gpu_tensors). The turn
 also ends at `<|im_end|>` (included in completion_tokens, never in the text).
 """
 from __future__ import annotations
@@ -34,11 +36,15 @@ class _Turn:
 
 class TritonPythonModel(EngineStageModel):
     def build_loop(self, args):
-        path = p.stage_checkpoint(self.parameters, self.model_name)
-        config = load_config(path)
-        self.thinker = Thinker(load_thinker(path, config), config, AutoTokenizer.from_pretrained(path),
-                               WhisperFeatureExtractor.from_pretrained(path),
-                               max_running=model_config.int_parameter(self.parameters, "max_running", 32))
+        setup = p.stage_setup(args, self.parameters, self.model_name)
+        config = load_config(setup.path)
+        self.thinker = Thinker(load_thinker(setup.path, config, setup.device, setup.dtype), config,
+                               AutoTokenizer.from_pretrained(setup.path),
+                               WhisperFeatureExtractor.from_pretrained(setup.path),
+                               max_running=model_config.int_parameter(self.parameters, "max_running", 32),
+                               options=setup.options)
+        self.thinker.warmup()
+        self.gpu_tensors = setup.gpu_tensors
         self.default_max_tokens = model_config.int_parameter(self.parameters, "max_tokens", 256)
         return self.thinker.loop
 
@@ -54,8 +60,7 @@ class TritonPythonModel(EngineStageModel):
                                         [stop] if isinstance(stop, str) else stop),
                      bool(body.get("talker_inputs", True)))
         params = self.sampling_params(body)
-        check_context_length(len(inputs.input_ids), params.max_tokens,
-                             self.thinker.config.thinker_config.text_config.max_position_embeddings)
+        check_context_length(len(inputs.input_ids), params.max_tokens, self.thinker.context_length)
         return self.thinker.engine_prompt(inputs), params, turn
 
     def sampling_params(self, body: dict) -> SamplingParams:
@@ -64,7 +69,7 @@ class TritonPythonModel(EngineStageModel):
         values = {"max_tokens": body.get("max_tokens") or self.default_max_tokens,
                   "temperature": 0.0 if temperature is None else temperature,
                   "top_p": body.get("top_p") or 1.0, "top_k": max(int(body.get("top_k") or 0), 0),
-                  "seed": body.get("seed")}
+                  "seed": body.get("seed"), "min_tokens": body.get("min_tokens") or 0}
         try:
             return self.thinker.sampling_params(**values)
         except (TypeError, ValueError) as exc:
@@ -87,10 +92,17 @@ class TritonPythonModel(EngineStageModel):
             return tensors
         token = self.thinker.token(turn.inputs.input_ids, output)
         if token.embed is not None:
-            tensors[p.EMBED] = token.embed.float().cpu().numpy()
+            tensors[p.EMBED] = self._hidden(token.embed)
+            self.metrics.tensor(p.EMBED, "out", self.gpu_tensors)
         if token.talker_prompt is not None:
             prompt = token.talker_prompt
             tensors.update({p.PROMPT_IDS: prompt.prompt_ids.numpy().astype(np.int64),
-                            p.PROMPT_EMBEDS: prompt.prompt_embeds.float().cpu().numpy(),
-                            p.MM_HIDDEN: prompt.mm_hidden.float().cpu().numpy()})
+                            p.PROMPT_EMBEDS: self._hidden(prompt.prompt_embeds),
+                            p.MM_HIDDEN: self._hidden(prompt.mm_hidden)})
         return tensors
+
+    def _hidden(self, tensor):
+        """FP32 hidden states for the talker: a CUDA tensor (DLPack, no host copy) or a numpy copy (always
+        for an empty tensor: it has no device memory to share)."""
+        tensor = tensor.float()
+        return tensor.contiguous() if self.gpu_tensors and tensor.numel() else tensor.cpu().numpy()
