@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from omni_bench import report
+from omni_bench import peer, report
 from omni_bench.client import ENDPOINTS, WORKLOADS, RequestOptions, StreamError, read_wav, send, synthesize_inputs
 from omni_bench.datasets import BUILTIN, load_prompts
 from omni_bench.metrics import request_metrics, summarize
@@ -73,6 +75,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoint", help="baseline checkpoint directory or preset (qwen3_omni / qwen_image / wan; "
                                         "default $OMNI_MODEL_HOME/qwen3_omni_tiny / qwen_image_tiny / wan_tiny)")
     p.add_argument("--device", default="cpu", help="baseline device (cpu, cuda, cuda:N)")
+    p.add_argument("--baseline-url", help="a peer OpenAI-compatible server (e.g. scripts/peer_asr_server): every level "
+                                          "also runs there, alternated with the served runs, with CPU-s per audio-s and "
+                                          "/health latency of both servers")
+    p.add_argument("--baseline-model", help="model id sent to --baseline-url (default: --model)")
+    p.add_argument("--rounds", type=int, default=2, help="with --baseline-url: served/peer runs per level (each all prompts)")
     realtime = p.add_argument_group("realtime workload (omni_bench.realtime)")
     realtime.add_argument("--turn-detection", choices=["server_vad", "manual"], default="server_vad",
                           help="server VAD ends each turn, or the client commits right after the speech")
@@ -85,6 +92,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--extra-body must be a JSON object")
     if args.num_prompts < 1 or args.num_warmups < 0 or args.request_rate <= 0 or min(args.max_concurrency) < 0:
         p.error("--num-prompts must be >= 1, --num-warmups and --max-concurrency >= 0, --request-rate > 0")
+    if args.rounds < 1:
+        p.error("--rounds must be >= 1")
     args.model = args.model or DEFAULT_MODELS[args.workload]
     if args.baseline and args.workload == REALTIME:
         p.error("--baseline does not apply to the realtime workload")
@@ -105,8 +114,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-async def _levels(args: argparse.Namespace, prompts: list[str], audio_file: bytes | None) -> list[dict]:
-    async with http_client(args.base_url, args.api_key, args.timeout, max(args.max_concurrency)) as client:
+async def _levels(args: argparse.Namespace, prompts: list[str], audio_file: bytes | None) -> tuple[list[dict], list[dict]]:
+    """Served levels, and with --baseline-url the peer's levels (alternated with the served runs)."""
+    async with contextlib.AsyncExitStack() as stack:
+        cap_max = max(args.max_concurrency)
+        client = await stack.enter_async_context(http_client(args.base_url, args.api_key, args.timeout, cap_max))
         audio: tuple[bytes, ...] = ()
         if args.workload == "transcription":
             audio = (audio_file,) if audio_file else \
@@ -119,14 +131,30 @@ async def _levels(args: argparse.Namespace, prompts: list[str], audio_file: byte
         else:
             def one(index, prompt, start):
                 return send(client, options, index, prompt, start)
-        levels = []
+        sides = [(one, client, peer.listening_process(args.base_url))]
+        if args.baseline_url:
+            peer_client = await stack.enter_async_context(http_client(args.baseline_url, None, args.timeout, cap_max))
+            peer_options = dataclasses.replace(options, model=args.baseline_model or args.model)
+
+            def peer_one(index, prompt, start):
+                return send(peer_client, peer_options, index, prompt, start)
+            sides.append((peer_one, peer_client, peer.listening_process(args.baseline_url)))
+        levels, peer_levels = [], []
         for cap in args.max_concurrency:
-            records, duration = await run_level(one, prompts, max_concurrency=cap or None,
-                                                request_rate=args.request_rate, num_warmups=args.num_warmups,
-                                                seed=args.seed)
-            levels.append(level_result(args.workload, args.model, cap or None, args.request_rate, records, duration))
-            print(report.table(levels[-1]), flush=True)
-    return levels
+            level = {"max_concurrency": cap or None, "request_rate": args.request_rate,
+                     "num_warmups": args.num_warmups, "seed": args.seed}
+            if not args.baseline_url:
+                records, duration = await run_level(one, prompts, **level)
+                levels.append(level_result(args.workload, args.model, cap or None, args.request_rate, records, duration))
+                print(report.table(levels[-1]), flush=True)
+                continue
+            for (records, duration, cpu, health), out, name in zip(
+                    await peer.alternated(sides, prompts, args.rounds, **level), (levels, peer_levels),
+                    (args.model, f"{args.baseline_url} (peer)")):
+                out.append(level_result(args.workload, name, cap or None, args.request_rate, records, duration))
+                out[-1]["server_usage"] = peer.usage(records, cpu, health, args.workload)
+                print(report.table(out[-1]), flush=True)
+        return levels, peer_levels
 
 
 def level_result(workload: str, model: str, cap: int | None, rate: float, records, duration: float) -> dict:
@@ -195,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.workload == REALTIME:
         return _realtime(args, prompts, started)
     try:
-        levels = [] if args.baseline_only else asyncio.run(_levels(args, prompts, audio_file))
+        levels, peer_levels = ([], []) if args.baseline_only else asyncio.run(_levels(args, prompts, audio_file))
     except (StreamError, httpx.HTTPError) as exc:  # preparing transcription input failed
         print(f"bench: {exc}", file=sys.stderr)
         return 2
@@ -205,13 +233,18 @@ def main(argv: list[str] | None = None) -> int:
               "levels": levels}
     if args.baseline:
         result["baseline"] = _baseline(args, prompts, levels)
+    if peer_levels:
+        compared = [(p["max_concurrency"], peer.comparison(s, p)) for s, p in zip(levels, peer_levels)]
+        result["baseline_server"] = {"url": args.baseline_url, "rounds": args.rounds, "levels": peer_levels,
+                                     "comparison": [{"max_concurrency": cap, **c} for cap, c in compared]}
+        print(peer.comparison_table(compared, args.baseline_url))
     if args.result_json:
         Path(args.result_json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.result_json).write_text(json.dumps(result, indent=1))
         print(f"results written to {args.result_json}")
     if args.plot:
         print(report.plot(levels, args.plot))
-    errors = [r["error"] for level in levels for r in level["requests"] if r["error"]]
+    errors = [r["error"] for level in levels + peer_levels for r in level["requests"] if r["error"]]
     if errors:
         print(f"bench: {len(errors)} request(s) failed; the first: {errors[0]}", file=sys.stderr)
     return 1 if errors else 0

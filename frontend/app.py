@@ -6,6 +6,7 @@ import hmac
 from fastapi import Depends, FastAPI
 
 from omni_frontend import admission, errors, observability
+from omni_frontend.liveness import HeartbeatReader
 from omni_frontend.config import FrontendConfig
 from omni_frontend.image_store import ImageStore
 from omni_frontend.realtime import route as realtime
@@ -42,6 +43,7 @@ def create_app(config: FrontendConfig) -> FastAPI:
     app = FastAPI(title="Omni-Triton", version="0.1.0", dependencies=[Depends(require_valid_text)])
     app.state.config = config
     app.state.triton = TritonClient(config.triton_url, config.request_timeout_s)
+    app.state.liveness = HeartbeatReader(config.triton_metrics_url) if config.triton_metrics_url else None
     app.state.metrics = observability.FrontendMetrics()
     app.state.admission = admission.Admission(config.admission, app.state.metrics)
     app.state.images = ImageStore(config.image_url_ttl_s)
@@ -60,5 +62,7 @@ def create_app(config: FrontendConfig) -> FastAPI:
     @app.on_event("shutdown")
     async def _close():
         await app.state.triton.close()
+        if app.state.liveness is not None:
+            await app.state.liveness.close()
 
     return app

@@ -13,7 +13,8 @@ class Pipeline:
     entry: client-facing Triton model; models: all Triton models to load; aliases: extra ids;
     tasks: for image pipelines, "generate" (/v1/images/generations) and/or "edit" (/v1/images/edits);
     vad / asr: the stage models a `/v1/realtime` session calls directly (voice-activity stream and
-    transcription of committed audio); a chat pipeline with a `vad` serves realtime sessions."""
+    transcription of committed audio); a chat pipeline with a `vad` serves realtime sessions;
+    stream_entry: a decoupled twin of `entry` for streamed results (transcription), if any."""
 
     name: str
     kind: str
@@ -24,6 +25,7 @@ class Pipeline:
     tasks: tuple[str, ...] = ()
     vad: str | None = None
     asr: str | None = None
+    stream_entry: str | None = None
 
 
 _QWEN_IMAGE_STAGES = ("qwen_image_text_encoder", "qwen_image_dit", "qwen_image_vae")
@@ -37,8 +39,9 @@ REGISTRY: dict[str, Pipeline] = {p.name: p for p in (
              vad="voice_vad", asr="voice_asr"),
     Pipeline("tts", SPEECH, "tts", ("voice_tts", "tts"), "Kokoro-82M text-to-speech",
              aliases=("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "kokoro")),
-    Pipeline("asr", TRANSCRIPTION, "voice_asr", ("voice_asr",), "Whisper tiny.en speech recognition",
-             aliases=("whisper-1", "whisper-tiny.en", "gpt-4o-transcribe", "gpt-4o-mini-transcribe")),
+    Pipeline("asr", TRANSCRIPTION, "voice_asr", ("voice_asr", "voice_asr_stream"), "Whisper tiny.en speech recognition",
+             aliases=("whisper-1", "whisper-tiny.en", "gpt-4o-transcribe", "gpt-4o-mini-transcribe"),
+             stream_entry="voice_asr_stream"),
     Pipeline("qwen_image", IMAGE, "qwen_image", _QWEN_IMAGE_STAGES + ("qwen_image",),
              "Qwen-Image text-to-image: text encoder -> step-batched DiT -> VAE", aliases=("gpt-image-1", "dall-e-3"),
              tasks=("generate",)),

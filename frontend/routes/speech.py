@@ -5,6 +5,10 @@ Speech pipeline REQUEST JSON: {"input": str, "voice": str, "speed": float} -> ev
 {"type": "audio.delta", "sample_rate"} + AUDIO float32, then {"type": "done", "usage":
 {"input_tokens", "output_tokens", "total_tokens"}}. Any speaking pipeline (speech or chat) answers
 {"action": "voices"} with one event {"type": "voices", "voices": [str], "default": str}.
+
+Bodies: `pcm` streams raw PCM16 as each chunk is spoken; `wav` and the compressed formats are whole files
+sent when the speech is complete (a WAV file carries its real RIFF/data sizes); `stream_format: "sse"`
+streams base64 deltas (for wav: a streaming WAV whose first delta holds a header with 0xFFFFFFFF sizes).
 """
 from __future__ import annotations
 
@@ -78,7 +82,7 @@ async def speech(req: SpeechRequest, request: Request):
 
     if req.stream_format == "sse":
         return EventSourceResponse(_sse(req, events, timer), ping=15, headers=headers)
-    if req.response_format in audio_codec.STREAMABLE:
+    if req.response_format == "pcm":  # raw PCM goes out as it is made; a WAV file states its sizes, so it waits
         return StreamingResponse(_raw_stream(req, events, timer), media_type=media_type, headers=headers)
 
     async def collect():
@@ -104,7 +108,7 @@ async def _after(ticket, events):
 
 
 def _encoder(req: SpeechRequest):
-    """Per-chunk bytes for streamable formats: raw PCM16, with one streaming WAV header first for wav."""
+    """Per-chunk bytes of a stream: raw PCM16, with one streaming WAV header (sizes 0xFFFFFFFF) first for wav."""
     state = {"header": req.response_format != "wav"}
 
     def encode(audio: np.ndarray, rate: int) -> bytes:

@@ -6,6 +6,10 @@ Triton contract of the ASR model (stateless, dynamic batching, max_batch_size > 
                              "word_timestamps": bool}
   RESULT  BYTES [1, 1]       JSON {"text", "language", "duration" (s), "segments": [{"id", "start",
                              "end", "text", ...}], "words": [{"word", "start", "end"}]}
+`stream=true` goes to the pipeline's decoupled `stream_entry` (voice_asr_stream: REQUEST = the OPTIONS
+JSON, INPUT_AUDIO FP32 [samples]; events `transcript.delta` per segment as it is decoded, then `done`
+with the RESULT fields) and becomes SSE: `transcript.text.delta` events whose deltas concatenate to the
+text, one `transcript.text.done` with the text and usage, then `data: [DONE]`.
 """
 from __future__ import annotations
 
@@ -21,9 +25,10 @@ from starlette.datastructures import UploadFile  # what request.form() returns (
 
 from omni_frontend import admission, observability
 from omni_frontend import audio as audio_codec
+from omni_frontend import pipeline_stream
 from omni_frontend.errors import APIError, bad_request
 from omni_frontend.pipeline_stream import until_disconnect
-from omni_frontend.pipelines import TRANSCRIPTION
+from omni_frontend.pipelines import TRANSCRIPTION, Pipeline
 from omni_frontend.routes.common import config, pipeline_for, triton
 
 router = APIRouter()
@@ -125,19 +130,14 @@ async def transcriptions(request: Request):
 
     options = {"language": language, "prompt": form.get("prompt") or None,
                "temperature": temperature, "word_timestamps": "word" in granularities}
-    inputs = {"AUDIO": pcm[None, :], "OPTIONS": np.array([[json.dumps(options).encode()]], dtype=np.object_)}
     await until_disconnect(request, ticket.wait())
+    if stream:
+        return await _streamed(request, pipeline, pcm, options)
+    inputs = {"AUDIO": pcm[None, :], "OPTIONS": np.array([[json.dumps(options).encode()]], dtype=np.object_)}
     reply = await until_disconnect(request, triton(request).infer(pipeline.entry, inputs, request.state.request_id))
     result = json.loads(reply["RESULT"].reshape(-1)[0])
-    usage = {"type": "duration", "seconds": round(float(result.get("duration", pcm.size / 16000)), 3)}
+    usage = _usage(result, pcm)
     observability.timer(request, pipeline.name).done(input_audio_s=pcm.size / 16000)
-
-    if stream:
-        async def sse():
-            for seg in result.get("segments", []):
-                yield json.dumps({"type": "transcript.text.delta", "delta": seg["text"]})
-            yield json.dumps({"type": "transcript.text.done", "text": result["text"], "usage": usage})
-        return EventSourceResponse(sse(), headers={"x-request-id": request.state.request_id})
     if fmt == "json":
         return {"text": result["text"], "usage": usage}
     if fmt == "text":
@@ -149,3 +149,34 @@ async def transcriptions(request: Request):
     if "word" in granularities:
         verbose["words"] = result.get("words", [])
     return verbose
+
+
+def _usage(result: dict, pcm: np.ndarray) -> dict:
+    return {"type": "duration", "seconds": round(float(result.get("duration", pcm.size / 16000)), 3)}
+
+
+async def _streamed(request: Request, pipeline: Pipeline, pcm: np.ndarray, options: dict) -> EventSourceResponse:
+    """SSE of the pipeline's streaming model: a delta per segment as Whisper finishes it, done, [DONE]."""
+    if pipeline.stream_entry is None:
+        raise bad_request(f"model '{pipeline.name}' cannot stream transcriptions", param="stream")
+    request_id = request.state.request_id
+    events = pipeline_stream.events(triton(request), pipeline.stream_entry, options, request_id,
+                                    {"INPUT_AUDIO": pcm})
+    first = await until_disconnect(request, anext(events, None))  # fail before the 200 head
+
+    async def sse():
+        try:
+            async for event, _ in pipeline_stream.prepend(first, events):
+                if event.get("type") == "transcript.delta":
+                    yield json.dumps({"type": "transcript.text.delta", "delta": event["delta"]})
+                elif event.get("type") == "done":
+                    yield json.dumps({"type": "transcript.text.done", "text": event["text"],
+                                      "usage": _usage(event, pcm)})
+            observability.timer(request, pipeline.name).done(input_audio_s=pcm.size / 16000)
+            yield "[DONE]"
+        except Exception as exc:  # noqa: BLE001 - a mid-stream failure becomes an error event, then the stream ends
+            yield json.dumps((exc if isinstance(exc, APIError) else APIError(500, f"internal error: {exc}")).body())
+        finally:
+            await events.aclose()
+
+    return EventSourceResponse(sse(), ping=15, headers={"x-request-id": request_id})

@@ -25,6 +25,9 @@ class Prompt:
             when position_ids is given (the mRoPE rule).
         model_kwargs: extra forward kwargs for the prefill only (e.g. input_features,
             feature_attention_mask, pixel_values, image_grid_thw), batch 1.
+        cache_prefix: how many leading input_ids other requests are likely to share (e.g. a chat
+            template's system prompt): a runner with a PrefixCache keeps their keys/values after this
+            prefill and later prefills start after them. 0: nothing worth keeping.
     A prompt with position_ids or model_kwargs is prefilled alone; plain prompts arriving together
     are prefilled in one right-padded batch.
     """
@@ -34,6 +37,7 @@ class Prompt:
     position_ids: torch.Tensor | None = None
     next_position: int | None = None
     model_kwargs: dict[str, Any] = field(default_factory=dict)
+    cache_prefix: int = 0
 
     def __post_init__(self) -> None:
         if (self.input_ids is None) == (self.inputs_embeds is None):
@@ -44,6 +48,8 @@ class Prompt:
             raise ValueError(f"inputs_embeds must be [L, hidden], got shape {tuple(self.inputs_embeds.shape)}")
         if len(self) == 0:
             raise ValueError("Prompt is empty")
+        if not 0 <= self.cache_prefix <= len(self):
+            raise ValueError(f"cache_prefix must be in [0, {len(self)}], got {self.cache_prefix}")
         if self.next_position is None:
             self.next_position = len(self) if self.position_ids is None else int(self.position_ids.max()) + 1
 

@@ -17,10 +17,12 @@ from typing import Callable, Protocol, Sequence
 import torch
 from transformers.cache_utils import DynamicCache
 
-from omni_backends.engine.kv_batch import KVBatch, cache_layers
+from omni_backends.engine.kv_batch import KVBatch, LayerKV, cache_layers
+from omni_backends.engine.prefix_cache import PrefixCache
 from omni_backends.engine.request import EngineRequest
 
 PositionIdsFn = Callable[[torch.Tensor], torch.Tensor]
+Cached = tuple[tuple[int, ...], list[LayerKV]] | None  # a PrefixCache hit: (prefix ids, layers)
 
 
 @dataclass
@@ -75,6 +77,9 @@ class DecoderRunner:
         position_ids_fn: maps text positions int64 [B, L] to the model's position_ids layout
             (default: unchanged [B, L]; Qwen3-Omni thinker: `text_mrope_position_ids`).
         max_prefill_batch: most plain prompts prefilled together in one forward.
+        prefix_cache: keeps the keys/values of shared prompt prefixes (`Prompt.cache_prefix`); prompts
+            of input_ids that start with a kept prefix are prefilled from it. None: every prefill is full.
+            Not combinable with hidden_layers (a cached prefix has no hidden states to return).
 
     Per-request caches live in one `KVBatch`; `decode` runs ONE forward for every live request.
     """
@@ -86,9 +91,13 @@ class DecoderRunner:
         hidden_layers: Sequence[int] = (),
         position_ids_fn: PositionIdsFn | None = None,
         max_prefill_batch: int = 8,
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
         if max_prefill_batch < 1:
             raise ValueError(f"max_prefill_batch must be >= 1, got {max_prefill_batch}")
+        if prefix_cache is not None and hidden_layers:
+            raise ValueError("prefix_cache cannot be combined with hidden_layers")
+        self.prefix_cache = prefix_cache
         self.model = model.eval()
         self.hidden_layers = tuple(hidden_layers)
         self.position_ids_fn = position_ids_fn or (lambda positions: positions)
@@ -117,13 +126,35 @@ class DecoderRunner:
     def prefill(self, requests: Sequence[EngineRequest]) -> list[RowOutput]:
         results: dict[str, RowOutput] = {}
         plain = [r for r in requests if not r.prompt.solo]
-        groups = [[r] for r in requests if r.prompt.solo]
+        groups: list[tuple[list[EngineRequest], Cached]] = [([r], None) for r in requests if r.prompt.solo]
         for kind in ("input_ids", "inputs_embeds"):
-            same = [r for r in plain if getattr(r.prompt, kind) is not None]
-            groups += [same[i : i + self.max_prefill_batch] for i in range(0, len(same), self.max_prefill_batch)]
-        for group in groups:
-            results.update(zip((r.request_id for r in group), self._prefill_group(group)))
+            for prefix, same in self._by_cached_prefix([r for r in plain if getattr(r.prompt, kind) is not None]):
+                groups += [(same[i : i + self.max_prefill_batch], prefix)
+                           for i in range(0, len(same), self.max_prefill_batch)]
+        for group, prefix in groups:
+            results.update(zip((r.request_id for r in group), self._prefill_group(group, prefix)))
         return [results[r.request_id] for r in requests]
+
+    def _by_cached_prefix(self, requests: list[EngineRequest]) -> list[tuple[Cached, list[EngineRequest]]]:
+        """Requests grouped by the cached prefix their input_ids start with (None: no usable prefix)."""
+        if self.prefix_cache is None or not requests or requests[0].prompt.input_ids is None:
+            return [(None, requests)] if requests else []
+        groups: dict[tuple[int, ...] | None, tuple[Cached, list[EngineRequest]]] = {}
+        for r in requests:
+            found = self.prefix_cache.lookup(r.prompt.input_ids.tolist())
+            groups.setdefault(found[0] if found else None, (found, []))[1].append(r)
+        return list(groups.values())
+
+    def _remember_prefixes(self, group: list[EngineRequest], cache: DynamicCache) -> None:
+        """Store the `cache_prefix` keys/values of the group's prompts that the prefix cache lacks."""
+        if self.prefix_cache is None:
+            return
+        for row, r in enumerate(group):
+            n = r.prompt.cache_prefix
+            if 0 < n < len(r.prompt) and r.prompt.input_ids is not None:
+                ids = r.prompt.input_ids[:n].tolist()
+                if ids not in self.prefix_cache:
+                    self.prefix_cache.store(ids, cache_layers(cache, row, n))
 
     @torch.inference_mode()
     def decode(self, requests: Sequence[EngineRequest], token_ids: torch.Tensor) -> list[RowOutput]:
@@ -151,16 +182,19 @@ class DecoderRunner:
     def release(self, request_ids: Sequence[str]) -> None:
         self.kv.remove(list(request_ids))
 
-    def _prefill_group(self, group: list[EngineRequest]) -> list[RowOutput]:
-        """One right-padded forward over prompts of one kind; caches join the KV batch."""
-        lengths = [len(r.prompt) for r in group]
+    def _prefill_group(self, group: list[EngineRequest], prefix: Cached = None) -> list[RowOutput]:
+        """One right-padded forward over prompts of one kind (after their shared cached `prefix`, if any);
+        caches join the KV batch."""
+        skip = len(prefix[0]) if prefix else 0
+        lengths = [len(r.prompt) - skip for r in group]
         width = max(lengths)
-        mask = torch.tensor([[1] * n + [0] * (width - n) for n in lengths], dtype=torch.long, device=self.device)
+        mask = torch.tensor([[1] * (skip + n) + [0] * (width - n) for n in lengths], dtype=torch.long,
+                            device=self.device)
         first = group[0].prompt
         if first.input_ids is not None:
             ids = torch.zeros(len(group), width, dtype=torch.long)
             for row, r in enumerate(group):
-                ids[row, : lengths[row]] = r.prompt.input_ids
+                ids[row, : lengths[row]] = r.prompt.input_ids[skip:]
             inputs = {"input_ids": ids.to(self.device)}
         else:
             embeds = first.inputs_embeds.new_zeros(len(group), width, first.inputs_embeds.shape[-1])
@@ -170,8 +204,13 @@ class DecoderRunner:
         if first.position_ids is not None:  # a solo prompt with explicit positions
             position_ids = first.position_ids.to(self.device)
         else:
-            position_ids = self.position_ids_fn(torch.arange(width, device=self.device).expand(len(group), width))
-        cache = DynamicCache(config=self.model.config)
+            positions = torch.arange(skip, skip + width, device=self.device).expand(len(group), width)
+            position_ids = self.position_ids_fn(positions)
+        if prefix:  # the forward appends to copies (DynamicLayer.update concatenates): the entry stays intact
+            cache = DynamicCache(ddp_cache_data=[(k.expand(len(group), -1, -1, -1), v.expand(len(group), -1, -1, -1))
+                                                 for k, v in prefix[1]])
+        else:
+            cache = DynamicCache(config=self.model.config)
         out = self.model(
             **inputs,
             **first.model_kwargs,
@@ -181,7 +220,8 @@ class DecoderRunner:
             use_cache=True,
             output_hidden_states=bool(self.hidden_layers),
         )
-        self.kv.add([(r.request_id, cache_layers(cache, row, lengths[row])) for row, r in enumerate(group)])
+        self.kv.add([(r.request_id, cache_layers(cache, row, skip + lengths[row])) for row, r in enumerate(group)])
+        self._remember_prefixes(group, cache)
         return [self._row_output(out, row, lengths[row]) for row in range(len(group))]
 
     def _row_output(self, out, row: int, n_fed: int) -> RowOutput:

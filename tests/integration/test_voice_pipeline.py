@@ -289,7 +289,7 @@ def test_engine_stage_rejects_a_bad_seed_over_grpc_and_survives(voice_server, cl
                                                      messages=[{"role": "user", "content": QUESTION}]).choices[0].message.content
 
 
-def test_transcription_text_srt_and_streamed_outputs(voice_server, client):
+def test_transcription_text_and_srt_outputs(voice_server, client):
     speech = client.audio.speech.create(model="tts-1", voice="alloy", input="Please send the report before noon.",
                                         response_format="wav").content
     url, files = f"{voice_server.base_url}/v1/audio/transcriptions", {"file": ("q.wav", speech, "audio/wav")}
@@ -297,12 +297,26 @@ def test_transcription_text_srt_and_streamed_outputs(voice_server, client):
     assert text.headers["content-type"].startswith("text/plain") and "report" in text.text.lower()
     srt = httpx.post(url, files=files, data={"model": "whisper-1", "response_format": "srt"}, timeout=60).text
     assert srt.startswith("1\n00:00:0") and " --> " in srt and "report" in srt.lower()
+
+
+def test_streamed_transcription_deltas_concatenate_to_the_text_then_done(voice_server, client):
+    """One delta per Whisper segment (with its own leading space), exactly one transcript.text.done whose
+    text is the deltas joined, then data: [DONE]; the same text as the non-streamed answer."""
+    speech = client.audio.speech.create(model="tts-1", voice="alloy", response_format="wav",
+                                        input="The quick brown fox jumps over the lazy dog. My phone number is "
+                                              "five five five. Please call me back before noon tomorrow.").content
+    url, files = f"{voice_server.base_url}/v1/audio/transcriptions", {"file": ("q.wav", speech, "audio/wav")}
     with httpx.stream("POST", url, files=files, data={"model": "whisper-1", "stream": "true"}, timeout=60) as response:
-        events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+        lines = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    events = [json.loads(line) for line in lines[:-1]]
     deltas = [e["delta"] for e in events if e["type"] == "transcript.text.delta"]
-    done = [e for e in events if e["type"] == "transcript.text.done"]
-    assert deltas and len(done) == 1 and "".join(deltas).strip() == done[0]["text"].strip()
-    assert done[0]["usage"]["type"] == "duration" and done[0]["usage"]["seconds"] > 1.0
+    assert [e["type"] for e in events] == ["transcript.text.delta"] * len(deltas) + ["transcript.text.done"]
+    assert len(deltas) >= 2 and all(d.startswith(" ") for d in deltas[1:])
+    done = events[-1]
+    assert "".join(deltas) == done["text"] == client.audio.transcriptions.create(
+        model="whisper-1", file=("q.wav", speech, "audio/wav")).text
+    assert done["usage"]["type"] == "duration" and done["usage"]["seconds"] > 3.0
 
 
 def test_audio_only_answer_carries_its_transcript(voice_server, client):
@@ -379,3 +393,32 @@ def _histogram_count(server, name: str) -> float:
     text = httpx.get(f"{server.base_url}/metrics").text
     return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
                if s.name == f"omni_frontend_{name}_count" and s.labels.get("pipeline") == "voice")
+
+
+def _wav_sizes(data: bytes) -> tuple[int, int, float]:
+    """(RIFF size field, data size field, duration that Python's wave module reads) of a WAV file."""
+    import struct
+    import wave
+
+    with wave.open(io.BytesIO(data)) as reader:
+        seconds = reader.getnframes() / reader.getframerate()
+    return struct.unpack("<I", data[4:8])[0], struct.unpack("<I", data[data.index(b"data") + 4:][:4])[0], seconds
+
+
+def test_whole_wav_answers_carry_real_sizes_and_only_streams_use_unknown_sizes(voice_server, client):
+    speech = client.audio.speech.create(model="tts-1", voice="alloy", input="Hello there, my friend.",
+                                        response_format="wav").content
+    riff, data, seconds = _wav_sizes(speech)
+    assert riff == len(speech) - 8 and data == len(speech) - 44 and 0.5 < seconds < 5  # was read as 89,478 s
+    reply = client.chat.completions.create(model="voice", modalities=["text", "audio"], temperature=0, max_tokens=12,
+                                           audio={"voice": "alloy", "format": "wav"},
+                                           messages=[{"role": "user", "content": QUESTION}])
+    audio = base64.b64decode(reply.choices[0].message.audio.data)
+    riff, data, seconds = _wav_sizes(audio)
+    assert riff == len(audio) - 8 and data == len(audio) - 44 and seconds > 0.5
+    with httpx.stream("POST", f"{voice_server.base_url}/v1/audio/speech", timeout=120, json={
+            "model": "tts-1", "voice": "alloy", "input": "Hello there.", "response_format": "wav",
+            "stream_format": "sse"}) as response:
+        first = next(json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: "))
+    header = base64.b64decode(first["audio"])[:44]
+    assert header[:4] == b"RIFF" and header[4:8] == header[40:44] == b"\xff\xff\xff\xff"

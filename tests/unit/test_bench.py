@@ -114,3 +114,22 @@ def test_image_and_video_metrics(outputs, chunks, duration, metric, value, throu
     summary = summarize([r, RequestRecord(1, "x", error="boom")], duration)
     assert summary["throughput"][throughput] == pytest.approx(rate)
     assert summary["metrics"][metric]["median"] == pytest.approx(value)
+
+
+def test_peer_usage_and_comparison_ratios():
+    from omni_bench import peer
+
+    served, other = RequestRecord(0, "a", input_audio_s=4.0), RequestRecord(0, "a", input_audio_s=4.0)
+    served.add(0.5, OTHER)
+    other.add(1.0, OTHER)
+    levels = []
+    for record, cpu in ((served, 0.2), (other, 0.4)):
+        level = {"summary": summarize([record, record], 2.0)}
+        level["server_usage"] = peer.usage([record, record], cpu, [0.01, 0.02], "transcription")
+        levels.append(level)
+    assert levels[0]["server_usage"]["cpu_s_per_audio_s"] == pytest.approx(0.2 / 8.0)
+    found = peer.comparison(*levels)
+    assert found["cpu_s_per_audio_s"]["ratio"] == pytest.approx(0.5)
+    assert found["e2e_s"] == {"served": 0.5, "baseline": 1.0, "ratio": 0.5}
+    assert found["input_audio_seconds_per_s"]["ratio"] == pytest.approx(1.0)
+    assert peer.usage([served], None, [], "transcription")["cpu_s_per_audio_s"] is None

@@ -83,7 +83,7 @@ def test_subtitles():
 
 def test_pipeline_registry():
     chosen = pipelines.resolve(["tts", "asr"])
-    assert pipelines.triton_models(chosen) == ["voice_tts", "tts", "voice_asr"]
+    assert pipelines.triton_models(chosen) == ["voice_tts", "tts", "voice_asr", "voice_asr_stream"]
     extra = pipelines.parse_extra("m=chat:a,b")
     assert (extra.entry, extra.models, extra.kind) == ("b", ("a", "b"), "chat")
     with pytest.raises(ValueError, match="unknown pipeline"):
