@@ -134,7 +134,7 @@ async def edits(request: Request):
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
         raise APIError(415, "/v1/images/edits takes multipart/form-data (image files and form fields)",
                        code="unsupported_media_type")
-    form = await request.form(max_part_size=cfg.max_upload_bytes + 1)
+    form = await request.form(max_part_size=cfg.limits.max_upload_bytes + 1)
     fields = {k: v for k, v in form.multi_items() if not isinstance(v, UploadFile)}
     options = ImageOptions.model_validate(_typed(fields))
     _check(options)
@@ -144,7 +144,7 @@ async def edits(request: Request):
     if len(uploads) > MAX_EDIT_IMAGES:
         raise bad_request(f"got {len(uploads)} images; at most {MAX_EDIT_IMAGES}", param="image")
     pipeline = _pipeline(request, options.model, "edit")
-    pictures = [(await _decode_upload(await _read(upload, cfg.max_upload_bytes, "image"), "image"))[0]
+    pictures = [(await _decode_upload(await _read(upload, cfg.limits.max_upload_bytes, "image"), "image"))[0]
                 for upload in uploads]
     for picture in pictures:
         if picture.shape[0] * picture.shape[1] > MAX_UPLOAD_PIXELS:
@@ -155,7 +155,7 @@ async def edits(request: Request):
     pixels = pictures[0]
     mask = form.get("mask")
     if isinstance(mask, UploadFile):
-        mask_pixels, alpha = await _decode_upload(await _read(mask, cfg.max_upload_bytes, "mask"), "mask")
+        mask_pixels, alpha = await _decode_upload(await _read(mask, cfg.limits.max_upload_bytes, "mask"), "mask")
         if mask_pixels.shape[:2] != pixels.shape[:2]:
             raise bad_request(f"mask is {mask_pixels.shape[1]}x{mask_pixels.shape[0]} but the image is "
                               f"{pixels.shape[1]}x{pixels.shape[0]}", param="mask", code="mask_size_mismatch")

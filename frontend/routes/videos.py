@@ -203,7 +203,7 @@ def resolve_params(req: VideoCreateRequest, described: dict) -> tuple[dict, str,
 @router.post("/v1/videos")
 async def create_video(request: Request):
     cfg, runner = config(request), _runner(request)
-    raw, upload, from_form = await _fields(request, cfg.max_upload_bytes)
+    raw, upload, from_form = await _fields(request, cfg.limits.max_upload_bytes)
     try:
         req = VideoCreateRequest.model_validate(raw, strict=not from_form)
     except ValidationError as exc:
