@@ -12,6 +12,7 @@ from __future__ import annotations
 
 
 from fastapi import Request
+from starlette.requests import HTTPConnection
 from starlette.exceptions import HTTPException
 
 from omni_frontend.errors import APIError, bad_request
@@ -79,12 +80,15 @@ def _bad_index(text: str) -> int | None:
     return None
 
 
-async def require_valid_text(request: Request) -> None:
+async def require_valid_text(connection: HTTPConnection) -> None:
     """App-wide FastAPI dependency: 400 (code `invalid_unicode`, param = the field's path) when the
     JSON body holds a string that is not valid Unicode. It reads the body FastAPI has already parsed
-    (Starlette caches it), so nothing is parsed twice; non-JSON bodies are left to their routes."""
-    if request.method not in ("POST", "PUT", "PATCH") or "json" not in request.headers.get("content-type", ""):
+    (Starlette caches it), so nothing is parsed twice; non-JSON bodies are left to their routes, and
+    WebSocket routes (no body; their events are checked by the route) pass through."""
+    if not isinstance(connection, Request) or connection.method not in ("POST", "PUT", "PATCH") \
+            or "json" not in connection.headers.get("content-type", ""):
         return
+    request = connection
     try:
         body = await request.json()
     except (ValueError, UnicodeDecodeError):
