@@ -328,7 +328,8 @@ def test_transcription_session_input_formats(voice_server, fmt, rate):
             await conn.session.update(session={"type": "transcription", "audio": {"input": {"format": fmt}}})
             updated = (await until(conn, "session.updated")).session
             events = []
-            chunk = len(data) // (len(pcm) // (RATE // 10))  # 100 ms
+            width = 1 if fmt["type"] == "audio/pcmu" else 2  # bytes per sample: appends carry whole samples
+            chunk = len(data) // (len(pcm) // (RATE // 10)) // width * width  # 100 ms
             sender = asyncio.create_task(append_paced(conn, data, chunk=chunk, pace_s=0.005))
             completed = await until(conn, "conversation.item.input_audio_transcription.completed", events)
             await sender
