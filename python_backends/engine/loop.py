@@ -9,6 +9,7 @@ one host synchronisation (`sample_rows`, each row with its own params), and call
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections import deque
@@ -50,13 +51,16 @@ class EngineLoop:
         runner: the model runner (see `omni_backends.engine.runner.Runner`).
         max_running: most requests decoded together; more wait in FIFO order.
         name: thread name.
+        stream: CUDA stream the engine thread makes current (its forwards and graph replays run there, so
+            engines of other threads of the process can run their kernels concurrently); None: the default.
 
     `on_output(request_id, StepOutput)` is called on the engine thread, once per generated token and
     exactly once with `finished=True` per request; keep it fast (hand off to a queue). If it raises,
     that request is aborted. A runner error finishes the affected requests with finish_reason "error".
     """
 
-    def __init__(self, runner: Runner, *, max_running: int = 32, name: str = "engine-loop") -> None:
+    def __init__(self, runner: Runner, *, max_running: int = 32, name: str = "engine-loop",
+                 stream: torch.cuda.Stream | None = None) -> None:
         if max_running < 1:
             raise ValueError(f"max_running must be >= 1, got {max_running}")
         self.runner = runner
@@ -69,7 +73,8 @@ class EngineLoop:
         self._stopping = False
         self._steps = 0
         self._tokens = 0
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.stream = stream
+        self._thread = threading.Thread(target=self._run_on_stream, name=name, daemon=True)
         self._thread.start()
 
     # ---- public, thread-safe -------------------------------------------------------------------
@@ -129,6 +134,10 @@ class EngineLoop:
         self._thread.join(timeout)
 
     # ---- engine thread -------------------------------------------------------------------------
+
+    def _run_on_stream(self) -> None:
+        with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+            self._run()
 
     def _run(self) -> None:
         while True:

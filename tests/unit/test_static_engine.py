@@ -24,7 +24,8 @@ PROMPTS = ["Hello, who are you?", "Tell me a story about the sea and the sun, pl
 
 
 def _run(stages, ckpt, options, talker_sample=False, seed=None):
-    pipe = LocalOmniPipeline(stages, load_tts_embeds(ckpt, stages.config), options=options, max_running=4)
+    pipe = LocalOmniPipeline.from_stages(stages, load_tts_embeds(ckpt, stages.config), options=options,
+                                         max_running=4)
     try:
         requests = [OmniRequest(f"r{i}", [{"role": "user", "content": text}],
                                 pipe.thinker.sampling_params(max_tokens=10 + 4 * i, temperature=0.0),
