@@ -31,19 +31,26 @@ class MoeConfig:
     down: GemmConfig
 
 
-# (largest token count of the bucket, config); the first bucket whose bound is >= T is used.
-MOE_CONFIGS: list[tuple[int, MoeConfig]] = [
+# Per expert shape (hidden H, intermediate I): (largest token count of the bucket, config), the first bucket
+# whose bound is >= T is used. Shapes without a table of their own use DEFAULT_CONFIGS.
+DEFAULT_CONFIGS: list[tuple[int, MoeConfig]] = [
     (16, MoeConfig(16, GemmConfig(32, 128, 1, 4, 5), GemmConfig(64, 128, 1, 4, 4))),
     (64, MoeConfig(16, GemmConfig(32, 128, 1, 4, 5), GemmConfig(64, 128, 1, 4, 4))),
     (256, MoeConfig(32, GemmConfig(64, 64, 4, 4, 4), GemmConfig(64, 64, 4, 4, 4))),
     (1024, MoeConfig(64, GemmConfig(64, 64, 8, 4, 4), GemmConfig(128, 64, 8, 4, 4))),
     (1 << 62, MoeConfig(128, GemmConfig(64, 64, 8, 8, 4), GemmConfig(128, 64, 8, 8, 4))),
 ]
+THINKER, TALKER = (2048, 768), (1024, 384)   # Qwen3-Omni-30B-A3B: thinker top-8, talker top-6 (128 experts)
+MOE_CONFIGS: dict[tuple[int, int], list[tuple[int, MoeConfig]]] = {
+    THINKER: DEFAULT_CONFIGS,
+    TALKER: DEFAULT_CONFIGS,
+}
 
 
-def moe_config(num_tokens: int) -> MoeConfig:
-    """The table's config for `num_tokens` tokens."""
-    for bound, config in MOE_CONFIGS:
+def moe_config(num_tokens: int, hidden: int | None = None, inter: int | None = None) -> MoeConfig:
+    """The table's config for `num_tokens` tokens of experts with hidden size `hidden` and intermediate size
+    `inter` (the shape's own table when it has one, else DEFAULT_CONFIGS)."""
+    for bound, config in MOE_CONFIGS.get((hidden, inter), DEFAULT_CONFIGS):
         if num_tokens <= bound:
             return config
     raise AssertionError("the last bucket is unbounded")

@@ -30,6 +30,21 @@ def active(x: torch.Tensor) -> bool:
     return x.is_cuda and available() and bool(omni_kernels.enabled())
 
 
+_fused_attention = True
+
+
+def set_fused_attention(flag: bool) -> None:
+    """Use the one-launch decode attention (`decode_attention`) while the kernels are active (default); False
+    keeps the other kernels and runs attention as norms + RoPE + cache writes + SDPA (benchmark A/B)."""
+    global _fused_attention
+    _fused_attention = bool(flag)
+
+
+def attention_active(x: torch.Tensor) -> bool:
+    """True when a decode step on `x` should use `decode_attention`."""
+    return _fused_attention and active(x)
+
+
 def set_enabled(flag: bool) -> bool:
     """Turn the kernels on or off (no-op without them); returns whether they are active for CUDA tensors now."""
     if available():
@@ -84,7 +99,7 @@ def decode_attention(attn: torch.nn.Module, q: torch.Tensor, k: torch.Tensor, v:
     """One decode token per row through a Qwen3 attention module's q/k norms, RoPE (per-row tables [B, D/2])
     and grouped-query attention over a static cache [slots, Hk, L, D] (row b = slot b, its new key/value
     written at column `written[b]`, columns 0..written[b] attended): `omni_kernels.decode_attention`, one
-    launch. q [B, Hq, D], k/v [B, Hk, D]; returns [B, Hq, D] (before o_proj). Only called when `active`."""
+    launch. q [B, Hq, D], k/v [B, Hk, D]; returns [B, Hq, D] (before o_proj). Only called when `attention_active`."""
     return omni_kernels.decode_attention(q, k, v, attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.variance_epsilon,
                                          cos_half, sin_half, key_cache, value_cache, written, columns, attn.scaling)
 

@@ -145,7 +145,7 @@ class StaticDecoder:
         rows = torch.arange(x.shape[0], device=x.device)
         positions, written = meta[0], meta[1]
         # the fused attention kernel masks by `written` itself; the module path needs the boolean mask
-        mask = None if fused.active(x) else (columns[None, :] <= written[:, None])[:, None, None, :]
+        mask = None if fused.attention_active(x) else (columns[None, :] <= written[:, None])[:, None, None, :]
         cos, sin = self.cos[positions], self.sin[positions]
         residual = None
         for index, layer in enumerate(self.layers):

@@ -460,6 +460,7 @@ def test_decode_attention_reference_equals_transformers_attention(qwen3_omni, dt
     kernels for repeated and grouped heads differ)."""
     from transformers.cache_utils import DynamicCache
 
+    from omni_backends.engine.kv_batch import cache_layers
     from omni_backends.engine.runner import cache_kwargs
 
     config = text_config("thinker")
@@ -470,13 +471,14 @@ def test_decode_attention_reference_equals_transformers_attention(qwen3_omni, dt
     x = torch.randn(1, P + 1, 64).to(dtype)
     positions = torch.arange(P + 1)[None, None, :].expand(3, 1, P + 1)
     cos, sin = rope(x, positions)
-    cache = DynamicCache(config=config)
+    cache = DynamicCache()   # one layer, filled by the module (layer_idx 0)
     with torch.no_grad():
         attn(x[:, :P], (cos[:, :P], sin[:, :P]), None, **cache_kwargs(attn, cache))
         hf, _ = attn(x[:, P:], (cos[:, P:], sin[:, P:]), None, **cache_kwargs(attn, cache))
         keys = torch.zeros(1, 2, 16, D, dtype=dtype)
         values = torch.zeros_like(keys)
-        keys[:, :, :P], values[:, :, :P] = cache.layers[0].keys[:, :, :P], cache.layers[0].values[:, :, :P]
+        cached_k, cached_v = cache_layers(cache, length=P)[0]
+        keys[:, :, :P], values[:, :, :P] = cached_k, cached_v
         h = x[0, P:]
         q, k, v = attn.q_proj(h).view(1, 4, D), attn.k_proj(h).view(1, 2, D), attn.v_proj(h).view(1, 2, D)
         out = ok.decode_attention_reference(q, k, v, attn.q_norm.weight, attn.k_norm.weight, 1e-6,

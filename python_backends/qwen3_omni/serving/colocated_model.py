@@ -74,14 +74,14 @@ class TritonPythonModel(AsyncDecoupledModel):
     def setup(self, args: dict) -> None:
         settings = {stage: p.stage_parameters(self.parameters, stage) for stage in ("thinker", "talker", "code2wav")}
         setups = {stage: p.stage_setup(args, params, self.model_name) for stage, params in settings.items()}
-        path, device = setups["thinker"].path, torch.device(setups["thinker"].device)
+        path, device = setups["thinker"].path, setups["thinker"].device
         config = load_config(path)
         thinker_params, talker_params, code2wav_params = settings["thinker"], settings["talker"], settings["code2wav"]
         thinker = Thinker(load_thinker(path, config, device, setups["thinker"].dtype), config,
                           AutoTokenizer.from_pretrained(path), WhisperFeatureExtractor.from_pretrained(path),
                           max_running=model_config.int_parameter(thinker_params, "max_running", 32),
                           options=setups["thinker"].options,
-                          stream=torch.cuda.Stream(device) if device.type == "cuda" else None)
+                          stream=torch.cuda.Stream(device) if device != "cpu" else None)
         tts_ids = [config.tts_bos_token_id, config.tts_eos_token_id, config.tts_pad_token_id]
         with torch.inference_mode():   # the thinker's own rows: no second read of the embedding table
             tts_embeds = thinker.embed_tokens(torch.tensor(tts_ids, device=device))

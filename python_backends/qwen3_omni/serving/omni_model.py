@@ -29,7 +29,6 @@ import random
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from omni_backends.errors import RequestError
 from omni_backends.qwen3_omni.code2wav import SAMPLE_RATE
 from omni_backends.qwen3_omni.loading import load_config
 from omni_backends.qwen3_omni.serving import protocol as p
