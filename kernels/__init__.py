@@ -20,6 +20,6 @@ from .rotary import apply_mrope, apply_mrope_reference, rotary_cos_sin
 
 __all__ = [
     "HAVE_TRITON", "apply_mrope", "apply_mrope_reference", "decode_attention", "decode_attention_reference",
-    "enabled", "fused_moe", "fused_moe_reference", "last_backend", "moe_topk_reference", "rms_norm", "rms_norm_reference", "rotary_cos_sin", "set_enabled",
-    "silu_and_mul", "silu_and_mul_reference",
+    "enabled", "fused_moe", "fused_moe_reference", "last_backend", "moe_topk_reference", "rms_norm",
+    "rms_norm_reference", "rotary_cos_sin", "set_enabled", "silu_and_mul", "silu_and_mul_reference",
 ]

@@ -1,6 +1,7 @@
 """The qwen3_omni pipeline end to end: launcher -> tritonserver (thinker, talker, code2wav, BLS
-orchestrator; and the co-located layout's one model) -> frontend, driven with the openai SDK, httpx and tritonclient, compared with
-transformers' monolithic `Qwen3OmniMoeForConditionalGeneration.generate` on the tiny checkpoint.
+orchestrator; and the co-located layout's one model) -> frontend, driven with the openai SDK, httpx and
+tritonclient, compared with transformers' monolithic `Qwen3OmniMoeForConditionalGeneration.generate` on
+the tiny checkpoint.
 
 The server runs a copy of model_repository whose code2wav left context covers every previous frame
 (and whose chunks are small), so streamed audio must equal one full decode."""
