@@ -321,14 +321,16 @@ class LocalOmniPipeline:
         speech.on_event(chunk)
 
     def _code2wav_failed(self, exc: Exception) -> None:
+        """A failed decode leaves the streamer's state of its batch unknown: every live request fails (and
+        the talker forgets it)."""
         log.error("code2wav failed:\n%s", traceback.format_exc())
         with self._lock:
             live = list(self._speech.items())
         for rid, speech in live:
             self.code2wav.cancel(rid)
-            if speech.pending or speech.ending:
-                self._finish(rid, speech, SpeechChunk(torch.zeros(16, 0, dtype=torch.long), np.zeros(0, np.float32),
-                                                      True, "error", f"code2wav: {exc}"))
+            self._talker.post(("abort", rid))
+            self._finish(rid, speech, SpeechChunk(torch.zeros(16, 0, dtype=torch.long), np.zeros(0, np.float32),
+                                                  True, "error", f"code2wav: {exc}"))
 
     # ---- all requests at once (tests, benchmarks) ----------------------------------------------------
     def run(self, requests: Sequence["OmniRequest"]) -> dict[str, "OmniResult"]:
