@@ -12,6 +12,7 @@ may be `${VAR}` / `${VAR:-default}` placeholders filled from the environment.
 File layout (every key optional except `pipeline`):
 
     pipeline: qwen3_omni
+    layout: stages                          # or colocated: every stage in one process (below)
     checkpoint: qwen3_omni_30b_a3b_random   # preset name or directory (relative: $OMNI_MODEL_HOME)
     kernels: true                           # omni_kernels Triton kernels on CUDA stages
     gpu_tensors: true                       # thinker -> talker hidden states stay on the GPU (DLPack)
@@ -21,6 +22,13 @@ File layout (every key optional except `pipeline`):
       talker:   {device: cuda:0, engine: static, max_running: 32, max_len: 4608, max_frames: 4095, max_batch: 8}
       code2wav: {device: cuda:0, chunk_frames: 25, first_chunk_frames: 5, left_context_frames: 25}
       orchestrator: {default_voice: ethan}
+
+`layout: colocated` renders ONE model instead of one per stage: the pipeline's co-located model
+(`model_repository/qwen3_omni_colocated`, served under the entry name `qwen3_omni`, same tensors for
+clients) holding every engine in one process, each on its own thread and CUDA stream, so their kernels
+run concurrently instead of time-slicing the GPU between stage processes. Every stage must then name
+the same device; each stage's settings become parameters `<stage>.<key>` of that model (shared ones stay
+unprefixed); `instances` and `max_batch` of the inner stages and `gpu_tensors` have no meaning there.
 
 Errors (`DeployError`) are one line naming the file and the key: unknown keys, unfilled placeholders,
 bad values.
@@ -45,6 +53,10 @@ PIPELINE_STAGES = {
     "qwen3_omni": {"thinker": "qwen3_omni_thinker", "talker": "qwen3_omni_talker",
                    "code2wav": "qwen3_omni_code2wav", "orchestrator": "qwen3_omni"},
 }
+# pipeline -> (source folder of its co-located model, the stage that names the served model)
+COLOCATED = {"qwen3_omni": ("qwen3_omni_colocated", "orchestrator")}
+LAYOUTS = ("stages", "colocated")
+SHARED_PARAMETERS = ("checkpoint", "kernels")   # unprefixed in a co-located model
 INT, BOOL, STR = "int", "bool", "str"
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 ENGINES = ("dynamic", "static")
@@ -57,7 +69,7 @@ STAGE_KEYS = {
     "code2wav": {"chunk_frames": INT, "first_chunk_frames": INT, "left_context_frames": INT, "max_batch": INT},
     "orchestrator": {"default_voice": STR},
 }
-TOP_KEYS = {"pipeline", "checkpoint", "kernels", "gpu_tensors", "stages"}
+TOP_KEYS = {"pipeline", "layout", "checkpoint", "kernels", "gpu_tensors", "stages"}
 PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 DEVICE = re.compile(r"^(cpu|cuda:(\d+))$")
 
@@ -69,6 +81,7 @@ class DeployError(ValueError):
 @dataclass
 class StageSpec:
     model: str
+    source: str | None = None   # folder under model_repository/ to render from (default: `model`)
     kind: str = "KIND_CPU"
     gpus: tuple[int, ...] = ()
     instances: int = 1
@@ -84,6 +97,7 @@ class Deployment:
     pipeline: str
     checkpoint: str | None
     stages: dict[str, StageSpec]
+    layout: str = "stages"
 
     @property
     def models(self) -> list[str]:
@@ -122,9 +136,38 @@ def load(path: str | os.PathLike, environ: dict[str, str] | None = None) -> Depl
     if checkpoint is not None:
         checkpoint = _value(checkpoint, STR, path, "checkpoint")
         shared["checkpoint"] = checkpoint
+    layout = raw.get("layout", "stages")
+    if layout not in LAYOUTS or (layout == "colocated" and pipeline not in COLOCATED):
+        known = [name for name in LAYOUTS if name == "stages" or pipeline in COLOCATED]
+        raise DeployError(f"{path}: layout: must be one of {', '.join(known)}, got {layout!r}")
     stages = {name: _stage(name, model, stages_raw.get(name) or {}, shared, path)
               for name, model in PIPELINE_STAGES[pipeline].items()}
-    return Deployment(name=path.stem, pipeline=pipeline, checkpoint=checkpoint, stages=stages)
+    if layout == "colocated":
+        stages = _colocate(pipeline, stages, path)
+    return Deployment(name=path.stem, pipeline=pipeline, checkpoint=checkpoint, stages=stages, layout=layout)
+
+
+def _colocate(pipeline: str, stages: dict[str, StageSpec], path: Path) -> dict[str, StageSpec]:
+    """The one model of the co-located layout: the entry stage's device and instances, its parameters
+    unprefixed, every other stage's as `<stage>.<key>` (shared keys unprefixed)."""
+    source, entry_stage = COLOCATED[pipeline]
+    devices = {name: (spec.kind, spec.gpus) for name, spec in stages.items()}
+    if len(set(devices.values())) > 1:
+        named = ", ".join(f"{name}: {'cpu' if not gpus else f'cuda:{gpus[0]}'}" for name, (_, gpus) in devices.items())
+        raise DeployError(f"{path}: layout: colocated runs every stage in one process, so every stage needs the "
+                          f"same device ({named})")
+    entry = stages[entry_stage]
+    spec = StageSpec(model=entry.model, source=source, kind=entry.kind, gpus=entry.gpus, instances=entry.instances)
+    spec.parameters = {k: v for k, v in entry.parameters.items() if k != "gpu_tensors"}
+    for name, stage in stages.items():
+        if name == entry_stage:
+            continue
+        for key, value in stage.parameters.items():
+            if key in SHARED_PARAMETERS:
+                spec.parameters[key] = value
+            elif key not in ("gpu_tensors", "FORCE_CPU_ONLY_INPUT_TENSORS"):
+                spec.parameters[f"{name}.{key}"] = value
+    return {entry_stage: spec}
 
 
 def _stage(name: str, model: str, raw, shared: dict, path: Path) -> StageSpec:
@@ -224,7 +267,8 @@ def render(deployment: Deployment, out_dir: str | os.PathLike, source: Path = SO
         shutil.rmtree(out)
     out.mkdir(parents=True)
     for spec in deployment.stages.values():
-        shutil.copytree(source / spec.model, out / spec.model, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(source / (spec.source or spec.model), out / spec.model,
+                        ignore=shutil.ignore_patterns("__pycache__"))
         config = out / spec.model / "config.pbtxt"
         config.write_text(render_config(config.read_text(), spec))
     return out

@@ -137,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             rendered = deploy.render(deployment, ROOT / "var" / "deploy" / deployment.name)
             log.info("rendered %s into %s", args.deploy, rendered)
             args.pipelines, args.model_repository = deployment.pipeline, [rendered]
+            args.models = deployment.models   # the co-located layout renders one model for the whole pipeline
             args.prepare_only = [deployment.checkpoint] if deployment.checkpoint else None
         extra = [registry.parse_extra(s) for s in args.extra_pipeline]
         names = [n for n in args.pipelines.split(",") if n] + [p.name for p in extra]
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             prepare_models(prepare if prepare is not None else [p.name for p in selected])
         server = TritonServer(
             repositories=[r.resolve() for r in (args.model_repository or [ROOT / "model_repository"])],
-            models=registry.triton_models(selected), grpc_port=args.triton_grpc_port,
+            models=getattr(args, "models", None) or registry.triton_models(selected), grpc_port=args.triton_grpc_port,
             http_port=args.triton_http_port, metrics_port=args.triton_metrics_port,
             log_path=args.log_dir / "tritonserver.log", ready_timeout_s=args.ready_timeout)
         started = time.monotonic()

@@ -386,8 +386,8 @@ def fused_moe(hidden: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tens
     w13: [E, 2I, H] (transformers' `gate_up_proj`, gate rows first), w2: [E, H, I] (`down_proj`), both in
     hidden's dtype with a contiguous last dim; top_k: experts per token (thinker 8, talker 6);
     renormalize: divide the top-k probabilities by their sum (`norm_topk_prob`). config: block sizes
-    (default: `moe_configs.moe_config(T)`). Returns [T, H] in hidden's dtype. Raises ValueError on
-    mismatched shapes/dtypes. Source: transformers Qwen3OmniMoeThinkerTextSparseMoeBlock (router + experts).
+    (default: `moe_configs.moe_config(T, H, I)`, tuned per expert shape). Returns [T, H] in hidden's dtype.
+    Raises ValueError on mismatched shapes/dtypes. Source: transformers Qwen3OmniMoeThinkerTextSparseMoeBlock (router + experts).
     """
     ok = hidden.dim() == 2 and w13.dim() == 3
     if ok:
@@ -403,7 +403,7 @@ def fused_moe(hidden: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tens
         return fused_moe_reference(hidden, router_logits, w13, w2, top_k, renormalize)
     if w13.stride(-1) != 1 or w2.stride(-1) != 1:
         raise ValueError("fused_moe: expert weights need a contiguous last dim")
-    config = config or moe_config(T)
+    config = config or moe_config(T, H, two_i // 2)
     hidden = hidden if hidden.stride(-1) == 1 else hidden.contiguous()
     routing = moe_route(router_logits, top_k, renormalize, config.BLOCK_M)
     inter = moe_gate_up(hidden, w13, routing, config.gate_up)

@@ -9,6 +9,8 @@
              step) / measured bandwidth; greedy tokens of a fixed prompt with kernels on and off
   talker     frame time = talker decode step + the 15-step code predictor, static engine (graphs) vs
              transformers' forward with a DynamicCache (the "dynamic" engine), batch 1 and 16
+  overlap    thinker steps and talker frames at once on two threads / CUDA streams (the co-located
+             layout) vs one after the other on one stream, batch 1 and 16 (CUDA only)
 Timings are medians of CUDA-event timed calls after warm-up; each call includes its host work (input
 copies, graph launch), as in serving. The random preset is prepared when missing.
 """
@@ -104,11 +106,13 @@ def bench_thinker(path, config, device, args, bw: float) -> dict:
         positions = text_mrope_position_ids(torch.arange(ids.shape[-1], device=device)[None])
         return model(input_ids=ids[None], position_ids=positions, use_cache=True, **cache_kwargs(model, cache))
 
-    modes = [("off", False)] + ([("on", True)] if fused.available() else [])
+    modes = [("off", False, True)] + ([("on", True, True), ("on_unfused_attention", True, False)]
+                                      if fused.available() else [])
     result = {"active_weight_bytes": active_bytes(text), "modes": {}}
-    for name, kernels in modes:
+    for name, kernels, fused_attention in modes:
         fused.set_enabled(kernels)
-        for graphs in (True, False):
+        fused.set_fused_attention(fused_attention)
+        for graphs in ((True, False) if fused_attention else (True,)):
             label = f"kernels_{name}" + ("" if graphs else "_eager")
             decoder = StaticDecoder(text_model, head=lambda h: (model.lm_head(h).float(),), slots=max(args.batches),
                                     max_len=args.prompt_tokens + 2 * args.steps + 64, graphs=graphs, name=label)
@@ -147,6 +151,7 @@ def bench_thinker(path, config, device, args, bw: float) -> dict:
         result["greedy_equal_kernels_on_off"] = on == off
         result["greedy_common_prefix"] = next((i for i, (a, b) in enumerate(zip(on, off)) if a != b), len(on))
     fused.set_enabled(True)
+    fused.set_fused_attention(True)
     del model
     return result
 
@@ -171,9 +176,11 @@ def bench_talker(path, config, device, args) -> dict:
                       generation_step=0, **cache_kwargs(talker, cache))
 
     result = {"modes": {}}
-    modes = [("off", False)] + ([("on", True)] if fused.available() else [])
-    for name, kernels in modes:
+    modes = [("off", False, True)] + ([("on", True, True), ("on_unfused_attention", True, False)]
+                                      if fused.available() else [])
+    for name, kernels, fused_attention in modes:
         fused.set_enabled(kernels)
+        fused.set_fused_attention(fused_attention)
         decode = TalkerDecode(talker, slots=max(args.batches), max_len=40 + args.steps + 16)
         frames = CodePredictorFrames(talker, max_batch=max(args.batches))
         entry = {}
@@ -199,6 +206,7 @@ def bench_talker(path, config, device, args) -> dict:
             for k, v in entry.items() if k.startswith("batch")), flush=True)
         del decode, frames
     fused.set_enabled(True)
+    fused.set_fused_attention(True)
     # "before": transformers' forward with a DynamicCache, as the dynamic engine runs a frame.
     predictor = talker.code_predictor
     entry = {}
@@ -227,6 +235,102 @@ def bench_talker(path, config, device, args) -> dict:
     return result
 
 
+def bench_overlap(path, config, device, args) -> dict:
+    """Thinker decode steps and talker frames at the same time, each engine on its own thread and CUDA stream
+    (the co-located layout), against each alone and against both on one stream (what two stage processes
+    time-slicing the GPU approach). Per batch size: ms per thinker step and per talker frame alone, and ms per
+    (step + frame) pair run serially vs concurrently."""
+    import threading
+
+
+    from omni_backends.engine.runner import cache_kwargs, text_mrope_position_ids
+    from omni_backends.qwen3_omni.decoder import StaticDecoder
+    from omni_backends.qwen3_omni.loading import load_talker, load_thinker
+    from omni_backends.qwen3_omni.talker_static import CodePredictorFrames, TalkerDecode
+
+    thinker = load_thinker(path, config, device)
+    talker = load_talker(path, config, device)
+    text = config.thinker_config.text_config
+    tc = config.talker_config
+    text_model = getattr(thinker.model, "language_model", thinker.model)
+    embed = thinker.get_input_embeddings()
+    steps = args.steps
+    decoder = StaticDecoder(text_model, head=lambda h: (thinker.lm_head(h).float(),), slots=max(args.batches),
+                            max_len=args.prompt_tokens + 4 * steps + 64, name="overlap-thinker")
+    decode = TalkerDecode(talker, slots=max(args.batches), max_len=40 + 4 * steps + 16)
+    frames = CodePredictorFrames(talker, max_batch=max(args.batches))
+    prompt = torch.randint(0, 1000, (args.prompt_tokens,), device=device)
+    talker_prompt = torch.randn(40, tc.text_config.hidden_size, device=device, dtype=talker.dtype) * 0.02
+
+    def thinker_forward(ids, cache):
+        positions = text_mrope_position_ids(torch.arange(ids.shape[-1], device=device)[None])
+        return thinker(input_ids=ids[None], position_ids=positions, use_cache=True, **cache_kwargs(thinker, cache))
+
+    def talker_forward(embeds, cache):
+        n = embeds.shape[0]
+        positions = torch.arange(n, device=device).view(1, 1, n).expand(3, 1, n)
+        return talker(inputs_embeds=embeds[None], position_ids=positions, use_cache=True, output_hidden_states=True,
+                      generation_step=0, **cache_kwargs(talker, cache))
+
+    streams = [torch.cuda.Stream(device), torch.cuda.Stream(device, priority=-1)]
+    result = {}
+    for batch in args.batches:
+        fill_slots(decoder, thinker_forward, prompt, batch, text)
+        fill_slots(decode.decoder, talker_forward, talker_prompt, batch, tc.text_config)
+        position = {"thinker": args.prompt_tokens, "talker": 40}
+        tokens = torch.zeros(batch, dtype=torch.long, device=device)
+        embeds = torch.zeros(batch, tc.text_config.hidden_size, device=device, dtype=talker.dtype)
+        code0 = torch.zeros(batch, dtype=torch.long)
+
+        def thinker_step():
+            (logits,) = decoder.step(embed(tokens), [position["thinker"]] * batch)
+            logits.argmax(-1).tolist()   # the engine's one host synchronisation per step
+            position["thinker"] += 1
+
+        def talker_frame():
+            hidden, _ = decode.decoder.step(embeds, [position["talker"]] * batch)
+            codes, _ = frames(hidden, code0, [True] * batch, [None] * batch)
+            codes.cpu()
+            position["talker"] += 1
+
+        def loop(fn, stream, n):
+            with torch.cuda.stream(stream), torch.inference_mode():
+                for _ in range(n):
+                    fn()
+
+        def wall_ms(work) -> float:
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            work()
+            torch.cuda.synchronize()
+            return (time.perf_counter() - start) * 1e3
+
+        loop(thinker_step, streams[0], 3)
+        loop(talker_frame, streams[1], 3)
+        alone = {"thinker_step_ms": wall_ms(lambda: loop(thinker_step, streams[0], steps)) / steps,
+                 "talker_frame_ms": wall_ms(lambda: loop(talker_frame, streams[1], steps)) / steps}
+        serial = wall_ms(lambda: loop(lambda: (thinker_step(), talker_frame()), streams[0], steps)) / steps
+
+        def concurrent():
+            threads = [threading.Thread(target=loop, args=(fn, stream, steps))
+                       for fn, stream in ((thinker_step, streams[0]), (talker_frame, streams[1]))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        both = wall_ms(concurrent) / steps
+        result[f"batch_{batch}"] = {**alone, "serial_pair_ms": serial, "concurrent_pair_ms": both,
+                                    "overlap_gain": serial / both}
+        decoder.remove([f"r{i}" for i in range(batch)])
+        decode.decoder.remove([f"r{i}" for i in range(batch)])
+        print(f"overlap batch_{batch}: thinker step {alone['thinker_step_ms']:.2f} ms, talker frame "
+              f"{alone['talker_frame_ms']:.2f} ms alone; step + frame serial {serial:.2f} ms, concurrent "
+              f"(two threads, two streams) {both:.2f} ms ({serial / both:.2f}x)", flush=True)
+    del thinker, talker, decoder, decode, frames
+    torch.cuda.empty_cache()
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", default="qwen3_omni_30b_a3b_random", help="preset name or directory")
@@ -234,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--steps", type=int, default=64, help="timed decode steps per batch size")
     parser.add_argument("--prompt-tokens", type=int, default=32)
-    parser.add_argument("--parts", default="thinker,talker")
+    parser.add_argument("--parts", default="thinker,talker,overlap")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     from omni_backends import prepare
@@ -256,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
             results["thinker"] = bench_thinker(path, config, args.device, args, bw)
         if "talker" in args.parts:
             results["talker"] = bench_talker(path, config, args.device, args)
+        if "overlap" in args.parts and args.device.startswith("cuda"):
+            results["overlap"] = bench_overlap(path, config, args.device, args)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(results, indent=1))

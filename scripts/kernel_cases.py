@@ -49,6 +49,7 @@ class MoeModel:
 MOE_MODELS = (MoeModel("thinker", 128, 2048, 768, 8), MoeModel("talker", 128, 1024, 384, 6))
 THINKER_HIDDEN, HEADS, KV_HEADS, HEAD_DIM, MROPE_SECTION = 2048, 32, 4, 128, (24, 20, 20)
 CODE_PREDICTOR_INTER = 3072
+ATTENTION_COLUMNS, ATTENTION_MAX_ROWS = 1024, 64   # decode attention: cached columns, most rows timed
 
 
 @dataclasses.dataclass
@@ -92,7 +93,8 @@ def distinct_logits(T: int, E: int, dtype, device) -> torch.Tensor:
 
 
 def cases(ok, tokens: list[int], device: str, dtype=torch.bfloat16, random: bool = True,
-          ops: tuple[str, ...] = ("rms_norm", "silu_and_mul", "apply_mrope", "fused_moe")) -> list[Case]:
+          ops: tuple[str, ...] = ("rms_norm", "silu_and_mul", "apply_mrope", "fused_moe", "decode_attention"),
+          ) -> list[Case]:
     """Every op at every token count. `random=False` allocates without filling (compile-only use)."""
     out: list[Case] = []
     es = torch.tensor([], dtype=dtype).element_size()
@@ -132,6 +134,8 @@ def cases(ok, tokens: list[int], device: str, dtype=torch.bfloat16, random: bool
             out.append(Case("apply_mrope", f"apply_mrope {HEADS}/{KV_HEADS} heads", T, ok.apply_mrope,
                             ok.apply_mrope_reference, sets,
                             lambda T=T: 2 * T * (HEADS + KV_HEADS) * HEAD_DIM * es + 2 * 3 * T * HEAD_DIM // 2 * 4))
+        if "decode_attention" in ops and T <= ATTENTION_MAX_ROWS:
+            out.append(_attention_case(ok, T, dtype, device, random, es))
         if "fused_moe" in ops:
             for m in MOE_MODELS:
                 w13, w2 = weights[m.name]
@@ -151,3 +155,23 @@ def cases(ok, tokens: list[int], device: str, dtype=torch.bfloat16, random: bool
                 out.append(Case("fused_moe", f"fused_moe {m.name} E{m.experts} top{m.top_k}", T, ok.fused_moe,
                                 ok.fused_moe_reference, sets, moe_bytes, flops=6 * T * m.top_k * m.hidden * m.inter))
     return out
+
+
+def _attention_case(ok, T: int, dtype, device, random: bool, es: int) -> Case:
+    """decode_attention at the thinker's heads: T rows (one new token each) over ATTENTION_COLUMNS cached
+    columns; bytes = the cached keys and values read + q/k/v in + the output and new key/value out."""
+    def make():
+        qkv = _tensor((T, (HEADS + 2 * KV_HEADS) * HEAD_DIM), dtype, device, random)
+        q, k, v = (t.view(T, -1, HEAD_DIM) for t in qkv.split([HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM,
+                                                               KV_HEADS * HEAD_DIM], -1))
+        caches = [_tensor((T, KV_HEADS, ATTENTION_COLUMNS, HEAD_DIM), dtype, device, random) for _ in range(2)]
+        angles = torch.rand(T, HEAD_DIM // 2, device=device) * 100
+        weight = _tensor((HEAD_DIM,), dtype, device, random)
+        written = torch.full((T,), ATTENTION_COLUMNS - 1, dtype=torch.long, device=device)
+        return (q, k, v, weight, weight, 1e-6, angles.cos().to(dtype), angles.sin().to(dtype), *caches, written,
+                ATTENTION_COLUMNS, HEAD_DIM ** -0.5)
+    kv_bytes = 2 * T * KV_HEADS * ATTENTION_COLUMNS * HEAD_DIM * es
+    sets = _rotating(make, kv_bytes, random)
+    return Case("decode_attention", f"decode_attention {HEADS}/{KV_HEADS} heads {ATTENTION_COLUMNS} cols", T,
+                ok.decode_attention, ok.decode_attention_reference, sets,
+                lambda: kv_bytes + (2 * HEADS + 4 * KV_HEADS) * T * HEAD_DIM * es)

@@ -2,8 +2,9 @@
 
 Each function takes the transformers module whose weights it uses and the activations. On CUDA
 tensors, with `omni_kernels` enabled (`omni_kernels.set_enabled`, the deploy option `kernels`), it
-calls the fused kernel (RMSNorm with the residual add, plain RoPE of q and k in one launch, the fused
-MoE, SiLU-and-mul after one gate+up GEMM); otherwise it calls the module itself, so the CPU path is
+calls the fused kernel (RMSNorm with the residual add, plain RoPE of q and k in one launch, the whole
+decode attention — q/k norms, RoPE, cache write, grouped-query attention — in one launch, the fused MoE,
+SiLU-and-mul after one gate+up GEMM); otherwise it calls the module itself, so the CPU path is
 transformers' own arithmetic (and the static engine's tokens equal the library's).
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ try:
 except ImportError:  # pragma: no cover - the package is part of this repository
     omni_kernels = None
 
-_KERNELS = ("rms_norm", "fused_moe", "silu_and_mul", "apply_mrope", "enabled")
+_KERNELS = ("rms_norm", "fused_moe", "silu_and_mul", "apply_mrope", "decode_attention", "enabled")
 FUSED = "omni_fused_weight"   # attribute holding the concatenated weight of fused projections
 
 
@@ -27,6 +28,21 @@ def available() -> bool:
 def active(x: torch.Tensor) -> bool:
     """True when `x` is a CUDA tensor and the kernels are available and enabled."""
     return x.is_cuda and available() and bool(omni_kernels.enabled())
+
+
+_fused_attention = True
+
+
+def set_fused_attention(flag: bool) -> None:
+    """Use the one-launch decode attention (`decode_attention`) while the kernels are active (default); False
+    keeps the other kernels and runs attention as norms + RoPE + cache writes + SDPA (benchmark A/B)."""
+    global _fused_attention
+    _fused_attention = bool(flag)
+
+
+def attention_active(x: torch.Tensor) -> bool:
+    """True when a decode step on `x` should use `decode_attention`."""
+    return _fused_attention and active(x)
 
 
 def set_enabled(flag: bool) -> bool:
@@ -75,6 +91,17 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos_half: torch.Tensor, sin_half: tor
         return omni_kernels.apply_mrope(q, k, cos_half, sin_half, mrope_section=None)
     cos, sin = torch.cat((cos_half, cos_half), -1)[:, None], torch.cat((sin_half, sin_half), -1)[:, None]
     return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def decode_attention(attn: torch.nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_half: torch.Tensor,
+                     sin_half: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                     written: torch.Tensor, columns: int) -> torch.Tensor:
+    """One decode token per row through a Qwen3 attention module's q/k norms, RoPE (per-row tables [B, D/2])
+    and grouped-query attention over a static cache [slots, Hk, L, D] (row b = slot b, its new key/value
+    written at column `written[b]`, columns 0..written[b] attended): `omni_kernels.decode_attention`, one
+    launch. q [B, Hq, D], k/v [B, Hk, D]; returns [B, Hq, D] (before o_proj). Only called when `attention_active`."""
+    return omni_kernels.decode_attention(q, k, v, attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.variance_epsilon,
+                                         cos_half, sin_half, key_cache, value_cache, written, columns, attn.scaling)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

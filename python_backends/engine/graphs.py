@@ -79,7 +79,7 @@ class StepGraphs:
         self.fn, self.enabled, self.name, self.warmup = fn, enabled, name, warmup
         self._graphs: dict[Hashable, _Graph] = {}
         self._eager_keys: set[Hashable] = set()
-        self._pool = None
+        self._pool = self._capture_stream = None
         self._lock = threading.Lock()
         self._replays = self._eager = self._failed = 0
 
@@ -121,8 +121,12 @@ class StepGraphs:
             graph = torch.cuda.CUDAGraph()
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
-            # thread_local: other threads of the stub (response senders) may use the GPU during a capture
-            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+                self._capture_stream = torch.cuda.Stream()
+            # thread_local: other threads of the process (response senders, the other engines of the
+            # co-located layout) may use the GPU during a capture; each StepGraphs captures on its own stream
+            # (torch's default capture stream is one per process: two engines capturing at once would collide)
+            with torch.cuda.graph(graph, pool=self._pool, stream=self._capture_stream,
+                                  capture_error_mode="thread_local"):
                 outputs = self.fn(**static)
         except Exception as exc:  # noqa: BLE001 - any capture failure: this bucket runs eagerly
             self._failed += 1

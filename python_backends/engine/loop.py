@@ -9,6 +9,7 @@ one host synchronisation (`sample_rows`, each row with its own params), and call
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from typing import Sequence
@@ -49,16 +50,20 @@ class EngineLoop(BatchLoop):
         runner: the model runner (see `omni_backends.engine.runner.Runner`).
         max_running: most requests decoded together; more wait in FIFO order.
         name: thread name.
+        stream: CUDA stream the engine thread makes current (its forwards and graph replays run there, so
+            engines of other threads of the process can run their kernels concurrently); None: the default.
 
     `on_output(request_id, StepOutput)` is called on the engine thread, once per generated token and
     exactly once with `finished=True` per request; keep it fast (hand off to a queue). If it raises,
     that request is aborted. A runner error finishes the affected requests with finish_reason "error".
     """
 
-    def __init__(self, runner: Runner, *, max_running: int = 32, name: str = "engine-loop") -> None:
+    def __init__(self, runner: Runner, *, max_running: int = 32, name: str = "engine-loop",
+                 stream: torch.cuda.Stream | None = None) -> None:
         self.runner = runner
         self._steps = 0
         self._tokens = 0
+        self.stream = stream  # set before the thread starts (BatchLoop.__init__)
         super().__init__(max_running=max_running, name=name)
 
     # ---- public, thread-safe -------------------------------------------------------------------
@@ -84,6 +89,10 @@ class EngineLoop(BatchLoop):
             )
 
     # ---- engine thread -------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+            super()._run()
 
     def _iterate(self, admitted: list[EngineRequest]) -> None:
         # Prefill every running request whose prompt is not complete yet (the just-admitted ones, and

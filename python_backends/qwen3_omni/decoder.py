@@ -144,7 +144,8 @@ class StaticDecoder:
         """The captured step: x [B, H] embeddings, meta int64 [2, B] (RoPE position, cache column), columns [C]."""
         rows = torch.arange(x.shape[0], device=x.device)
         positions, written = meta[0], meta[1]
-        mask = (columns[None, :] <= written[:, None])[:, None, None, :]
+        # the fused attention kernel masks by `written` itself; the module path needs the boolean mask
+        mask = None if fused.attention_active(x) else (columns[None, :] <= written[:, None])[:, None, None, :]
         cos, sin = self.cos[positions], self.sin[positions]
         residual = None
         for index, layer in enumerate(self.layers):
@@ -165,11 +166,17 @@ class StaticDecoder:
                 [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], -1)
         else:
             q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
+        keys, values = self.cache.keys[index], self.cache.values[index]
+        if mask is None:   # kernels: q/k norms, RoPE, the cache write and the attention in one launch
+            out = fused.decode_attention(attn, q.view(batch, self.heads, self.head_dim),
+                                         k.view(batch, self.kv_heads, self.head_dim),
+                                         v.view(batch, self.kv_heads, self.head_dim), cos, sin, keys, values,
+                                         written, columns)
+            return attn.o_proj(out.reshape(batch, self.heads * self.head_dim))
         q = fused.rms_norm(attn.q_norm, q.reshape(batch, self.heads, self.head_dim))
         k = fused.rms_norm(attn.k_norm, k.reshape(batch, self.kv_heads, self.head_dim))
         v = v.reshape(batch, self.kv_heads, self.head_dim)
         q, k = fused.rope(q, k, cos, sin)
-        keys, values = self.cache.keys[index], self.cache.values[index]
         StaticKVCache.write(keys, rows, written, k)
         StaticKVCache.write(values, rows, written, v)
         # grouped-query attention as plain attention: the G query heads of a kv head are G query rows

@@ -214,12 +214,13 @@ class Talker:
         next text embedding exists. Returns request id -> TalkerOutput for requests that produced a frame
         or finished; finished requests are forgotten."""
         out: dict[str, TalkerOutput] = {}
+        new = [rid for rid, req in self._requests.items() if not req.prefilled and req.first_text is not None]
+        self._prefill(new)
+        for rid in new:
+            if not self._requests[rid].prefilled:
+                out[rid] = TalkerOutput(self._no_codes(), True, "length")   # prompt beyond max_len
         for rid, req in self._requests.items():
-            if not req.prefilled and req.first_text is not None:
-                self._prefill(rid, req)
-                if not req.prefilled:
-                    out[rid] = TalkerOutput(self._no_codes(), True, "length")   # prompt beyond max_len
-            elif not req.prefilled and req.text_ended:
+            if not req.prefilled and req.first_text is None and req.text_ended:
                 out[rid] = TalkerOutput(self._no_codes(), True, "stop")   # the thinker said nothing to speak
         ready = [rid for rid, req in self._requests.items() if req.prefilled and req.text_ready() and rid not in out]
         frame_rids = []
@@ -230,15 +231,16 @@ class Talker:
                 continue
             req.code0_ids.append(code0)
             frame_rids.append(rid)
-        frames, next_embeds = self._predict_residual_codes(frame_rids)
-        advancing = {}
+        frames, codec_sums = self._predict_residual_codes(frame_rids)
+        advancing = []
         for index, (rid, codes) in enumerate(zip(frame_rids, frames)):
             req = self._requests[rid]
             done = len(req.code0_ids) >= req.max_frames
             out[rid] = TalkerOutput(codes[:, None], done, "length" if done else None)
             if not done:
-                advancing[rid] = self._next_input(req, codes, None if next_embeds is None else next_embeds[index])
-        self._advance(advancing)
+                advancing.append(index)
+        self._advance([frame_rids[i] for i in advancing], [frames[i] for i in advancing],
+                      None if codec_sums is None else codec_sums[advancing])
         for rid, result in out.items():
             if result.finished:
                 self.cancel(rid)
@@ -253,27 +255,30 @@ class Talker:
                            [torch.tensor(r.code0_ids, dtype=torch.long) for r in reqs],
                            [len(r.code0_ids) for r in reqs], [r.generator for r in reqs])
 
-    def _advance(self, inputs: dict[str, torch.Tensor]) -> None:
-        """Feed each request its next input [1, H_talker]: per request ("dynamic") or one batched step over
-        every live slot ("static"; requests without an input sit the step out)."""
-        if self.decode is None:
-            for rid, embeds in inputs.items():
-                self._forward(self._requests[rid], embeds)
+    def _advance(self, rids: list[str], frames: list[torch.Tensor], codec_sums: torch.Tensor | None) -> None:
+        """Feed each of `rids` its next input: the sum of its frame's 16 codec embeddings (`codec_sums` [n, H]
+        from the "static" engine, else from `frames`) + its next text embedding; per request ("dynamic") or one
+        batched step over every live slot ("static"; requests without an input sit the step out)."""
+        if not rids:
             return
-        if not inputs:
+        reqs = [self._requests[rid] for rid in rids]
+        texts = torch.stack([r.trailing[f] if (f := len(r.code0_ids) - 1) < len(r.trailing) else self.tts_pad
+                             for r in reqs])
+        if self.decode is None:
+            for req, codes, text in zip(reqs, frames, texts):
+                self._forward(req, (self._codec_sum(codes) + text)[None])
             return
         order = self.decode.decoder.cache.request_ids
+        rows = {rid: row for row, rid in enumerate(order)}
         embeds = torch.zeros(len(order), self.tc.text_config.hidden_size, dtype=self.model.dtype, device=self.device)
-        for row, rid in enumerate(order):
-            if rid in inputs:
-                embeds[row] = inputs[rid][0]
+        embeds[torch.tensor([rows[rid] for rid in rids], device=self.device)] = codec_sums + texts
+        active = set(rids)
         hidden, logits = self.decode.decoder.step(embeds, [self._requests[rid].position for rid in order],
-                                                  active=[rid in inputs for rid in order])
-        for row, rid in enumerate(order):
-            if rid in inputs:
-                req = self._requests[rid]
-                req.position += 1
-                req.hidden, req.logits = hidden[row], logits[row]
+                                                  active=[rid in active for rid in order])
+        for rid in rids:
+            req = self._requests[rid]
+            req.position += 1
+            req.hidden, req.logits = hidden[rows[rid]], logits[rows[rid]]
 
     def _no_codes(self) -> torch.Tensor:
         return torch.zeros(self.groups, 0, dtype=torch.long)
@@ -308,18 +313,38 @@ class Talker:
         codec = torch.cat([text.new_zeros(3, text.shape[-1]), self.model.get_input_embeddings()(specials)])
         return torch.cat([user_embeds, text + codec])
 
-    def _prefill(self, rid: str, req: _Request) -> None:
-        """Run the talker prompt; with the "static" engine, move its KV into a decoder slot. Leaves the
-        request unprefilled when its prompt does not fit the static cache."""
-        embeds = self._prefill_embeds(req)
-        if self.decode is not None and embeds.shape[0] >= self.options.max_len:
+    def _prefill(self, rids: list[str]) -> None:
+        """Run the talker prompts of new requests: per request into its own `DynamicCache` ("dynamic"), or, with
+        the "static" engine, all in one right-padded forward whose rows' KV go to decoder slots (a burst of
+        requests costs one forward, not one each). Leaves a request unprefilled when its prompt does not fit
+        the static cache."""
+        embeds = {rid: self._prefill_embeds(self._requests[rid]) for rid in rids}
+        if self.decode is None:
+            for rid in rids:
+                req = self._requests[rid]
+                req.cache = DynamicCache(config=self.tc.text_config)
+                self._forward(req, embeds[rid])
+                req.prefilled = True
             return
-        req.cache = DynamicCache(config=self.tc.text_config)
-        self._forward(req, embeds)
-        req.prefilled = True
-        if self.decode is not None:
-            self.decode.decoder.add(rid, cache_layers(req.cache))
-            req.cache = None
+        fits = [rid for rid in rids if embeds[rid].shape[0] < self.options.max_len]
+        if not fits:
+            return
+        lengths = [embeds[rid].shape[0] for rid in fits]
+        width = max(lengths)
+        data = embeds[fits[0]].new_zeros(len(fits), width, embeds[fits[0]].shape[-1])
+        for row, rid in enumerate(fits):
+            data[row, :lengths[row]] = embeds[rid]
+        mask = torch.tensor([[1] * n + [0] * (width - n) for n in lengths], dtype=torch.long, device=self.device)
+        positions = torch.arange(width, device=self.device).view(1, 1, width).expand(3, len(fits), width)
+        cache = DynamicCache(config=self.tc.text_config)
+        out = self.model(inputs_embeds=data, attention_mask=mask, position_ids=positions,
+                         **cache_kwargs(self.model, cache), use_cache=True, output_hidden_states=True,
+                         generation_step=0)
+        for row, (rid, n) in enumerate(zip(fits, lengths)):
+            req = self._requests[rid]
+            req.logits, req.hidden = out.logits[row, n - 1], out.hidden_states[0][-1][row, n - 1]
+            req.position, req.prefilled = n, True
+            self.decode.decoder.add(rid, cache_layers(cache, row, n))
             req.max_frames = min(req.max_frames, self.options.max_len - req.position)
 
     def _forward(self, req: _Request, embeds: torch.Tensor) -> None:
@@ -364,15 +389,10 @@ class Talker:
             return int(logits.argmax())
         return sample_next_token(logits.cpu(), CODE_PREDICTOR_SAMPLING, generator=req.generator)
 
-    def _next_input(self, req: _Request, codes: torch.Tensor, codec_sum: torch.Tensor | None = None) -> torch.Tensor:
-        """[1, H_talker]: sum of the frame's 16 codec embeddings (given as `codec_sum` by the "static"
-        engine) + this frame's text embedding."""
-        if codec_sum is None:
-            codes = codes.to(self.device)
-            residual_tables = self.model.code_predictor.get_input_embeddings()
-            embeds = [self.model.get_input_embeddings()(codes[:1])]
-            embeds += [residual_tables[group - 1](codes[group:group + 1]) for group in range(1, self.groups)]
-            codec_sum = torch.cat(embeds).sum(0)
-        frame = len(req.code0_ids) - 1
-        text = req.trailing[frame] if frame < len(req.trailing) else self.tts_pad
-        return codec_sum[None] + text[None]
+    def _codec_sum(self, codes: torch.Tensor) -> torch.Tensor:
+        """[H_talker]: the sum of one frame's 16 codec embeddings (codes int64 [16]), as `generate` feeds it."""
+        codes = codes.to(self.device)
+        residual_tables = self.model.code_predictor.get_input_embeddings()
+        embeds = [self.model.get_input_embeddings()(codes[:1])]
+        embeds += [residual_tables[group - 1](codes[group:group + 1]) for group in range(1, self.groups)]
+        return torch.cat(embeds).sum(0)

@@ -59,10 +59,11 @@ class Thinker:
         tokenizer, feature_extractor: the checkpoint's tokenizer and `WhisperFeatureExtractor`.
         max_running: most requests decoded together.
         options: engine choice and sizes (`EngineOptions`).
+        stream: CUDA stream of the engine thread (`EngineLoop`); None: the default stream.
     """
 
     def __init__(self, model, config, tokenizer, feature_extractor, max_running: int = 32,
-                 options: EngineOptions | None = None):
+                 options: EngineOptions | None = None, stream: torch.cuda.Stream | None = None):
         self.config, self.options = config, options or EngineOptions()
         self.accept_layer = config.talker_config.accept_hidden_layer
         self.prompts = PromptBuilder(tokenizer, feature_extractor, config.thinker_config.audio_config.n_window)
@@ -79,7 +80,7 @@ class Thinker:
                                   position_ids_fn=text_mrope_position_ids, prefill_chunk=self.options.prefill_chunk)
         else:
             runner = DecoderRunner(model, hidden_layers=layers, position_ids_fn=text_mrope_position_ids)
-        self.loop = EngineLoop(runner, max_running=max_running, name="qwen3-omni-thinker")
+        self.loop = EngineLoop(runner, max_running=max_running, name="qwen3-omni-thinker", stream=stream)
 
     def warmup(self) -> int:
         """Capture the static engine's decode graphs before serving (CUDA only); returns graphs captured."""
@@ -108,12 +109,13 @@ class Thinker:
         return inputs
 
     def submit_inputs(self, request_id: str, inputs: ThinkerInputs, params: SamplingParams,
-                      on_token: OnToken) -> None:
-        """Queue a request from prebuilt `ThinkerInputs` (as `submit`, without prompt building)."""
+                      on_token: OnToken, embeds: bool = True) -> None:
+        """Queue a request from prebuilt `ThinkerInputs` (as `submit`, without prompt building). embeds=False:
+        the tokens carry no `embed` (a consumer in this process looks the ids up itself)."""
         ids = inputs.input_ids
 
         def on_output(rid: str, out: StepOutput) -> None:
-            on_token(rid, self.token(ids, out))
+            on_token(rid, self.token(ids, out, embeds))
 
         self.loop.submit(request_id, self.engine_prompt(inputs), params, on_output)
 
@@ -135,10 +137,10 @@ class Thinker:
         self.loop.shutdown()
 
     @torch.inference_mode()
-    def token(self, prompt_ids: torch.Tensor, out: StepOutput) -> ThinkerToken:
+    def token(self, prompt_ids: torch.Tensor, out: StepOutput, embeds: bool = True) -> ThinkerToken:
         """The `ThinkerToken` of one engine output of a request whose prompt ids are `prompt_ids` (int64 [P]):
-        adds the token's layer-0 embedding and, on index 0, the `TalkerPrompt`."""
-        embed = None if out.token_id is None else self.embed_tokens(
+        adds the token's layer-0 embedding (unless `embeds` is False) and, on index 0, the `TalkerPrompt`."""
+        embed = None if out.token_id is None or not embeds else self.embed_tokens(
             torch.tensor([out.token_id], device=self.embed_tokens.weight.device))
         talker_prompt = None
         if out.index == 0:

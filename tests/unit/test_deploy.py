@@ -16,7 +16,7 @@ def _write(tmp_path, text: str) -> Path:
 
 
 def test_h200_deploy_renders_gpu_stages(tmp_path):
-    deployment = deploy.load(ROOT / "deploy" / "qwen3_omni_h200.yaml", environ={})
+    deployment = deploy.load(ROOT / "deploy" / "qwen3_omni_h200.yaml", environ={"OMNI_LAYOUT": "stages"})
     assert deployment.pipeline == "qwen3_omni" and deployment.checkpoint == "qwen3_omni_30b_a3b_random"
     out = deploy.render(deployment, tmp_path / "repo")
     assert sorted(p.name for p in out.iterdir()) == sorted(deployment.models)
@@ -32,6 +32,22 @@ def test_h200_deploy_renders_gpu_stages(tmp_path):
     assert (out / "qwen3_omni_thinker" / "1" / "model.py").is_file()
     # the checked-in repository stays the CPU default
     assert "KIND_CPU" in (ROOT / "model_repository" / "qwen3_omni_thinker" / "config.pbtxt").read_text()
+
+
+def test_colocated_layout_renders_one_model_with_every_stage_setting(tmp_path):
+    deployment = deploy.load(ROOT / "deploy" / "qwen3_omni_h200.yaml", environ={})   # the file's default layout
+    assert deployment.layout == "colocated" and deployment.models == ["qwen3_omni"]
+    out = deploy.render(deployment, tmp_path / "repo")
+    assert [p.name for p in out.iterdir()] == ["qwen3_omni"]
+    config = (out / "qwen3_omni" / "config.pbtxt").read_text()
+    assert "instance_group [ { count: 1 kind: KIND_GPU gpus: [ 0 ] } ]" in config and "\nname:" not in config
+    for key, value in (("checkpoint", "qwen3_omni_30b_a3b_random"), ("kernels", "true"), ("default_voice", "ethan"),
+                       ("thinker.engine", "static"), ("thinker.max_len", "4096"), ("thinker.dtype", "bfloat16"),
+                       ("talker.max_len", "4608"), ("talker.max_frames", "4095"), ("code2wav.first_chunk_frames", "3")):
+        assert f'parameters {{ key: "{key}" value {{ string_value: "{value}" }} }}' in config
+    assert config.count('key: "code2wav.first_chunk_frames"') == 1   # the template's default replaced in place
+    assert "gpu_tensors" not in config and "FORCE_CPU_ONLY_INPUT_TENSORS" not in config
+    assert "colocated_model" in (out / "qwen3_omni" / "1" / "model.py").read_text()
 
 
 def test_placeholders_are_filled_from_the_environment(tmp_path):
@@ -55,6 +71,9 @@ def test_placeholders_are_filled_from_the_environment(tmp_path):
     ("pipeline: qwen3_omni\nstages: {talker: {instances: 0}}\n", "stages.talker.instances: must be >= 1"),
     ("pipeline: qwen3_omni\nkernels: sometimes\n", "kernels: must be true or false"),
     ("pipeline: voice2\n", "pipeline: must be one of"),
+    ("pipeline: qwen3_omni\nlayout: mixed\n", "layout: must be one of stages, colocated"),
+    ("pipeline: qwen3_omni\nlayout: colocated\nstages: {thinker: {device: 'cuda:0'}}\n",
+     "layout: colocated runs every stage in one process, so every stage needs the same device (thinker: cuda:0"),
     ("- just a list\n", "must be a mapping"),
 ])
 def test_bad_deploy_files_name_the_key(tmp_path, text, message):

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import omni_kernels as ok
-from omni_kernels import backend, moe
+from omni_kernels import attention, backend, moe
 from omni_kernels.moe_configs import GemmConfig, MoeConfig
 
 # Triton 3.6's interpreter converts 1-element arrays to ints the way numpy 1.25+ deprecates
@@ -33,6 +33,7 @@ TOL = {
     "silu_and_mul": {FP32: 1e-6, BF16: 1e-2},
     "apply_mrope": {FP32: 1e-6, BF16: 1e-2},
     "fused_moe": {FP32: 1e-5, BF16: 1e-2},
+    "decode_attention": {FP32: 1e-5, BF16: 1e-2},
 }
 
 
@@ -181,6 +182,65 @@ def test_apply_mrope_rejects_bad_sections():
     cos = torch.randn(3, 3, 16)
     with pytest.raises(ValueError, match="mrope_section"):
         ok.apply_mrope(q, k, cos, cos, (6, 5, 4))
+
+
+# ---------------------------------------------------------------- decode_attention
+
+# (rows, q heads, kv heads, head dim, cache length, attended columns): thinker 32/4, talker 16/2 and code
+# predictor 16/8 heads of 128; 4096 columns take the split path (SPLIT_COLUMNS) and its merge launch.
+ATTN_SHAPES = [(1, 32, 4, 128, 4096, 256), (16, 32, 4, 128, 4096, 4096), (1, 16, 2, 128, 4608, 256),
+               (32, 16, 2, 128, 4608, 1024), (16, 16, 8, 128, 16, 16)] if CUDA else \
+    [(3, 8, 2, 32, 80, 70), (2, 4, 4, 32, 20, 17)]
+
+
+def attention_inputs(B, HQ, HK, D, L, columns, dtype):
+    """q/k/v as strided views of one fused projection, norm weights, per-row rotary tables, caches with a
+    spare slot, and new-token columns (row 0 at the last attended column)."""
+    qkv = randn(B, (HQ + 2 * HK) * D, dtype=dtype, scale=2.0)
+    q, k, v = (t.view(B, -1, D) for t in qkv.split([HQ * D, HK * D, HK * D], -1))
+    weights = randn(D, dtype=dtype), randn(D, dtype=dtype)
+    angles = torch.rand(B, D // 2, device=DEVICE) * 100
+    caches = randn(B + 1, HK, L, D, dtype=dtype), randn(B + 1, HK, L, D, dtype=dtype)
+    written = torch.randint(0, columns, (B,), device=DEVICE)
+    written[0] = columns - 1
+    return q, k, v, weights, angles.cos().to(dtype), angles.sin().to(dtype), caches, written
+
+
+def check_decode_attention(shape, dtype):
+    B, HQ, HK, D, L, columns = shape
+    q, k, v, (qw, kw), cos, sin, (kc, vc), written = attention_inputs(B, HQ, HK, D, L, columns, dtype)
+    kc_ref, vc_ref = kc.clone(), vc.clone()
+    out = run_kernel("decode_attention", ok.decode_attention, q, k, v, qw, kw, 1e-6, cos, sin, kc, vc, written,
+                     columns, D ** -0.5)
+    ref = ok.decode_attention_reference(q, k, v, qw, kw, 1e-6, cos, sin, kc_ref, vc_ref, written, columns, D ** -0.5)
+    assert_close("decode_attention", out, ref)
+    rows = torch.arange(B, device=DEVICE)
+    assert_close("decode_attention", kc[rows, :, written], kc_ref[rows, :, written])   # the new keys
+    assert torch.equal(vc, vc_ref)   # values are stored as they come; nothing else is touched
+    kc[rows, :, written] = kc_ref[rows, :, written]
+    assert torch.equal(kc, kc_ref)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [BF16, FP32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("shape", ATTN_SHAPES, ids=str)
+def test_decode_attention_matches_reference(shape, dtype):
+    check_decode_attention(shape, dtype)
+
+
+@needs_triton
+def test_decode_attention_split_columns(monkeypatch):
+    """Columns spread over several programs (flash-decoding) and merged by the second launch."""
+    monkeypatch.setattr(attention, "SPLIT_COLUMNS", 32 if not CUDA else 128)
+    check_decode_attention((3, 8, 2, 32, 80, 70) if not CUDA else (4, 32, 4, 128, 1024, 1000), BF16)
+
+
+def test_decode_attention_rejects_mismatched_inputs():
+    q, k, v, (qw, kw), cos, sin, (kc, vc), written = attention_inputs(2, 4, 2, 32, 20, 10, FP32)
+    with pytest.raises(ValueError, match="decode_attention"):
+        ok.decode_attention(q, k, v, qw, kw, 1e-6, cos, sin, kc, vc, written, 21, 0.1)   # columns > cache length
+    with pytest.raises(ValueError, match="decode_attention"):
+        ok.decode_attention(q[:, :3], k, v, qw, kw, 1e-6, cos, sin, kc, vc, written, 10, 0.1)   # 3 heads for 2 kv
 
 
 # ---------------------------------------------------------------- fused_moe
@@ -390,3 +450,42 @@ def test_fused_moe_reference_equals_transformers_block(qwen3_omni, kind, top_k, 
         if kind == "talker":
             ref = ref + torch.sigmoid(block.shared_expert_gate(x[0])) * block.shared_expert(x[0])
         assert torch.equal(ref, block(x)[0])
+
+
+@pytest.mark.parametrize("dtype", [BF16, FP32], ids=["bf16", "fp32"])
+def test_decode_attention_reference_equals_transformers_attention(qwen3_omni, dtype):
+    """One decode token through the thinker's attention module (q/k norms, RoPE at a text position,
+    grouped-query attention over the cached prompt) equals the reference over a static cache holding
+    the module's own cached keys/values (bf16: up to the attention's summation order, as torch's SDPA
+    kernels for repeated and grouped heads differ)."""
+    from transformers.cache_utils import DynamicCache
+
+    cache_layers = pytest.importorskip("omni_backends.engine.kv_batch").cache_layers   # the project installed
+    cache_kwargs = pytest.importorskip("omni_backends.engine.runner").cache_kwargs
+
+    config = text_config("thinker")
+    config._attn_implementation = "sdpa"
+    attn = randomize(qwen3_omni.Qwen3OmniMoeThinkerTextAttention(config, layer_idx=0), dtype).eval()
+    rope = qwen3_omni.Qwen3OmniMoeThinkerTextRotaryEmbedding(config)
+    P, D = 7, 32
+    x = torch.randn(1, P + 1, 64).to(dtype)
+    positions = torch.arange(P + 1)[None, None, :].expand(3, 1, P + 1)
+    cos, sin = rope(x, positions)
+    cache = DynamicCache()   # one layer, filled by the module (layer_idx 0)
+    with torch.no_grad():
+        attn(x[:, :P], (cos[:, :P], sin[:, :P]), None, **cache_kwargs(attn, cache))
+        hf, _ = attn(x[:, P:], (cos[:, P:], sin[:, P:]), None, **cache_kwargs(attn, cache))
+        keys = torch.zeros(1, 2, 16, D, dtype=dtype)
+        values = torch.zeros_like(keys)
+        cached_k, cached_v = cache_layers(cache, length=P)[0]
+        keys[:, :, :P], values[:, :, :P] = cached_k, cached_v
+        h = x[0, P:]
+        q, k, v = attn.q_proj(h).view(1, 4, D), attn.k_proj(h).view(1, 2, D), attn.v_proj(h).view(1, 2, D)
+        out = ok.decode_attention_reference(q, k, v, attn.q_norm.weight, attn.k_norm.weight, 1e-6,
+                                            cos[0, P:, :D // 2], sin[0, P:, :D // 2], keys, values,
+                                            torch.tensor([P]), 16, attn.scaling)
+        ref = attn.o_proj(out.reshape(1, 4 * D))
+    if dtype == FP32:
+        torch.testing.assert_close(ref, hf[0], rtol=1e-5, atol=1e-6)
+    else:
+        assert ((ref.double() - hf[0].double()).norm() / hf[0].double().norm()).item() < 1e-2

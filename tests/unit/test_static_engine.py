@@ -24,7 +24,8 @@ PROMPTS = ["Hello, who are you?", "Tell me a story about the sea and the sun, pl
 
 
 def _run(stages, ckpt, options, talker_sample=False, seed=None):
-    pipe = LocalOmniPipeline(stages, load_tts_embeds(ckpt, stages.config), options=options, max_running=4)
+    pipe = LocalOmniPipeline.from_stages(stages, load_tts_embeds(ckpt, stages.config), options=options,
+                                         max_running=4)
     try:
         requests = [OmniRequest(f"r{i}", [{"role": "user", "content": text}],
                                 pipe.thinker.sampling_params(max_tokens=10 + 4 * i, temperature=0.0),
@@ -170,3 +171,40 @@ def test_random_full_size_preset_layout(tmp_path):
     assert torch.equal(load_tts_embeds(path, omni), thinker.get_input_embeddings().weight[ids])
     assert torch.equal(load_thinker(path, omni).lm_head.weight, thinker.lm_head.weight)    # deterministic
     assert THINKER_EMBED_KEY.startswith("thinker.")
+
+
+def test_static_talker_prefills_a_burst_of_requests_in_one_forward(qwen3_omni_stages, qwen3_omni_ckpt):
+    """Requests that start together go through one right-padded talker prefill forward (static engine) and
+    speak exactly as when each is prefilled alone (dynamic engine)."""
+    from omni_backends.qwen3_omni.prompt import PromptBuilder
+    from omni_backends.qwen3_omni.talker import Talker, TalkerPrompt
+
+    stages = qwen3_omni_stages
+    prompts = PromptBuilder(stages.tokenizer, stages.feature_extractor,
+                            stages.config.thinker_config.audio_config.n_window)
+    embed = stages.thinker.get_input_embeddings()
+    tts = load_tts_embeds(qwen3_omni_ckpt, stages.config)
+
+    def speak(options):
+        talker = Talker(copy.deepcopy(stages.talker), stages.config, tts, options=options, max_running=4)
+        forwards = []
+        talker.model.register_forward_hook(lambda module, args, out: forwards.append(1))
+        with torch.no_grad():
+            for i, text in enumerate(PROMPTS):
+                ids = prompts.build([{"role": "user", "content": text}]).input_ids
+                talker.add_request(f"r{i}", TalkerPrompt(ids, embed(ids), torch.zeros(0, embed.embedding_dim)),
+                                   "ethan", talker.sampling_params(do_sample=False, max_frames=6))
+                talker.push_text(f"r{i}", embed(torch.arange(100 + i, 108 + 2 * i)), final=True)
+            talker.step()
+            prefill_forwards = len(forwards)
+            codes = {rid: [] for rid in ("r0", "r1", "r2")}
+            while len(talker):
+                for rid, out in talker.step().items():
+                    codes[rid].append(out.codes)
+        return prefill_forwards, {rid: torch.cat(c, -1) for rid, c in codes.items()}
+
+    static_forwards, static = speak(EngineOptions(engine="static", max_len=64))
+    dynamic_forwards, dynamic = speak(EngineOptions())
+    assert static_forwards == 1 and dynamic_forwards == 3 + 3   # one batched prefill; 3 prefills + 3 steps
+    for rid, expected in dynamic.items():
+        assert expected.shape[-1] >= 3 and torch.equal(static[rid], expected)

@@ -33,17 +33,17 @@ import random
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from omni_backends.errors import RequestError
 from omni_backends.qwen3_omni.code2wav import SAMPLE_RATE
 from omni_backends.qwen3_omni.loading import load_config
 from omni_backends.qwen3_omni.serving import protocol as p
+from omni_backends.qwen3_omni.serving import turn as turns
+from omni_backends.qwen3_omni.serving.turn import Turn
 from omni_backends.serving import bls, events
 from omni_backends.serving.fanin import FanIn
 from omni_backends.serving.decoupled import AsyncDecoupledModel
 from omni_backends.serving.tensors import on_gpu
 
 THINKER, TALKER, CODE2WAV = "qwen3_omni_thinker", "qwen3_omni_talker", "qwen3_omni_code2wav"
-MODALITIES = ("text", "audio")
 _END = object()
 START, END = pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START, pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
 
@@ -56,31 +56,13 @@ class _Uncancellable:
         return False
 
 
-class _Turn:
-    """State of one chat turn shared by its tasks."""
+class _Turn(Turn):
+    """State of one chat turn shared by its tasks: the turn's usage, and the open stage sequences."""
 
     def __init__(self, body: dict, voice: str | None):
-        self.body, self.voice = body, voice
-        self.token_ids: list[int] = []
-        self.finish_reason: str | None = None
-        self.usage: dict = {}
-        self.frames = 0
+        super().__init__(body, voice)
         self.talker_seq = self.code2wav_seq = None   # correlation ids of open sequences
         self.talker_done = self.code2wav_done = False
-        self.unspoken: list[str] = []   # thinker text not yet sent as an audio event's transcript
-
-    def take_transcript(self) -> str:
-        text, self.unspoken = "".join(self.unspoken), []
-        return text
-
-    def done_event(self) -> dict:
-        text_tokens = self.usage.get("completion_tokens", len(self.token_ids))
-        usage = {"prompt_tokens": self.usage.get("prompt_tokens", 0), "completion_tokens": text_tokens + self.frames,
-                 "completion_tokens_details": {"text_tokens": text_tokens, "audio_tokens": self.frames}}
-        event = {"type": "done", "finish_reason": self.finish_reason, "usage": usage}
-        if self.body.get("return_token_ids"):
-            event["token_ids"] = self.token_ids
-        return event
 
 
 def _sequence_id() -> int:
@@ -100,29 +82,12 @@ class TritonPythonModel(AsyncDecoupledModel):
         self.voices = sorted(config.talker_config.speaker_id)
         self.default_voice = self.parameters.get("default_voice") or self.voices[0]
 
-    def _validate(self, body: dict) -> tuple[list[str], str | None]:
-        messages, max_tokens = body.get("messages"), body.get("max_tokens")
-        if not isinstance(messages, list) or not messages:
-            raise RequestError("messages must be a non-empty list", param="messages")
-        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens <= 0):
-            raise RequestError(f"max_tokens must be a positive integer, got {max_tokens!r}", param="max_tokens")
-        modalities = body.get("modalities") or list(MODALITIES)
-        if not isinstance(modalities, list) or not set(modalities) <= set(MODALITIES):
-            raise RequestError(f"modalities must be a non-empty subset of {list(MODALITIES)}", param="modalities")
-        if "audio" not in modalities:
-            return modalities, None
-        voice = str(body.get("voice") or self.default_voice).lower()
-        if voice not in self.voices:
-            raise RequestError(f"unknown voice {body.get('voice')!r}; valid voices: {', '.join(self.voices)}",
-                               param="voice")
-        return modalities, voice
-
     async def handle(self, ctx):
         body = ctx.body()
         if events.wants_voices(body):
             yield events.voices_event(self.voices, self.default_voice), None
             return
-        modalities, voice = self._validate(body)
+        modalities, voice = turns.validate(body, self.voices, self.default_voice)
         turn = _Turn(body, voice)
         out = FanIn()
         talker_q: asyncio.Queue | None = asyncio.Queue() if voice else None
@@ -197,8 +162,7 @@ class TritonPythonModel(AsyncDecoupledModel):
         if turn.talker_seq is None:
             first, body = responses[0], turn.body
             inputs.update({name: first[name][None] for name in p.PROMPT_TENSORS})
-            params = {k: body.get(f"talker_{k}") for k in p.TALKER_FIELDS}
-            inputs[p.TALKER_PARAMS] = events.json_tensor({**params, "voice": turn.voice, "seed": body.get("seed")})[None]
+            inputs[p.TALKER_PARAMS] = events.json_tensor(turns.talker_fields(body, turn.voice))[None]
         return inputs
 
     async def _vocode(self, turn: _Turn, codes_q: asyncio.Queue, out: FanIn) -> None:

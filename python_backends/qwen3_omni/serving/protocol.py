@@ -67,6 +67,15 @@ def stage_checkpoint(parameters: dict, model_name: str):
     return resolve_checkpoint(parameters.get("checkpoint") or QWEN3_OMNI_TINY, model_name)
 
 
+def stage_parameters(parameters: dict[str, str], stage: str) -> dict[str, str]:
+    """One stage's parameters of the co-located model, whose config holds every stage's settings as
+    `<stage>.<key>` (e.g. `thinker.max_len`) beside shared unprefixed ones (checkpoint, kernels, threads):
+    the shared keys overlaid with the stage's own, prefix removed."""
+    shared = {k: v for k, v in parameters.items() if "." not in k}
+    own = {k[len(stage) + 1:]: v for k, v in parameters.items() if k.startswith(f"{stage}.")}
+    return {**shared, **own}
+
+
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 
 

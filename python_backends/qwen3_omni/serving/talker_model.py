@@ -25,6 +25,7 @@ import triton_python_backend_utils as pb_utils
 from omni_backends.errors import RequestError
 from omni_backends.qwen3_omni.loading import load_config, load_talker, load_tts_embeds
 from omni_backends.qwen3_omni.serving import protocol as p
+from omni_backends.qwen3_omni.serving import turn as turns
 from omni_backends.qwen3_omni.talker import Talker, TalkerPrompt
 from omni_backends.serving import events, model_config, sidechannel
 from omni_backends.serving.decoupled import send_final
@@ -138,7 +139,7 @@ class TritonPythonModel:
                 return
             if command.start:
                 self.talker.add_request(seq, command.prompt, str(command.params.get("voice") or ""),
-                                        self._sampling(command.params))
+                                        turns.talker_sampling(self.talker, command.params, self.max_frames))
                 self._sequences.add(seq)
                 self.metrics.started()
             elif seq not in self._sequences:
@@ -152,14 +153,6 @@ class TritonPythonModel:
             return
         self._live[seq] = (command.sender, command.request_id)
         self._close_waiting()
-
-    def _sampling(self, params: dict):
-        values = {k: params[k] for k in p.TALKER_FIELDS if params.get(k) is not None}
-        values.setdefault("max_frames", self.max_frames)
-        try:
-            return self.talker.sampling_params(**values, seed=params.get("seed"))
-        except (TypeError, ValueError) as exc:
-            raise RequestError(f"invalid talker sampling parameter: {exc}") from None
 
     def _step(self) -> None:
         try:

@@ -1,9 +1,8 @@
 """qwen3_omni_thinker: the Qwen3-Omni thinker as an engine stage (decoupled, continuous batching).
 
-Tensors: see `omni_backends.qwen3_omni.serving.protocol`. Sampling from the REQUEST JSON: temperature
-(0 or null: greedy), top_p, top_k (-1/0: off), max_tokens (null: config `max_tokens`, default 256),
-min_tokens (vLLM's extension: `<|im_end|>` is suppressed before that many tokens), seed, stop
-(strings; the text is cut there and the turn ends with finish_reason "stop"). Stage settings:
+Tensors: see `omni_backends.qwen3_omni.serving.protocol`. Sampling from the REQUEST JSON
+(`turn.thinker_request`): temperature, top_p, top_k, max_tokens (null: config `max_tokens`, default 256),
+min_tokens, seed, stop (strings; the text is cut there and the turn ends with finish_reason "stop"). Stage settings:
 `protocol.stage_setup` (device from the instance kind, dtype, engine, kernels, gpu_tensors). The turn
 also ends at `<|im_end|>` (included in completion_tokens, never in the text).
 """
@@ -15,14 +14,12 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 from transformers import AutoTokenizer, WhisperFeatureExtractor
 
-from omni_backends.engine import SamplingParams, StepOutput, TextStream
-from omni_backends.errors import RequestError
+from omni_backends.engine import StepOutput, TextStream
 from omni_backends.qwen3_omni.loading import load_config, load_thinker
 from omni_backends.qwen3_omni.prompt import ThinkerInputs
 from omni_backends.qwen3_omni.serving import protocol as p
+from omni_backends.qwen3_omni.serving import turn as turns
 from omni_backends.qwen3_omni.thinker import Thinker
-from omni_backends.chat_request import audio_clips
-from omni_backends.engine.sampling import check_context_length
 from omni_backends.serving import events, model_config
 from omni_backends.serving.engine_model import EngineStageModel
 
@@ -51,30 +48,10 @@ class TritonPythonModel(EngineStageModel):
     def make_prompt(self, request):
         body = events.decode_request(pb_utils.get_input_tensor_by_name(request, p.REQUEST).as_numpy())
         audio = pb_utils.get_input_tensor_by_name(request, p.INPUT_AUDIO)
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise RequestError("messages must be a non-empty list", param="messages")
-        inputs = self.thinker.prompts.build(messages, audio_clips(messages, None if audio is None else audio.as_numpy()))
-        stop = body.get("stop") or []
-        turn = _Turn(inputs, TextStream(self.thinker.prompts.tokenizer, len(inputs.input_ids),
-                                        [stop] if isinstance(stop, str) else stop),
-                     bool(body.get("talker_inputs", True)))
-        params = self.sampling_params(body)
-        check_context_length(len(inputs.input_ids), params.max_tokens, self.thinker.context_length)
-        return self.thinker.engine_prompt(inputs), params, turn
-
-    def sampling_params(self, body: dict) -> SamplingParams:
-        """Thinker SamplingParams from the REQUEST fields. Raises RequestError naming a bad field."""
-        temperature = body.get("temperature")
-        values = {"max_tokens": body.get("max_tokens") or self.default_max_tokens,
-                  "temperature": 0.0 if temperature is None else temperature,
-                  "top_p": body.get("top_p") or 1.0, "top_k": max(int(body.get("top_k") or 0), 0),
-                  "seed": body.get("seed"), "min_tokens": body.get("min_tokens") or 0}
-        try:
-            return self.thinker.sampling_params(**values)
-        except (TypeError, ValueError) as exc:
-            raise RequestError(f"invalid sampling parameter: {exc}",
-                               param=next((k for k in values if k in str(exc)), None)) from None
+        inputs, params, text = turns.thinker_request(self.thinker, body, None if audio is None else audio.as_numpy(),
+                                                    self.default_max_tokens)
+        context = _Turn(inputs, text, bool(body.get("talker_inputs", True)))
+        return self.thinker.engine_prompt(inputs), params, context
 
     def finished(self, turn: _Turn) -> bool:
         return turn.text.finished  # a stop string ended the turn before the engine did
