@@ -225,7 +225,9 @@ def test_voices_are_listed_for_the_chat_pipeline(server):
     listed = httpx.get(f"{server.base_url}/v1/audio/voices", params={"model": "qwen3_omni"}, timeout=30).json()
     assert sorted(v["id"] for v in listed["voices"]) == ["aiden", "chelsie", "ethan"]
     assert all(v["model"] == "qwen3_omni" for v in listed["voices"]) and listed["default"] == {"qwen3_omni": "ethan"}
-    assert httpx.get(f"{server.base_url}/v1/audio/voices", timeout=30).json()["default"] == {"qwen3_omni": "ethan"}
+    # unfiltered: every speaking pipeline of this server, the co-located layout (model id "colocated") included
+    assert httpx.get(f"{server.base_url}/v1/audio/voices", timeout=30).json()["default"] == {
+        "qwen3_omni": "ethan", "colocated": "ethan"}
 
 
 def test_text_only_never_runs_the_audio_stages(server):
@@ -336,6 +338,8 @@ def test_colocated_layout_stop_string_cancellation_and_errors(server, reference)
         done, text = events[-1][0], "".join(e["text"] for e, _ in events if e["type"] == "text.delta")
         assert done["finish_reason"] == "stop" and full.split()[2] not in text and full.startswith(text)
         assert done["token_ids"] == ids[:len(done["token_ids"])] and len(done["token_ids"]) < len(ids)
+        # the audio events' transcripts concatenate to the spoken text in both layouts
+        assert "".join(e["transcript"] for e, _ in events if e["type"] == "audio.delta") == text
         answers.append((text, done["usage"], np.concatenate([a for e, a in events if e["type"] == "audio.delta"])))
     assert answers[0][:2] == answers[1][:2]
     np.testing.assert_allclose(answers[0][2], answers[1][2], atol=1e-5)
