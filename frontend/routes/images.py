@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette.sse import EventSourceResponse
 from starlette.datastructures import UploadFile
 
+from omni_frontend import admission
 from omni_frontend import images as codec
 from omni_frontend import pipeline_stream
 from omni_frontend.errors import APIError, bad_request
@@ -218,6 +219,9 @@ def _quality(options: ImageOptions) -> str:
 
 
 async def _run(request: Request, job: _Job):
+    """Admission (429 at once when the pipeline is full; omni_frontend.admission), then the pipeline."""
+    ticket = admission.enter(request, job.pipeline)
+    await pipeline_stream.until_disconnect(request, ticket.wait())
     request_id = request.state.request_id
     stream = pipeline_stream.events(triton(request), job.pipeline.entry, _body(job), request_id,
                                     extra_inputs=job.inputs, payload="IMAGE")

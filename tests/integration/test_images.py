@@ -270,3 +270,29 @@ def test_cancel_mid_denoise_frees_the_batch_slot(image_server):
     result = _client(image_server).images.generate(model="qwen_image", prompt="after", size="32x32",
                                                    extra_body={"num_inference_steps": 1})
     assert len(result.data) == 1
+
+
+def test_image_requests_past_the_pipeline_limits_get_429_at_once(image_server):
+    """Overload control covers the image routes: with the default bounds (4 running + 4 queued per
+    pipeline) 12 slow generations sent together give 200s with images and, for the rest, 429 with
+    Retry-After and the envelope, answered before any admitted request finished."""
+    import time
+
+    async def one(client: httpx.AsyncClient):
+        response = await client.post("/v1/images/generations", json={
+            "model": "qwen_image", "prompt": "a red square", "size": "256x256", "num_inference_steps": 20})
+        return response, time.monotonic()
+
+    async def run():
+        async with httpx.AsyncClient(base_url=image_server.base_url, timeout=600) as client:
+            return await asyncio.gather(*(one(client) for _ in range(12)))
+
+    results = asyncio.run(run())
+    done = [(r, t) for r, t in results if r.status_code == 200]
+    refused = [(r, t) for r, t in results if r.status_code == 429]
+    assert len(done) + len(refused) == 12 and len(done) >= 4 and refused, [r.status_code for r, _ in results]
+    assert all(len(r.json()["data"]) == 1 for r, _ in done)
+    for response, _ in refused:
+        error = response.json()["error"]
+        assert error["code"] == "pipeline_overloaded" and int(response.headers["retry-after"]) >= 1
+    assert max(t for _, t in refused) < min(t for _, t in done)
