@@ -8,4 +8,4 @@ packages = []
 for name, folder in PACKAGE_DIRS.items():
     packages += [name] + [f"{name}.{sub}" for sub in find_packages(folder)]
 
-setup(packages=packages, package_dir=PACKAGE_DIRS)
+setup(packages=packages, package_dir=PACKAGE_DIRS, package_data={"omni_frontend": ["static/*.html"]})

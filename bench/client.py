@@ -5,11 +5,18 @@
                  else the server's default voice and streamed WAV)
   speech         POST /v1/audio/speech, stream_format "sse", response_format "wav"
   transcription  POST /v1/audio/transcriptions (multipart WAV), response_format "json"
+  images         POST /v1/images/generations, response_format "b64_json", png, size and steps of the
+                 options, seed = prompt index, n 1
+  videos         POST /v1/videos (size, num_frames and steps of the options, VIDEO_GUIDANCE, seed = prompt
+                 index), then GET /v1/videos/{id} every VIDEO_POLL_S until completed (a chunk per progress
+                 change; E2E = time to completed), then DELETE (not timed)
 Arrival times are taken as each SSE `data:` line is read. No model code.
 """
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import dataclasses
 import io
 import json
@@ -18,13 +25,16 @@ import time
 from collections.abc import AsyncIterator
 
 import httpx
-import soundfile as sf
 
-from omni_bench.records import AUDIO, OTHER, TEXT, RequestRecord
+from omni_bench.records import AUDIO, IMAGE, OTHER, TEXT, RequestRecord
 
-WORKLOADS = ("chat", "chat-audio", "speech", "transcription")
+WORKLOADS = ("chat", "chat-audio", "speech", "transcription", "images", "videos")
 ENDPOINTS = {"chat": "/v1/chat/completions", "chat-audio": "/v1/chat/completions",
-             "speech": "/v1/audio/speech", "transcription": "/v1/audio/transcriptions"}
+             "speech": "/v1/audio/speech", "transcription": "/v1/audio/transcriptions",
+             "images": "/v1/images/generations", "videos": "/v1/videos"}
+VIDEO_POLL_S = 0.02
+VIDEO_GUIDANCE = {"guidance_scale": 4.0, "guidance_scale_2": 3.0}  # the wan model's defaults, sent explicitly
+
 DEFAULT_SPEECH_VOICE = "alloy"
 
 
@@ -35,7 +45,7 @@ class RequestOptions:
     model / endpoint: OpenAI model id and route; voice: output voice (None: the server's default);
     max_tokens: chat completion limit; extra_body: merged last into JSON bodies (so it can override
     `temperature`, which defaults to 0 for reproducible answers); audio: WAV bytes per prompt index
-    for transcription.
+    for transcription; size ("WxH") and steps: images and videos workloads; frames: videos (num_frames).
     """
 
     workload: str
@@ -45,6 +55,9 @@ class RequestOptions:
     max_tokens: int | None = None
     extra_body: dict = dataclasses.field(default_factory=dict)
     audio: tuple[bytes, ...] = ()
+    size: str = "64x64"
+    steps: int = 4
+    frames: int = 17
 
 
 class StreamError(RuntimeError):
@@ -154,12 +167,54 @@ async def _transcription(client: httpx.AsyncClient, options: RequestOptions, rec
     arrived = time.perf_counter()
     if response.status_code != 200:
         raise StreamError(f"HTTP {response.status_code}: {response.text[:500]}")
+    import soundfile as sf
+
     record.text = response.json()["text"]
     record.input_audio_s = sf.info(io.BytesIO(wav)).duration
     record.add(arrived - sent, OTHER, len(record.text))
 
 
-_SENDERS = {"chat": _chat, "chat-audio": _chat, "speech": _speech, "transcription": _transcription}
+async def _images(client: httpx.AsyncClient, options: RequestOptions, record: RequestRecord, sent: float) -> None:
+    body = {"model": options.model, "prompt": record.prompt, "size": options.size, "n": 1,
+            "response_format": "b64_json", "seed": record.index, "num_inference_steps": options.steps,
+            **options.extra_body}
+    response = await client.post(options.endpoint, json={k: v for k, v in body.items() if v is not None})
+    arrived = time.perf_counter()
+    if response.status_code != 200:
+        raise StreamError(f"HTTP {response.status_code}: {response.text[:500]}")
+    for item in response.json()["data"]:
+        record.add(arrived - sent, IMAGE, len(base64.b64decode(item["b64_json"])))
+        record.images += 1
+
+
+async def _videos(client: httpx.AsyncClient, options: RequestOptions, record: RequestRecord, sent: float) -> None:
+    body = {"model": options.model, "prompt": record.prompt, "size": options.size, "num_frames": options.frames,
+            "num_inference_steps": options.steps, "seed": record.index, **VIDEO_GUIDANCE, **options.extra_body}
+    response = await client.post(options.endpoint, json={k: v for k, v in body.items() if v is not None})
+    if response.status_code != 200:
+        raise StreamError(f"HTTP {response.status_code}: {response.text[:500]}")
+    video, progress = response.json(), -1
+    try:
+        while video["status"] in ("queued", "in_progress"):
+            if video["progress"] != progress:
+                progress = video["progress"]
+                record.add(time.perf_counter() - sent, OTHER, progress)
+            await asyncio.sleep(VIDEO_POLL_S)
+            response = await client.get(f"{options.endpoint}/{video['id']}")
+            if response.status_code != 200:
+                raise StreamError(f"HTTP {response.status_code}: {response.text[:500]}")
+            video = response.json()
+        if video["status"] != "completed":
+            raise StreamError(f"video {video['id']} {video['status']}: {video.get('error')}")
+        record.add(time.perf_counter() - sent, OTHER, 100)
+        record.video_frames = int(video["num_frames"])
+    finally:
+        with contextlib.suppress(httpx.HTTPError):
+            await client.delete(f"{options.endpoint}/{video['id']}")
+
+
+_SENDERS = {"chat": _chat, "chat-audio": _chat, "speech": _speech, "transcription": _transcription,
+            "images": _images, "videos": _videos}
 
 
 async def send(client: httpx.AsyncClient, options: RequestOptions, index: int, prompt: str,
@@ -198,6 +253,8 @@ async def synthesize_inputs(client: httpx.AsyncClient, prompts: list[str], model
 
 def read_wav(path: str) -> bytes:
     """A WAV file's bytes, checked to be readable audio (raises ValueError otherwise)."""
+    import soundfile as sf
+
     data = open(path, "rb").read()
     try:
         sf.info(io.BytesIO(data))

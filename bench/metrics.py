@@ -8,9 +8,11 @@ Per request, from its chunks (times in seconds since its send):
   tpot_s           (e2e - ttft) / (completion_tokens - 1), when the request produced 2+ tokens
   audio_duration_s decoded output samples / sample rate
   rtf              e2e / audio_duration (audio out), or e2e / input_audio_s (transcription)
+  image_latency_s  e2e / images received (images workload)
+  frames_per_second video frames / e2e (videos workload: e2e is the time until the job is completed)
 Per run (duration = first send to last completion):
   request_throughput, output_tokens_per_s, audio_seconds_per_s (output audio), input_audio_seconds_per_s
-  (transcription input).
+  (transcription input), images_per_s, video_frames_per_s.
 """
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ from omni_bench.records import AUDIO, TEXT, RequestRecord
 
 # Metric name -> unit shown in the table ("ms" values are stored in seconds and printed in ms).
 UNITS = {"ttft_s": "ms", "ttfp_s": "ms", "e2e_s": "ms", "tpot_s": "ms", "itl_s": "ms",
-         "audio_duration_s": "s", "rtf": "x", "completion_tokens": "tok"}
+         "audio_duration_s": "s", "rtf": "x", "completion_tokens": "tok", "image_latency_s": "ms",
+         "frames_per_second": "fps"}
 STATS = ("mean", "median", "p90", "p99")
 
 
@@ -47,6 +50,8 @@ def request_metrics(record: RequestRecord) -> dict[str, float | list[float] | No
         "audio_duration_s": duration,
         "rtf": rtf,
         "completion_tokens": tokens,
+        "image_latency_s": e2e / record.images if record.images and e2e is not None else None,
+        "frames_per_second": record.video_frames / e2e if record.video_frames and e2e else None,
     }
 
 
@@ -73,6 +78,8 @@ def summarize(records: list[RequestRecord], duration_s: float) -> dict:
                              "output_tokens_per_s": tokens / duration_s if duration_s else 0.0,
                              "audio_seconds_per_s": audio / duration_s if duration_s else 0.0,
                              "input_audio_seconds_per_s": heard / duration_s if duration_s else 0.0,
+                             "images_per_s": sum(r.images for r in ok) / duration_s if duration_s else 0.0,
+                             "video_frames_per_s": sum(r.video_frames for r in ok) / duration_s if duration_s else 0.0,
                              "total_completion_tokens": tokens, "total_audio_s": audio}
     metrics = {}
     for name in UNITS:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
-TEXT, AUDIO, OTHER = "text", "audio", "other"
+TEXT, AUDIO, IMAGE, OTHER = "text", "audio", "image", "other"
 
 
 @dataclasses.dataclass
@@ -15,7 +15,7 @@ class Chunk:
     """One event of a response as it arrived.
 
     t: seconds since the request was sent; kind: "text" (a non-empty text delta), "audio" (an audio
-    packet), "other" (role/finish/usage/done events, the whole body of a non-streamed reply);
+    packet), "image" (an image of the response, size in encoded bytes), "other" (role/finish/usage/done events, the whole body of a non-streamed reply);
     size: characters of text or bytes of audio payload (after base64 decoding, headers included);
     samples: audio samples the packet decodes to (0 for other kinds).
     """
@@ -35,7 +35,8 @@ class RequestRecord:
     transcription); completion_tokens: generated text tokens from the server's usage (None when it
     reported none; see client.text_tokens);
     audio_samples / sample_rate: decoded output audio; input_audio_s: seconds of audio sent
-    (transcription); error: the failure message, None when the request succeeded.
+    (transcription); images: images received (images workload); video_frames: frames of the finished video
+    (videos workload); error: the failure message, None when the request succeeded.
     """
 
     index: int
@@ -47,6 +48,8 @@ class RequestRecord:
     audio_samples: int = 0
     sample_rate: int | None = None
     input_audio_s: float | None = None
+    images: int = 0
+    video_frames: int = 0
     error: str | None = None
 
     @property

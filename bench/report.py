@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from omni_bench.metrics import STATS, UNITS
 
-COMPARED = ("ttft_s", "ttfp_s", "e2e_s", "rtf")
+COMPARED = ("ttft_s", "ttfp_s", "e2e_s", "rtf", "image_latency_s", "frames_per_second")
 
 
 def _value(name: str, value: float) -> str:
@@ -18,7 +18,9 @@ def table(level: dict) -> str:
              f"request_rate={level['request_rate']}: "
              f"{s['completed']}/{s['requests']} ok in {s['duration_s']:.2f} s | {tp['request_throughput']:.2f} req/s, "
              f"{tp['output_tokens_per_s']:.1f} output tok/s, {tp['audio_seconds_per_s']:.2f} audio s/s"
-             + (f", {tp['input_audio_seconds_per_s']:.2f} input audio s/s" if tp["input_audio_seconds_per_s"] else ""),
+             + (f", {tp['input_audio_seconds_per_s']:.2f} input audio s/s" if tp["input_audio_seconds_per_s"] else "")
+             + (f", {tp['images_per_s']:.2f} images/s" if tp.get("images_per_s") else "")
+             + (f", {tp['video_frames_per_s']:.2f} video frames/s" if tp.get("video_frames_per_s") else ""),
              f"{'metric':<26}{'n':>6}" + "".join(f"{k:>11}" for k in STATS)]
     for name, values in s["metrics"].items():
         label = f"{name.removesuffix('_s')} ({UNITS[name]})"

@@ -8,8 +8,11 @@ import time
 import httpx
 import numpy as np
 
-from omni_bench.client import RequestOptions, send
+from collections.abc import Awaitable, Callable
+
 from omni_bench.records import RequestRecord
+
+SendFn = Callable[[int, str, float], Awaitable[RequestRecord]]   # (index, prompt, run start) -> record
 
 
 def http_client(base_url: str, api_key: str | None, timeout_s: float, max_concurrency: int | None) -> httpx.AsyncClient:
@@ -20,10 +23,10 @@ def http_client(base_url: str, api_key: str | None, timeout_s: float, max_concur
                              limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections))
 
 
-async def run_level(client: httpx.AsyncClient, options: RequestOptions, prompts: list[str], *,
-                    max_concurrency: int | None, request_rate: float, num_warmups: int,
-                    seed: int) -> tuple[list[RequestRecord], float]:
-    """Records of every prompt (in prompt order) and the run's duration in seconds.
+async def run_level(send: SendFn, prompts: list[str], *, max_concurrency: int | None, request_rate: float,
+                    num_warmups: int, seed: int) -> tuple[list[RequestRecord], float]:
+    """Records of every prompt (in prompt order) and the run's duration in seconds; `send` sends one request
+    (over HTTP to the frontend, or over gRPC to Triton) and returns its record.
 
     Warm-ups (the first `num_warmups` prompts, one at a time) are sent first and not recorded. Then
     request i is released at the i-th arrival of a Poisson process of `request_rate` per second (all
@@ -31,7 +34,7 @@ async def run_level(client: httpx.AsyncClient, options: RequestOptions, prompts:
     The duration runs from the first release to the last completion.
     """
     for index, prompt in enumerate(prompts[:num_warmups]):
-        await send(client, options, index, prompt, time.perf_counter())
+        await send(index, prompt, time.perf_counter())
     gaps = np.random.default_rng(seed).exponential(1.0 / request_rate, len(prompts)) \
         if math.isfinite(request_rate) else np.zeros(len(prompts))
     gate = asyncio.Semaphore(max_concurrency) if max_concurrency else None
@@ -39,9 +42,9 @@ async def run_level(client: httpx.AsyncClient, options: RequestOptions, prompts:
 
     async def one(index: int, prompt: str) -> RequestRecord:
         if gate is None:
-            return await send(client, options, index, prompt, start)
+            return await send(index, prompt, start)
         async with gate:
-            return await send(client, options, index, prompt, start)
+            return await send(index, prompt, start)
 
     tasks = []
     for index, prompt in enumerate(prompts):

@@ -6,6 +6,7 @@ wav, pcm (raw s16le; `pcm16` in chat), flac, mp3, opus (Ogg), aac (ADTS).
 from __future__ import annotations
 
 import io
+import itertools
 import struct
 
 import av
@@ -21,6 +22,14 @@ _AV_FORMATS = {"mp3": ("mp3", "libmp3lame", 48000), "opus": ("ogg", "libopus", 4
 
 class AudioDecodeError(ValueError):
     """The bytes are not audio that PyAV can decode."""
+
+
+class AudioTooLong(ValueError):
+    """The audio lasts longer than the caller's limit (decoding stopped there)."""
+
+    def __init__(self, max_seconds: float):
+        super().__init__(f"audio is longer than {max_seconds:g} s")
+        self.max_seconds = max_seconds
 
 
 def pcm16(pcm: np.ndarray) -> bytes:
@@ -67,24 +76,33 @@ def encode(pcm: np.ndarray, sample_rate: int, fmt: str) -> bytes:
     return buf.getvalue()
 
 
-def decode(data: bytes, sample_rate: int = 16000) -> np.ndarray:
+def decode(data: bytes, sample_rate: int = 16000, max_seconds: float | None = None) -> np.ndarray:
     """Any container/codec PyAV reads (wav, mp3, flac, ogg, webm, m4a, ...) -> float32 mono PCM
-    resampled to sample_rate Hz. Raises AudioDecodeError if nothing decodable is found."""
+    resampled to sample_rate Hz. Raises AudioDecodeError if nothing decodable is found or a sample is
+    not finite, and
+    AudioTooLong as soon as more than `max_seconds` are decoded (the rest is not decoded)."""
     if not data:
         raise AudioDecodeError("audio is empty")
+    limit = None if max_seconds is None else int(max_seconds * sample_rate)
     try:
         with av.open(io.BytesIO(data), "r") as container:
             if not container.streams.audio:
                 raise AudioDecodeError("no audio stream found")
             resampler = av.AudioResampler(format="flt", layout="mono", rate=sample_rate)
-            chunks = []
-            for frame in container.decode(audio=0):
-                chunks += [f.to_ndarray().reshape(-1) for f in resampler.resample(frame)]
-            chunks += [f.to_ndarray().reshape(-1) for f in resampler.resample(None)]
-    except AudioDecodeError:
+            chunks, total = [], 0
+            for frame in itertools.chain(container.decode(audio=0), [None]):   # None flushes the resampler
+                for out in resampler.resample(frame):
+                    chunks.append(out.to_ndarray().reshape(-1))
+                    total += chunks[-1].size
+                if limit is not None and total > limit:
+                    raise AudioTooLong(max_seconds)
+    except (AudioDecodeError, AudioTooLong):
         raise
-    except (av.FFmpegError, ValueError, IndexError) as exc:
+    except (av.FFmpegError, ValueError, IndexError, EOFError, OSError, UnicodeDecodeError, OverflowError) as exc:
         raise AudioDecodeError(f"could not decode audio: {exc}") from exc
     if not chunks:
         raise AudioDecodeError("audio contains no samples")
-    return np.concatenate(chunks).astype(np.float32)
+    pcm = np.concatenate(chunks).astype(np.float32)
+    if not np.isfinite(pcm).all():   # float WAV/FLAC can carry them; no encoder handles them
+        raise AudioDecodeError("audio holds NaN or infinite samples")
+    return pcm

@@ -15,20 +15,69 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
 
 from omni_frontend import audio as audio_codec
+from omni_frontend.config import RequestLimits
 from omni_frontend.errors import bad_request
 
 INPUT_SAMPLE_RATE = 16000
 AudioFormat = Literal["wav", "pcm16", "flac", "mp3", "opus", "aac"]
+MAX_STOP_SEQUENCES = 16
+
+# OpenAI request fields that would change the contract of the answer and that no pipeline honours:
+# field -> (values that change nothing, why). Any other value is a 400 naming the field, never a
+# silently different answer.
+UNSUPPORTED_FIELDS: dict[str, tuple[tuple, str]] = {
+    "tools": ((None, []), "the served models do not call tools"),
+    "tool_choice": ((None, "none"), "the served models do not call tools"),
+    "functions": ((None, []), "the served models do not call functions"),
+    "function_call": ((None, "none"), "the served models do not call functions"),
+    "parallel_tool_calls": ((None,), "it applies to tools, which the served models do not call"),
+    "response_format": ((None, {"type": "text"}), "structured outputs (json_object, json_schema) are not "
+                                                  "generated; only {\"type\": \"text\"}"),
+    "logprobs": ((None, False), "log probabilities are not returned"),
+    "top_logprobs": ((None,), "log probabilities are not returned"),
+    "logit_bias": ((None, {}), "the samplers take no logit bias"),
+    "prediction": ((None,), "predicted outputs are not used"),
+    "reasoning_effort": ((None,), "no served model reasons"),
+    "verbosity": ((None,), "the served models take no verbosity setting"),
+    "web_search_options": ((None,), "the server does not search the web"),
+    "moderation": ((None,), "the server does not moderate"),
+}
+# OpenAI fields accepted and not passed on: they do not change the answer.
+IGNORED_FIELDS = ("user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key",
+                  "prompt_cache_retention", "prompt_cache_options")
+# Message fields that refer to earlier tool calls or stored audio: not supported.
+UNSUPPORTED_MESSAGE_FIELDS = {"tool_calls": "the served models do not call tools",
+                              "function_call": "the served models do not call functions",
+                              "audio": "references to earlier audio answers are not stored; send the transcript "
+                                       "as the assistant message's content"}
+
+# The OpenAPI schema of message content (runtime validation is done by to_pipeline, which names
+# the offending part in its errors).
+_CONTENT_SCHEMA = {"anyOf": [
+    {"type": "string"},
+    {"type": "array", "items": {"anyOf": [
+        {"type": "object", "required": ["type", "text"], "properties": {
+            "type": {"const": "text"}, "text": {"type": "string"}}},
+        {"type": "object", "required": ["type", "input_audio"], "properties": {
+            "type": {"const": "input_audio"},
+            "input_audio": {"type": "object", "required": ["data"], "properties": {
+                "data": {"type": "string", "description": "base64 audio file (wav, mp3, flac, ogg, ...)"},
+                "format": {"type": "string"}}}}}]}},
+    {"type": "null"}]}
 
 
 class AudioParams(BaseModel):
-    voice: str
+    """Chat's `audio` object, validated as strictly as /v1/audio/speech: a non-empty voice name
+    (the pipeline rejects names it does not have), a known format, no other keys."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    voice: str = Field(min_length=1)
     format: AudioFormat = "wav"
 
 
@@ -39,12 +88,13 @@ class StreamOptions(BaseModel):
 class Message(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[dict] | None = None
+    content: Annotated[str | list[dict] | None, WithJsonSchema(_CONTENT_SCHEMA)] = None
 
 
 class ChatRequest(BaseModel):
     """The OpenAI request fields we honour; unknown fields (extra_body) are passed to the pipeline,
-    which uses those it knows and ignores the rest; `n` > 1 is rejected."""
+    which uses those it knows and ignores the rest. Contract-changing OpenAI fields that nothing
+    honours (UNSUPPORTED_FIELDS) and `n` > 1 are rejected by `to_pipeline`."""
 
     model_config = ConfigDict(extra="allow", strict=True)  # "10" is not an integer, "yes" not a boolean
     model: str
@@ -63,7 +113,7 @@ class ChatRequest(BaseModel):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(default=1, ge=1, le=1)
+    n: int = Field(default=1, ge=1, le=1, description="only 1 is supported")
 
     @field_validator("modalities")
     @classmethod
@@ -77,7 +127,27 @@ class ChatRequest(BaseModel):
         return list(dict.fromkeys(self.modalities or ["text", "audio"]))
 
 
-def _audio_part(part: dict, index: int) -> np.ndarray:
+def check_supported(req: ChatRequest) -> None:
+    """Raises APIError 400 (code `unsupported_parameter`, param = the field) for an OpenAI field
+    this server would otherwise drop while it changes what the client gets back."""
+    extra = req.model_extra or {}
+    for name, (inert, why) in UNSUPPORTED_FIELDS.items():
+        if name in extra and not any(_same(extra[name], value) for value in inert):
+            raise bad_request(f"{name} is not supported: {why}", param=name, code="unsupported_parameter")
+    for i, msg in enumerate(req.messages):
+        for name, why in UNSUPPORTED_MESSAGE_FIELDS.items():
+            value = (msg.model_extra or {}).get(name)
+            if value not in (None, []):
+                raise bad_request(f"messages[{i}].{name} is not supported: {why}", param=f"messages[{i}].{name}",
+                                  code="unsupported_parameter")
+
+
+def _same(value, inert) -> bool:
+    # 0 == False in Python; a JSON boolean is not the number 0 here (and vice versa).
+    return value == inert and isinstance(value, bool) == isinstance(inert, bool)
+
+
+def _audio_part(part: dict, index: int, max_seconds: float) -> np.ndarray:
     spec = part.get("input_audio")
     param = f"messages[{index}].content.input_audio"
     if not isinstance(spec, dict) or not isinstance(spec.get("data"), str):
@@ -87,17 +157,33 @@ def _audio_part(part: dict, index: int) -> np.ndarray:
     except (binascii.Error, ValueError) as exc:
         raise bad_request(f"input_audio.data is not valid base64: {exc}", param=param, code="invalid_audio") from exc
     try:
-        return audio_codec.decode(raw, INPUT_SAMPLE_RATE)
+        return audio_codec.decode(raw, INPUT_SAMPLE_RATE, max_seconds=max_seconds)
     except audio_codec.AudioDecodeError as exc:
         raise bad_request(f"input_audio could not be decoded: {exc}", param=param, code="invalid_audio") from exc
+    except audio_codec.AudioTooLong as exc:
+        raise bad_request(f"the request's input audio is longer than {exc.max_seconds:g} s in all "
+                          "(limit --max-audio-seconds)", param=param, code="audio_too_long") from exc
 
 
-def to_pipeline(req: ChatRequest, default_voice: str | None = None) -> tuple[dict, np.ndarray | None]:
+def to_pipeline(req: ChatRequest, limits: RequestLimits | None = None) -> tuple[dict, np.ndarray | None]:
     """The pipeline REQUEST body and the INPUT_AUDIO tensor (None without audio parts).
 
-    Raises APIError 400 for unsupported content (images, files), bad audio, or an audio format
-    that cannot be streamed.
+    Decodes input audio (CPU work: call it from a worker thread in a server). Raises APIError 400
+    for unsupported fields or content (images, files, tools), bad audio, an audio format that cannot
+    be streamed, or a request past `limits` (messages, characters of text, seconds of audio).
     """
+    limits = limits or RequestLimits()
+    check_supported(req)
+    if len(req.messages) > limits.max_messages:
+        raise bad_request(f"{len(req.messages)} messages; the limit is {limits.max_messages} (--max-messages)",
+                          param="messages", code="too_many_messages")
+    stop = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
+    if len(stop) > MAX_STOP_SEQUENCES:
+        raise bad_request(f"at most {MAX_STOP_SEQUENCES} stop sequences", param="stop")
+    chars = sum(len(s) for s in stop)
+    if chars > limits.max_text_chars:
+        raise bad_request(f"stop is longer than {limits.max_text_chars} characters (limit --max-text-chars)",
+                          param="stop", code="text_too_long")
     clips: list[np.ndarray] = []
     offset = 0
     messages = []
@@ -113,10 +199,14 @@ def to_pipeline(req: ChatRequest, default_voice: str | None = None) -> tuple[dic
                 if not isinstance(part.get("text"), str):
                     raise bad_request("text parts need a string 'text'", param=f"messages[{i}].content")
                 content.append({"type": "text", "text": part["text"]})
+                chars += len(part["text"])
+                if chars > limits.max_text_chars:
+                    raise bad_request(f"the request's text is longer than {limits.max_text_chars} characters "
+                                      "(limit --max-text-chars)", param=f"messages[{i}].content", code="text_too_long")
             elif kind == "input_audio":
                 if role != "user":
                     raise bad_request("input_audio is only accepted in user messages", param=f"messages[{i}].content")
-                pcm = _audio_part(part, i)
+                pcm = _audio_part(part, i, limits.max_audio_seconds - offset / INPUT_SAMPLE_RATE)
                 content.append({"type": "input_audio", "offset": offset, "samples": int(pcm.size),
                                 "sample_rate": INPUT_SAMPLE_RATE})
                 clips.append(pcm)
@@ -132,13 +222,12 @@ def to_pipeline(req: ChatRequest, default_voice: str | None = None) -> tuple[dic
     if "audio" in modalities and req.stream and req.audio and req.audio.format not in audio_codec.STREAMABLE:
         raise bad_request(f"audio.format {req.audio.format!r} cannot be streamed; use pcm16 or wav",
                           param="audio.format", code="unsupported_stream_format")
-    stop = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
     # Extension fields (extra_body) pass through for pipelines that honour them; known keys win.
-    body = {**(req.model_extra or {}), "messages": messages, "modalities": modalities,
-            "voice": req.audio.voice if req.audio else default_voice,
+    extra = {k: v for k, v in (req.model_extra or {}).items() if k not in IGNORED_FIELDS and k not in UNSUPPORTED_FIELDS}
+    body = {**extra, "messages": messages, "modalities": modalities,
+            "voice": req.audio.voice if req.audio else None,
             "temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k,
             "max_tokens": req.max_completion_tokens or req.max_tokens, "seed": req.seed, "stop": stop,
             "presence_penalty": req.presence_penalty, "frequency_penalty": req.frequency_penalty,
             "repetition_penalty": req.repetition_penalty}
     return body, (np.concatenate(clips) if clips else None)
-

@@ -7,11 +7,14 @@ envelope as JSON (see omni_backends.triton.events.error_message); `from_triton_m
 from __future__ import annotations
 
 import json
+import logging
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("omni_frontend")
 
 _TYPE_BY_STATUS = {
     400: "invalid_request_error",
@@ -30,20 +33,30 @@ _TYPE_BY_STATUS = {
 }
 
 
+class EnvelopeResponse(JSONResponse):
+    """JSONResponse rendered with ASCII escapes: an error message that quotes client input (which may
+    hold text no UTF-8 encoder accepts, such as a lone surrogate) can always be sent."""
+
+    def render(self, content) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
 class APIError(Exception):
-    """An error with an HTTP status, rendered as the OpenAI envelope."""
+    """An error with an HTTP status, rendered as the OpenAI envelope; `headers` go on the response
+    (e.g. Retry-After on 429)."""
 
     def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 type: str | None = None):
+                 type: str | None = None, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
         self.type = type or _TYPE_BY_STATUS.get(status, "server_error" if status >= 500 else "invalid_request_error")
+        self.headers = headers or {}
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+        return EnvelopeResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
@@ -91,8 +104,41 @@ def install_handlers(app) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException):
-        return APIError(exc.status_code, str(exc.detail)).response()
+        code = "request_too_large" if exc.status_code == 413 else None   # validation.BodyLimitMiddleware
+        return APIError(exc.status_code, str(exc.detail), code=code, headers=exc.headers).response()
 
-    @app.exception_handler(Exception)
-    async def _unhandled(_: Request, exc: Exception):
-        return APIError(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error").response()
+
+class CatchAllMiddleware:
+    """Pure ASGI middleware for failures no exception handler answered (our bugs).
+
+    Starlette's ServerErrorMiddleware sends its 500 and then re-raises, and uvicorn answers that by
+    dropping the connection, so a keep-alive client's next request fails with a reset. Here the
+    traceback is logged once (with the request id), the client gets a 500 envelope that says
+    `Connection: close`, and the exception goes no further. Once the response has started (a
+    broken stream) the exception is re-raised: uvicorn then closes the connection, which is how a
+    truncated body must end."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def track(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, track)
+        except Exception as exc:  # noqa: BLE001 - the last line of defence
+            request_id = scope.get("state", {}).get("request_id")
+            log.error("unhandled error in %s %s request_id=%s", scope["method"], scope["path"], request_id,
+                      exc_info=exc)
+            if started:
+                raise
+            error = APIError(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error",
+                             headers={"connection": "close"})
+            await error.response()(scope, receive, send)

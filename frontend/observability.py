@@ -1,34 +1,106 @@
 """Request ids, access logs and Prometheus metrics of the frontend (Triton's own metrics stay on
-Triton's metrics port)."""
+Triton's metrics port).
+
+Metric names (all on the frontend's GET /metrics; `pipeline` is the OpenAI model id, e.g. `voice`):
+  omni_frontend_requests_total{route, method, status}   HTTP requests; 499 = the client went away
+                                                        before its response was complete
+  omni_frontend_request_seconds{route}                  time to the response head
+  omni_frontend_stream_seconds{route}                   whole streamed responses
+  omni_frontend_ttft_seconds{pipeline}                  arrival -> first text delta (chat)
+  omni_frontend_ttfp_seconds{pipeline}                  arrival -> first audio packet (chat with audio, speech)
+  omni_frontend_e2e_seconds{pipeline}                   arrival -> last event of a completed request
+  omni_frontend_rtf{pipeline}                           real-time factor: E2E / seconds of audio produced
+                                                        (chat, speech) or transcribed (transcription)
+  omni_frontend_inflight_requests{pipeline}             requests holding an admission slot
+  omni_frontend_queued_requests{pipeline}               requests waiting for a slot
+  omni_frontend_queue_wait_seconds{pipeline}            time queued requests waited for their slot
+  omni_frontend_overload_rejections_total{pipeline}     requests refused with 429
+All times are measured from the moment the request reached the frontend, so queueing is included.
+"""
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 log = logging.getLogger("omni_frontend")
+CLIENT_CLOSED = 499   # nginx's "client closed request"; never a server error
+
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+_E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+_RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 
 
 class FrontendMetrics:
-    """omni_frontend_requests_total{route, method, status}; omni_frontend_request_seconds{route}
-    (time to the response head; streamed bodies continue after it);
-    omni_frontend_stream_seconds{route} (whole streamed responses)."""
+    """The frontend's Prometheus registry (names in the module docstring)."""
 
     def __init__(self):
-        self.registry = CollectorRegistry()
+        self.registry = r = CollectorRegistry()
         self.requests = Counter("omni_frontend_requests", "HTTP requests by route and status",
-                                ["route", "method", "status"], registry=self.registry)
-        self.latency = Histogram("omni_frontend_request_seconds", "Time to response head",
-                                 ["route"], registry=self.registry)
-        self.stream = Histogram("omni_frontend_stream_seconds", "Duration of streamed responses",
-                                ["route"], registry=self.registry)
+                                ["route", "method", "status"], registry=r)
+        self.latency = Histogram("omni_frontend_request_seconds", "Time to response head", ["route"], registry=r)
+        self.stream = Histogram("omni_frontend_stream_seconds", "Duration of streamed responses", ["route"], registry=r)
+        self.ttft = Histogram("omni_frontend_ttft_seconds", "Time to first text delta", ["pipeline"],
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.ttfp = Histogram("omni_frontend_ttfp_seconds", "Time to first audio packet", ["pipeline"],
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram("omni_frontend_e2e_seconds", "Time to the last event of completed requests",
+                             ["pipeline"], buckets=_E2E_BUCKETS, registry=r)
+        self.rtf = Histogram("omni_frontend_rtf", "Real-time factor: E2E / audio seconds", ["pipeline"],
+                             buckets=_RTF_BUCKETS, registry=r)
+        self.inflight = Gauge("omni_frontend_inflight_requests", "Requests holding an admission slot",
+                              ["pipeline"], registry=r)
+        self.queued = Gauge("omni_frontend_queued_requests", "Requests waiting for an admission slot",
+                            ["pipeline"], registry=r)
+        self.queue_wait = Histogram("omni_frontend_queue_wait_seconds", "Wait for an admission slot",
+                                    ["pipeline"], buckets=_E2E_BUCKETS, registry=r)
+        self.rejected = Counter("omni_frontend_overload_rejections", "Requests refused with 429", ["pipeline"],
+                                registry=r)
+
+
+class RequestTimer:
+    """Per-request TTFT / TTFP / E2E / RTF of one pipeline. `started` is the request's arrival
+    (perf_counter seconds, `request.state.started`). Call `text()` on each text delta,
+    `audio(seconds)` on each audio packet, `done(input_audio_s=...)` once when it completed."""
+
+    def __init__(self, metrics: FrontendMetrics, pipeline: str, started: float):
+        self.metrics, self.pipeline, self.started = metrics, pipeline, started
+        self.audio_s = 0.0
+        self._text_seen = self._audio_seen = False
+
+    def text(self) -> None:
+        if not self._text_seen:
+            self._text_seen = True
+            self.metrics.ttft.labels(self.pipeline).observe(time.perf_counter() - self.started)
+
+    def audio(self, seconds: float) -> None:
+        if not self._audio_seen:
+            self._audio_seen = True
+            self.metrics.ttfp.labels(self.pipeline).observe(time.perf_counter() - self.started)
+        self.audio_s += seconds
+
+    def done(self, input_audio_s: float | None = None) -> None:
+        """Records E2E, and RTF against the audio produced (or `input_audio_s` for transcription)."""
+        e2e = time.perf_counter() - self.started
+        self.metrics.e2e.labels(self.pipeline).observe(e2e)
+        audio_s = input_audio_s if input_audio_s is not None else self.audio_s
+        if audio_s > 0:
+            self.metrics.rtf.labels(self.pipeline).observe(e2e / audio_s)
+
+
+def timer(request, pipeline: str) -> RequestTimer:
+    """The RequestTimer of this request (measured from its arrival at the frontend)."""
+    return RequestTimer(request.app.state.metrics, pipeline, request.state.started)
 
 
 class ObservabilityMiddleware:
     """Pure ASGI middleware (BaseHTTPMiddleware would hide client disconnects from the routes):
-    x-request-id in and out (`request.state.request_id`), one access-log line, metrics."""
+    x-request-id in and out (`request.state.request_id`), arrival time (`request.state.started`),
+    one access-log line and the request metrics. A request whose client went away before its
+    response was complete is logged and counted as 499, whatever status its head had."""
 
     def __init__(self, app, metrics: FrontendMetrics):
         self.app, self.metrics = app, metrics
@@ -38,8 +110,16 @@ class ObservabilityMiddleware:
             return await self.app(scope, receive, send)
         incoming = dict(scope.get("headers") or []).get(b"x-request-id", b"").decode("latin-1")
         request_id = incoming or uuid.uuid4().hex
-        scope.setdefault("state", {})["request_id"] = request_id
-        start, status = time.perf_counter(), [500]
+        start = time.perf_counter()
+        state = scope.setdefault("state", {})
+        state["request_id"], state["started"] = request_id, start
+        status, complete, client_gone = [500], [False], [False]
+
+        async def receive_watching():
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                client_gone[0] = True
+            return message
 
         async def send_with_id(message):
             if message["type"] == "http.response.start":
@@ -49,14 +129,22 @@ class ObservabilityMiddleware:
                     headers.append((b"x-request-id", request_id.encode("latin-1")))
                 message = {**message, "headers": headers}
                 self.metrics.latency.labels(_route(scope)).observe(time.perf_counter() - start)
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                complete[0] = True
             await send(message)
 
         try:
-            await self.app(scope, receive, send_with_id)
+            await self.app(scope, receive_watching, send_with_id)
+        except asyncio.CancelledError:
+            client_gone[0] = True   # the server cancels a request's task when its client has gone
+            raise
+        except Exception:
+            status[0] = 500   # a response broken off by a server error after its head (CatchAllMiddleware re-raised)
+            raise
         finally:
-            path = _route(scope)
-            self.metrics.requests.labels(path, scope["method"], str(status[0])).inc()
-            log.info("%s %s -> %d %.1f ms request_id=%s", scope["method"], scope["path"], status[0],
+            final = CLIENT_CLOSED if client_gone[0] and not complete[0] else status[0]
+            self.metrics.requests.labels(_route(scope), scope["method"], str(final)).inc()
+            log.info("%s %s -> %d %.1f ms request_id=%s", scope["method"], scope["path"], final,
                      (time.perf_counter() - start) * 1000, request_id)
 
 

@@ -1,5 +1,5 @@
 """Calls a client-facing pipeline model and yields its events (see omni_backends.serving.events:
-REQUEST bytes in; EVENT JSON + AUDIO float32 out per response), with the client's disconnect
+REQUEST bytes in; EVENT JSON + AUDIO float32 (or IMAGE uint8) out per response), with the client's disconnect
 cancelling the Triton request."""
 from __future__ import annotations
 
@@ -10,26 +10,31 @@ from collections.abc import AsyncIterator
 import numpy as np
 from fastapi import Request
 
+from omni_frontend.errors import APIError
+from omni_frontend.observability import CLIENT_CLOSED
 from omni_frontend.triton_client import TritonClient
 
 DISCONNECT_POLL_S = 0.1
 
 
 async def events(client: TritonClient, model: str, body: dict, request_id: str,
-                 extra_inputs: dict[str, np.ndarray] | None = None) -> AsyncIterator[tuple[dict, np.ndarray | None]]:
-    """Yields (event, audio) pairs; audio is float32 [samples] or None. Raises APIError on failure."""
+                 extra_inputs: dict[str, np.ndarray] | None = None,
+                 payload: str = "AUDIO") -> AsyncIterator[tuple[dict, np.ndarray | None]]:
+    """Yields (event, payload) pairs; the payload output (default AUDIO: float32 [samples]; IMAGE for image
+    pipelines) is None when empty. Raises APIError on failure."""
     inputs = {"REQUEST": np.array([json.dumps(body).encode()], dtype=np.object_), **(extra_inputs or {})}
     async for response in client.stream(model, inputs, request_id=request_id):
         raw = response.outputs.get("EVENT")
         if raw is None:
             continue
-        audio = response.outputs.get("AUDIO")
-        yield json.loads(raw.reshape(-1)[0]), (audio if audio is not None and audio.size else None)
+        data = response.outputs.get(payload)
+        yield json.loads(raw.reshape(-1)[0]), (data if data is not None and data.size else None)
 
 
 async def until_disconnect(request: Request, work):
     """Awaits coroutine `work` unless the HTTP client goes away first; then cancels it (which
-    cancels its Triton stream) and raises asyncio.CancelledError."""
+    cancels its Triton stream) and raises APIError 499 (client closed request: logged and counted
+    as such, not as a server error; nobody is left to read the response)."""
     task = asyncio.ensure_future(work)
     try:
         while True:
@@ -38,7 +43,7 @@ async def until_disconnect(request: Request, work):
                 return task.result()
             if await request.is_disconnected():
                 task.cancel()
-                raise asyncio.CancelledError("client disconnected")
+                raise APIError(CLIENT_CLOSED, "client closed the request", code="client_closed_request")
     finally:
         if not task.done():
             task.cancel()

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 
-CHAT, SPEECH, TRANSCRIPTION = "chat", "speech", "transcription"
+CHAT, SPEECH, TRANSCRIPTION, IMAGE, VIDEO = "chat", "speech", "transcription", "image", "video"
 
 
 @dataclasses.dataclass(frozen=True)
 class Pipeline:
-    """name: OpenAI model id; kind: chat | speech | transcription (which routes accept it);
-    entry: client-facing Triton model; models: all Triton models to load; aliases: extra ids."""
+    """name: OpenAI model id; kind: chat | speech | transcription | image | video (which routes accept it);
+    entry: client-facing Triton model; models: all Triton models to load; aliases: extra ids;
+    tasks: for image pipelines, "generate" (/v1/images/generations) and/or "edit" (/v1/images/edits);
+    vad / asr: the stage models a `/v1/realtime` session calls directly (voice-activity stream and
+    transcription of committed audio); a chat pipeline with a `vad` serves realtime sessions;
+    stream_entry: a decoupled twin of `entry` for streamed results (transcription), if any."""
 
     name: str
     kind: str
@@ -18,21 +22,38 @@ class Pipeline:
     models: tuple[str, ...]
     description: str = ""
     aliases: tuple[str, ...] = ()
+    tasks: tuple[str, ...] = ()
+    vad: str | None = None
+    asr: str | None = None
+    stream_entry: str | None = None
 
+
+_QWEN_IMAGE_STAGES = ("qwen_image_text_encoder", "qwen_image_dit", "qwen_image_vae")
 
 REGISTRY: dict[str, Pipeline] = {p.name: p for p in (
     Pipeline("qwen3_omni", CHAT, "qwen3_omni",
              ("qwen3_omni_thinker", "qwen3_omni_talker", "qwen3_omni_code2wav", "qwen3_omni"),
              "Qwen3-Omni thinker -> talker -> code2wav, text and speech out"),
-    Pipeline("voice", CHAT, "voice", ("voice_asr", "voice_llm", "voice_tts", "voice"),
-             "Whisper tiny.en -> SmolLM2-135M-Instruct -> Kokoro-82M, text and speech out"),
+    Pipeline("voice", CHAT, "voice", ("voice_asr", "voice_llm", "voice_tts", "voice_vad", "voice"),
+             "Whisper tiny.en -> SmolLM2-135M-Instruct -> Kokoro-82M, text and speech out; /v1/realtime with Silero VAD",
+             vad="voice_vad", asr="voice_asr"),
     Pipeline("tts", SPEECH, "tts", ("voice_tts", "tts"), "Kokoro-82M text-to-speech",
              aliases=("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "kokoro")),
-    Pipeline("asr", TRANSCRIPTION, "voice_asr", ("voice_asr",), "Whisper tiny.en speech recognition",
-             aliases=("whisper-1", "whisper-tiny.en", "gpt-4o-transcribe", "gpt-4o-mini-transcribe")),
+    Pipeline("asr", TRANSCRIPTION, "voice_asr", ("voice_asr", "voice_asr_stream"), "Whisper tiny.en speech recognition",
+             aliases=("whisper-1", "whisper-tiny.en", "gpt-4o-transcribe", "gpt-4o-mini-transcribe"),
+             stream_entry="voice_asr_stream"),
+    Pipeline("qwen_image", IMAGE, "qwen_image", _QWEN_IMAGE_STAGES + ("qwen_image",),
+             "Qwen-Image text-to-image: text encoder -> step-batched DiT -> VAE", aliases=("gpt-image-1", "dall-e-3"),
+             tasks=("generate",)),
+    Pipeline("qwen_image_edit", IMAGE, "qwen_image_edit", _QWEN_IMAGE_STAGES + ("qwen_image_edit",),
+             "Qwen-Image-Edit image editing: text+image encoder, VAE encode -> step-batched DiT -> VAE",
+             tasks=("edit",)),
+    Pipeline("wan", VIDEO, "wan", ("wan_text_encoder", "wan_dit", "wan_vae", "wan"),
+             "Wan2.2 text-to-video: UMT5 text encoder -> DiT denoiser (step-batched) -> VAE decode",
+             aliases=("sora-2", "sora-2-pro")),
 )}
 
-DEFAULT = ("voice", "tts", "asr", "qwen3_omni")
+DEFAULT = ("voice", "tts", "asr", "qwen3_omni", "qwen_image", "qwen_image_edit", "wan")
 
 
 def parse_extra(spec: str) -> Pipeline:
@@ -44,8 +65,8 @@ def parse_extra(spec: str) -> Pipeline:
         names = tuple(m for m in models.split(",") if m)
     except ValueError as exc:
         raise ValueError(f"bad pipeline spec {spec!r}: expected NAME=KIND:model1,model2") from exc
-    if kind not in (CHAT, SPEECH, TRANSCRIPTION) or not names:
-        raise ValueError(f"bad pipeline spec {spec!r}: kind must be chat|speech|transcription")
+    if kind not in (CHAT, SPEECH, TRANSCRIPTION, IMAGE, VIDEO) or not names:
+        raise ValueError(f"bad pipeline spec {spec!r}: kind must be chat|speech|transcription|image|video")
     return Pipeline(name, kind, names[-1], names)
 
 

@@ -2,12 +2,13 @@
 
     python -m omni_frontend.serve [--pipelines voice,tts,...] [--host 127.0.0.1] [--port 8000]
                                   [--triton-grpc-port 8001] [--api-key KEY] ...
+    python -m omni_frontend.serve --deploy deploy/qwen3_omni_h200.yaml ...   (GPU stages: docs/gpu.md)
 
 Loads only the selected pipelines' models (explicit model control), waits until every model is
 ready, serves the OpenAI API with uvicorn, restarts a stage whose stub process dies (model control:
 unload + load, omni_frontend.stage_monitor), and on SIGINT/SIGTERM stops both, leaving no child
-process (alive or defunct) and no /dev/shm file behind. Failures (port in use, missing binary, a model that does not load) print one
-clear line (plus the relevant server-log lines) and exit non-zero.
+process (alive or defunct) and no /dev/shm file behind. Failures (port in use, missing binary, a
+model that does not load) print one clear line (plus the relevant server-log lines) and exit non-zero.
 """
 from __future__ import annotations
 
@@ -21,14 +22,13 @@ import threading
 import time
 from pathlib import Path
 
-import uvicorn
-
+from omni_frontend import deploy
 from omni_frontend import pipelines as registry
-from omni_frontend.app import create_app
-from omni_frontend.config import FrontendConfig
+from omni_frontend.config import AdmissionLimits, RequestLimits
 from omni_frontend.tritonserver import LaunchError, TritonServer, port_in_use
 
 ROOT = Path(__file__).resolve().parent.parent
+CHECKPOINT_PRESETS = ("qwen3_omni_tiny", "qwen3_omni_30b_a3b_random")   # python -m omni_backends.prepare NAME
 log = logging.getLogger("omni_frontend.serve")
 
 
@@ -40,6 +40,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="serve a pipeline that is not in the registry (tests, custom repositories)")
     p.add_argument("--model-repository", action="append", type=Path, default=None,
                    help="model repository folder (repeatable; default: ./model_repository)")
+    p.add_argument("--deploy", type=Path, metavar="YAML",
+                   help="deploy file (deploy/*.yaml): render its pipeline's models with the file's devices and "
+                        "settings into var/deploy/<name>/ and serve that pipeline from there")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--triton-grpc-port", type=int, default=8001)
@@ -47,16 +50,79 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--triton-metrics-port", type=int, default=8003)
     p.add_argument("--api-key", default=os.environ.get("OMNI_API_KEY"), help="require Bearer KEY on /v1 routes")
     p.add_argument("--log-dir", type=Path, default=ROOT / "var" / "log")
+    p.add_argument("--data-dir", type=Path, default=ROOT / "var" / "data",
+                   help="video job store (SQLite) and generated files; kept across restarts")
+    p.add_argument("--max-queued-videos", type=int, default=16, help="videos waiting to start; past it POST gets 429")
+    p.add_argument("--max-running-videos", type=int, default=2,
+                   help="videos generating at once (their denoising steps are batched together)")
+    p.add_argument("--video-ttl", type=int, default=86400,
+                   help="seconds a finished video (and its files) is kept; 0 keeps it forever")
     p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for every model")
     p.add_argument("--no-prepare", action="store_true", help="skip preparing the default model checkpoints")
     p.add_argument("--no-recover", action="store_true",
                    help="do not restart a stage whose stub process died (it stays 503 until a restart)")
-    return p.parse_args(argv)
+    p.add_argument("--no-frontend", action="store_true",
+                   help="serve Triton only (gRPC/HTTP clients, scripts/bench --transport triton); the frontend's "
+                        "packages are then not needed")
+    limits, admission = RequestLimits(), AdmissionLimits()
+    g = p.add_argument_group("overload control (per pipeline; docs/reliability.md)")
+    g.add_argument("--max-inflight", type=_per_pipeline, default=(None, {}), metavar="N[,PIPELINE=N...]",
+                   help=f"requests running at once per pipeline; past it they queue (default: {admission.max_inflight})")
+    g.add_argument("--max-queue", type=lambda v: _per_pipeline(v, minimum=0), default=(None, {}),
+                   metavar="N[,PIPELINE=N...]",
+                   help=f"requests waiting per pipeline; past it 429 with Retry-After (default: {admission.max_queue})")
+    g.add_argument("--max-queue-wait", type=float, default=admission.max_queue_wait_s, metavar="SECONDS",
+                   help="a request expected to wait longer gets 429 at once; a queued one gives up with 429 after it "
+                        "(default: %(default)s)")
+    g = p.add_argument_group("request limits, checked before any model work (docs/reliability.md)")
+    g.add_argument("--max-body-bytes", type=int, default=limits.max_body_bytes,
+                   help="request body size; larger bodies get 413 unparsed (default: %(default)s)")
+    g.add_argument("--max-text-chars", type=int, default=limits.max_text_chars,
+                   help="characters of chat text (messages and stop strings) per request (default: %(default)s)")
+    g.add_argument("--max-messages", type=int, default=limits.max_messages,
+                   help="chat messages per request (default: %(default)s)")
+    g.add_argument("--max-audio-seconds", type=float, default=limits.max_audio_seconds,
+                   help="seconds of input audio per request (default: %(default)s)")
+    args = p.parse_args(argv)
+    if args.max_queued_videos < 0 or args.max_running_videos < 1 or args.video_ttl < 0:
+        p.error("--max-queued-videos and --video-ttl must be >= 0, --max-running-videos >= 1")
+    return args
+
+
+def _per_pipeline(value: str, minimum: int = 1) -> tuple[int | None, dict[str, int]]:
+    """'4' or '4,qwen3_omni=16' -> (4, {"qwen3_omni": 16}); a bare number applies to every pipeline
+    not named (None when there is none)."""
+    default, named = None, {}
+    for item in value.split(","):
+        name, _, number = item.rpartition("=")
+        try:
+            n = int(number)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{item!r} is not N or PIPELINE=N") from None
+        if n < minimum:
+            raise argparse.ArgumentTypeError(f"{item!r}: must be >= {minimum}")
+        if name:
+            named[name] = n
+        else:
+            default = n
+    return default, named
+
+
+def admission_limits(args: argparse.Namespace) -> AdmissionLimits:
+    """AdmissionLimits from --max-inflight / --max-queue (PIPELINE=N entries override per pipeline)."""
+    defaults = AdmissionLimits()
+    (inflight, inflight_named), (queue, queue_named) = args.max_inflight, args.max_queue
+    inflight = defaults.max_inflight if inflight is None else inflight
+    queue = defaults.max_queue if queue is None else queue
+    per = {name: (inflight_named.get(name, inflight), queue_named.get(name, queue))
+           for name in {*inflight_named, *queue_named}}
+    return AdmissionLimits(max_inflight=inflight, max_queue=queue, max_queue_wait_s=args.max_queue_wait, per_pipeline=per)
 
 
 def prepare_models(names: list[str]) -> None:
-    """Runs model preparation in a subprocess (the frontend never imports model code)."""
-    known = [n for n in names if n in registry.REGISTRY]
+    """Runs model preparation in a subprocess (the frontend never imports model code). Names: pipelines and
+    checkpoint presets (`qwen3_omni_30b_a3b_random`); anything else (a checkpoint directory) is skipped."""
+    known = [n for n in names if n in registry.REGISTRY or n in CHECKPOINT_PRESETS]
     if not known:
         return
     done = subprocess.run([sys.executable, "-m", "omni_backends.prepare", *known])
@@ -69,10 +135,17 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # /health polls Triton's metrics
     args = parse_args(argv)
     try:
+        if args.deploy is not None:
+            deployment = deploy.load(args.deploy)
+            rendered = deploy.render(deployment, ROOT / "var" / "deploy" / deployment.name)
+            log.info("rendered %s into %s", args.deploy, rendered)
+            args.pipelines, args.model_repository = deployment.pipeline, [rendered]
+            args.models = deployment.models   # the co-located layout renders one model for the whole pipeline
+            args.prepare_only = [deployment.checkpoint] if deployment.checkpoint else None
         extra = [registry.parse_extra(s) for s in args.extra_pipeline]
         names = [n for n in args.pipelines.split(",") if n] + [p.name for p in extra]
         selected = registry.resolve(list(dict.fromkeys(names)), extra)
-    except ValueError as exc:
+    except ValueError as exc:   # DeployError is a ValueError: one line naming the key
         print(f"error: {exc}", file=sys.stderr)
         return 2
     server = None
@@ -80,18 +153,31 @@ def main(argv: list[str] | None = None) -> int:
         if port_in_use(args.host, args.port):
             raise LaunchError(f"port {args.host}:{args.port} is already in use (pass --port)")
         if not args.no_prepare:
-            prepare_models([p.name for p in selected])
+            prepare = getattr(args, "prepare_only", None)
+            prepare_models(prepare if prepare is not None else [p.name for p in selected])
         server = TritonServer(
             repositories=[r.resolve() for r in (args.model_repository or [ROOT / "model_repository"])],
-            models=registry.triton_models(selected), grpc_port=args.triton_grpc_port,
+            models=getattr(args, "models", None) or registry.triton_models(selected), grpc_port=args.triton_grpc_port,
             http_port=args.triton_http_port, metrics_port=args.triton_metrics_port,
             log_path=args.log_dir / "tritonserver.log", ready_timeout_s=args.ready_timeout)
         started = time.monotonic()
         log.info("starting tritonserver with models: %s", ", ".join(server.models))
         server.start()
         log.info("tritonserver ready in %.1f s (log: %s)", time.monotonic() - started, server.log_path)
+        if args.no_frontend:
+            return _serve_triton_only(server)
+        import uvicorn
+
+        from omni_frontend.app import create_app
+        from omni_frontend.config import FrontendConfig
+
+        limits = RequestLimits(max_body_bytes=args.max_body_bytes, max_text_chars=args.max_text_chars,
+                               max_messages=args.max_messages, max_audio_seconds=args.max_audio_seconds)
         app = create_app(FrontendConfig(triton_url=server.grpc_url, pipelines=selected, api_key=args.api_key,
-                                        triton_metrics_url=server.metrics_url,
+                                        triton_metrics_url=server.metrics_url, limits=limits,
+                                        admission=admission_limits(args), data_dir=args.data_dir,
+                                        max_queued_videos=args.max_queued_videos,
+                                        max_running_videos=args.max_running_videos, video_ttl_s=args.video_ttl,
                                         recover_stages=not args.no_recover),
                          crashed_stubs=server.crashed_stubs)
         uv = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
@@ -114,7 +200,21 @@ def main(argv: list[str] | None = None) -> int:
             log.info("tritonserver stopped")
 
 
-def _watch(uv: uvicorn.Server, server: TritonServer, died: threading.Event) -> None:
+def _serve_triton_only(server: TritonServer) -> int:
+    """Wait until SIGINT/SIGTERM (exit 0) or until tritonserver dies (exit 1); the caller stops the server."""
+    print(f"Omni-Triton ready (Triton only): gRPC {server.grpc_url}   metrics {server.metrics_url}", flush=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    while not stop.wait(0.5):
+        if server.process is not None and server.process.poll() is not None:
+            print(f"error: {server.failure(f'tritonserver exited unexpectedly with code {server.process.returncode}')}",
+                  file=sys.stderr, flush=True)
+            return 1
+    return 0
+
+
+def _watch(uv, server: TritonServer, died: threading.Event) -> None:
     """Stops the frontend (exit 1) if tritonserver dies under it: a supervisor can then restart us."""
     while not uv.should_exit:
         process = server.process
@@ -127,7 +227,7 @@ def _watch(uv: uvicorn.Server, server: TritonServer, died: threading.Event) -> N
         time.sleep(0.5)
 
 
-def _announce(uv: uvicorn.Server, args, server: TritonServer, selected) -> None:
+def _announce(uv, args, server: TritonServer, selected) -> None:
     while not uv.started and not uv.should_exit:
         time.sleep(0.05)
     if uv.started:

@@ -18,9 +18,9 @@ from collections.abc import Callable
 
 import httpx
 
-from omni_frontend import liveness
 from omni_frontend.availability import Availability
 from omni_frontend.errors import APIError
+from omni_frontend.liveness import HeartbeatReader
 from omni_frontend.model_control import ModelControl
 
 log = logging.getLogger("omni_frontend.recovery")
@@ -31,10 +31,10 @@ class StageMonitor:
     """Polls every `interval_s`; see the module doc. `recovering` holds the models being restarted and
     `recoveries` the last recovery time in seconds per model."""
 
-    def __init__(self, control: ModelControl, availability: Availability, metrics_url: str | None,
+    def __init__(self, control: ModelControl, availability: Availability, heartbeats: HeartbeatReader | None,
                  crashed_stubs: CrashedStubs | None = None, *, interval_s: float = 0.5,
                  recover_after_s: float = 30.0, retry_s: float = 2.0):
-        self.control, self.availability, self.metrics_url = control, availability, metrics_url
+        self.control, self.availability, self.heartbeats = control, availability, heartbeats
         self.crashed_stubs = crashed_stubs
         self.interval_s, self.recover_after_s, self.retry_s = interval_s, recover_after_s, retry_s
         self.recovering: set[str] = set()
@@ -58,9 +58,9 @@ class StageMonitor:
             for pid, model in (await asyncio.to_thread(self.crashed_stubs)).items():
                 log.error("stage %s: its stub process (pid %d) died", model, pid)
                 dead.append(model)
-        if self.metrics_url:
+        if self.heartbeats is not None:
             try:
-                hung = await liveness.stale_models(self.metrics_url, self.control.awake_models(), self.recover_after_s)
+                hung = await self.heartbeats.stale_models(self.control.awake_models(), self.recover_after_s)
             except httpx.HTTPError:
                 hung = []
             for model in hung:
@@ -101,10 +101,10 @@ class StageMonitor:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if (await self.control.client.model_states()).get(model) == "READY":
-                if not self.metrics_url:
+                if self.heartbeats is None:
                     return True
                 try:
-                    if not await liveness.stale_models(self.metrics_url, [model], 2.0):
+                    if not await self.heartbeats.stale_models([model], 2.0):
                         return True
                 except httpx.HTTPError:
                     pass

@@ -127,12 +127,14 @@ class TritonClient:
                 if not call.done():
                     call.cancel()
 
-    async def infer(self, model: str, inputs: dict[str, np.ndarray], request_id: str | None = None) -> dict[str, np.ndarray]:
-        """One non-decoupled inference (ModelInfer); raises APIError like `stream`."""
+    async def infer(self, model: str, inputs: dict[str, np.ndarray], request_id: str | None = None, *,
+                    sequence_id: int = 0, sequence_start: bool = False, sequence_end: bool = False) -> dict[str, np.ndarray]:
+        """One non-decoupled inference (ModelInfer); raises APIError like `stream`. For a sequence-batched
+        model pass its correlation id as `sequence_id` and flag the first/last request."""
         request = _get_inference_request(
             model_name=model, inputs=_infer_inputs(inputs), model_version="", request_id=request_id or uuid.uuid4().hex,
-            outputs=None, sequence_id=0, sequence_start=False, sequence_end=False, priority=0, timeout=None,
-            parameters=None)
+            outputs=None, sequence_id=sequence_id, sequence_start=sequence_start, sequence_end=sequence_end,
+            priority=0, timeout=None, parameters=None)
         with self.availability.track(model) as failure:
             try:
                 reply = await first_of(self._stub.ModelInfer(request, timeout=self.timeout_s), failure)

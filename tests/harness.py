@@ -163,3 +163,35 @@ def settle_limit_s(target_s: float = 2.0) -> float:
     """The cancellation target (2 s on an idle 2-core CI machine), stretched by the host's load: on a
     shared machine with load L on C cores a process gets about C/L of the CPU it would get alone."""
     return target_s * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+
+def triton_stream(grpc_url: str, model: str, inputs: dict, timeout_s: float = 300.0, on_response=None) -> list:
+    """Sends one request to a decoupled Triton model over gRPC streaming (tritonclient) and returns its
+    non-empty responses (InferResult) in order. inputs: name -> numpy array (object arrays for BYTES);
+    on_response(result) is called as each response arrives (on tritonclient's thread).
+    Fails the test on an error response or when FINAL does not arrive within timeout_s."""
+    import threading
+
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import np_to_triton_dtype
+
+    responses, done = [], threading.Event()
+
+    def callback(result, error):
+        responses.append((result, error))
+        if error is None and on_response is not None and result.get_response().outputs:
+            on_response(result)
+        if error is not None or result.get_response().parameters["triton_final_response"].bool_param:
+            done.set()
+
+    client = grpcclient.InferenceServerClient(grpc_url)
+    client.start_stream(callback=callback)
+    tensors = []
+    for name, array in inputs.items():
+        tensors.append(grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype)))
+        tensors[-1].set_data_from_numpy(array)
+    client.async_stream_infer(model, tensors, enable_empty_final_response=True)
+    assert done.wait(timeout_s), f"{model} sent no FINAL response within {timeout_s} s"
+    client.stop_stream()
+    client.close()
+    assert all(error is None for _, error in responses), [str(e) for _, e in responses if e]
+    return [result for result, _ in responses if result.get_response().outputs]

@@ -4,7 +4,9 @@ Audio out: non-streamed `message.audio = {id, data (base64 in audio.format), exp
 transcript}`; streamed `delta.audio = {id, data (base64, only the new audio), expires_at,
 transcript, sample_rate}` where data is raw PCM16 mono (format pcm16) or, for format wav, a
 streaming WAV whose header comes in the first audio chunk. The sample rate is the pipeline's
-(24000 Hz for the built-in pipelines) and is stated in `sample_rate`.
+(24000 Hz for the built-in pipelines) and is stated in `sample_rate`. `transcript` is the text
+spoken in that chunk (the pipeline's `audio.delta` transcript; the streamed transcripts concatenate
+to message.audio.transcript), also with `modalities: ["audio"]`, where `content` stays empty.
 """
 from __future__ import annotations
 
@@ -15,11 +17,13 @@ import time
 import numpy as np
 from fastapi import APIRouter, Request
 from sse_starlette.sse import EventSourceResponse
+from starlette.concurrency import run_in_threadpool
 
+from omni_frontend import admission, observability, pipeline_stream
 from omni_frontend import audio as audio_codec
-from omni_frontend import pipeline_stream
 from omni_frontend.chat_protocol import ChatRequest, to_pipeline
 from omni_frontend.errors import APIError
+from omni_frontend.observability import RequestTimer
 from omni_frontend.pipelines import CHAT
 from omni_frontend.routes.common import config, pipeline_for, triton
 
@@ -27,15 +31,17 @@ router = APIRouter()
 
 
 class _Completion:
-    """Accumulates one request's events into OpenAI objects."""
+    """Accumulates one request's events into OpenAI objects and feeds its RequestTimer."""
 
-    def __init__(self, req: ChatRequest, request_id: str, expires_s: int):
-        self.req, self.id = req, f"chatcmpl-{request_id}"
+    def __init__(self, req: ChatRequest, request_id: str, expires_s: int, timer: RequestTimer):
+        self.req, self.id, self.timer = req, f"chatcmpl-{request_id}", timer
         self.audio_id = f"audio_{request_id}"
         self.created = int(time.time())
         self.expires_at = self.created + expires_s
         self.audio_format = req.audio.format if req.audio else "wav"
+        self.with_text = "text" in req.output_modalities()
         self.text: list[str] = []
+        self.transcript: list[str] = []
         self.pcm: list[np.ndarray] = []
         self.sample_rate = 24000
         self.finish_reason = "stop"
@@ -46,9 +52,14 @@ class _Completion:
         kind = event.get("type")
         if kind == "text.delta":
             self.text.append(event.get("text", ""))
-        elif kind == "audio.delta" and audio is not None:
-            self.sample_rate = int(event.get("sample_rate", self.sample_rate))
-            self.pcm.append(audio)
+            if event.get("text"):
+                self.timer.text()
+        elif kind == "audio.delta":
+            self.transcript.append(event.get("transcript") or "")
+            if audio is not None:
+                self.sample_rate = int(event.get("sample_rate", self.sample_rate))
+                self.pcm.append(audio)
+                self.timer.audio(audio.size / self.sample_rate)
         elif kind == "done":
             self.finish_reason = event.get("finish_reason", "stop")
             self.usage = event.get("usage")
@@ -58,12 +69,15 @@ class _Completion:
                            "model": self.req.model, "system_fingerprint": None,
                            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]})
 
-    def audio_delta(self, audio: np.ndarray) -> dict:
-        data = audio_codec.pcm16(audio)
-        if self.audio_format == "wav" and not self.sent_header:
-            data, self.sent_header = audio_codec.streaming_wav_header(self.sample_rate) + data, True
-        return {"audio": {"id": self.audio_id, "data": base64.b64encode(data).decode(), "expires_at": self.expires_at,
-                          "transcript": "", "sample_rate": self.sample_rate}}
+    def audio_delta(self, event: dict, audio: np.ndarray | None) -> dict:
+        """delta.audio of one audio.delta event: the new audio (if any) and the new transcript text."""
+        delta = {"id": self.audio_id, "expires_at": self.expires_at, "transcript": event.get("transcript") or ""}
+        if audio is not None:
+            data = audio_codec.pcm16(audio)
+            if self.audio_format == "wav" and not self.sent_header:
+                data, self.sent_header = audio_codec.streaming_wav_header(self.sample_rate) + data, True
+            delta.update(data=base64.b64encode(data).decode(), sample_rate=self.sample_rate)
+        return {"audio": delta}
 
     def usage_dict(self) -> dict:
         usage = dict(self.usage or {})
@@ -73,13 +87,18 @@ class _Completion:
         return usage
 
     def response(self) -> dict:
+        """The chat.completion object (encodes the audio: CPU work, call it from a worker thread).
+
+        With audio out, message.audio.transcript is the spoken text (the pipeline's per-chunk
+        transcripts, else the text); content is null when text was not asked for, as at OpenAI."""
         text = "".join(self.text)
-        message: dict = {"role": "assistant", "content": text, "refusal": None, "annotations": []}
+        message: dict = {"role": "assistant", "content": text if self.with_text else None, "refusal": None,
+                         "annotations": []}
         if self.pcm:
             pcm = np.concatenate(self.pcm)
             data = audio_codec.encode(pcm, self.sample_rate, self.audio_format)
             message["audio"] = {"id": self.audio_id, "data": base64.b64encode(data).decode(),
-                                "expires_at": self.expires_at, "transcript": text}
+                                "expires_at": self.expires_at, "transcript": "".join(self.transcript) or text}
         return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.req.model,
                 "system_fingerprint": None,
                 "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": self.finish_reason}],
@@ -88,35 +107,45 @@ class _Completion:
 
 @router.post("/v1/chat/completions")
 async def chat_completions(req: ChatRequest, request: Request):
+    """Admission first (429 at once when the pipeline is full), then validation and input decoding,
+    then the pipeline. A streamed request that has to queue gets its 200 head and first chunk at
+    once and streams when its turn comes; any other request waits for its slot before its head, so
+    a pipeline's rejection still arrives as an HTTP status."""
     cfg = config(request)
     pipeline = pipeline_for(request, req.model, CHAT, "chat completions")
-    body, input_audio = to_pipeline(req)
+    ticket = admission.enter(request, pipeline)
+    body, input_audio = await run_in_threadpool(to_pipeline, req, cfg.limits)
     request_id = request.state.request_id
     extra = {"INPUT_AUDIO": input_audio} if input_audio is not None else None
-    completion = _Completion(req, request_id, cfg.audio_expires_s)
+    completion = _Completion(req, request_id, cfg.audio_expires_s, observability.timer(request, pipeline.name))
     stream = pipeline_stream.events(triton(request), pipeline.entry, body, request_id, extra)
 
     if not req.stream:
         async def collect():
+            await ticket.wait()
             async for event, audio in stream:
                 completion.absorb(event, audio)
-        await pipeline_stream.until_disconnect(request, collect())
-        return completion.response()
+            completion.timer.done()
+            return await run_in_threadpool(completion.response)
+        return await pipeline_stream.until_disconnect(request, collect())
 
-    # Fail before the 200 head when the pipeline rejects the request (first event or error).
-    first = await pipeline_stream.until_disconnect(request, anext(stream, None))
+    first = None
+    if not ticket.queued:   # fail before the 200 head when the pipeline rejects the request
+        first = await pipeline_stream.until_disconnect(request, anext(stream, None))
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     started = time.perf_counter()
 
     async def sse():
         try:
             yield completion.chunk({"role": "assistant", "content": ""})
+            await ticket.wait()
             async for event, audio in pipeline_stream.prepend(first, stream):
                 completion.absorb(event, audio)
                 if event.get("type") == "text.delta" and event.get("text"):
                     yield completion.chunk({"content": event["text"]})
-                elif event.get("type") == "audio.delta" and audio is not None:
-                    yield completion.chunk(completion.audio_delta(audio))
+                elif event.get("type") == "audio.delta" and (audio is not None or event.get("transcript")):
+                    yield completion.chunk(completion.audio_delta(event, audio))
+            completion.timer.done()
             yield completion.chunk({}, completion.finish_reason)
             if include_usage:
                 yield json.dumps({"id": completion.id, "object": "chat.completion.chunk", "created": completion.created,

@@ -8,7 +8,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from omni_frontend import liveness
 from omni_frontend.errors import APIError
 from omni_frontend.model_control import AWAKE
 from omni_frontend.pipelines import Pipeline
@@ -34,7 +33,7 @@ async def health(request: Request):
     not_ready = [m for m in models if not await client.model_ready(m)]
     if cfg.triton_metrics_url:
         try:
-            dead = await liveness.unhealthy_models(cfg.triton_metrics_url, models, cfg.heartbeat_stale_s)
+            dead = await request.app.state.liveness.unhealthy_models(models, cfg.heartbeat_stale_s)
         except httpx.HTTPError as exc:
             return JSONResponse({"status": "unavailable", "error": f"triton metrics unreachable: {exc}"},
                                 status_code=503)

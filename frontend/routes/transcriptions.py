@@ -6,21 +6,29 @@ Triton contract of the ASR model (stateless, dynamic batching, max_batch_size > 
                              "word_timestamps": bool}
   RESULT  BYTES [1, 1]       JSON {"text", "language", "duration" (s), "segments": [{"id", "start",
                              "end", "text", ...}], "words": [{"word", "start", "end"}]}
+`stream=true` goes to the pipeline's decoupled `stream_entry` (voice_asr_stream: REQUEST = the OPTIONS
+JSON, INPUT_AUDIO FP32 [samples]; events `transcript.delta` per segment as it is decoded, then `done`
+with the RESULT fields) and becomes SSE: `transcript.text.delta` events whose deltas concatenate to the
+text, one `transcript.text.done` with the text and usage, then `data: [DONE]`.
 """
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 from sse_starlette.sse import EventSourceResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile  # what request.form() returns (fastapi.UploadFile subclasses it)
 
+from omni_frontend import admission, observability
 from omni_frontend import audio as audio_codec
+from omni_frontend import pipeline_stream
 from omni_frontend.errors import APIError, bad_request
 from omni_frontend.pipeline_stream import until_disconnect
-from omni_frontend.pipelines import TRANSCRIPTION
+from omni_frontend.pipelines import TRANSCRIPTION, Pipeline
 from omni_frontend.routes.common import config, pipeline_for, triton
 
 router = APIRouter()
@@ -54,16 +62,49 @@ def _float(value: str | None, name: str, default: float) -> float:
         raise bad_request(f"{name} must be a number", param=name) from exc
 
 
-@router.post("/v1/audio/transcriptions")
+# Multipart fields that would change the answer's contract and that the ASR pipeline does not honour
+# (OpenAI's transcription fields): a request that sets them gets 400 naming the field.
+_UNSUPPORTED = {"include": "log probabilities are not returned",
+                "known_speaker_names": "speaker diarization is not supported",
+                "known_speaker_references": "speaker diarization is not supported",
+                "keywords": "keyword biasing is not supported (use prompt)",
+                "languages": "language sets are not supported (use language)"}
+
+# The multipart body as OpenAPI describes it (the route parses the form itself, within the limits).
+_FORM_SCHEMA = {"type": "object", "required": ["file"], "properties": {
+    "file": {"type": "string", "format": "binary", "description": "audio file (wav, mp3, flac, ogg, webm, m4a, ...)"},
+    "model": {"type": "string"},
+    "language": {"type": "string"},
+    "prompt": {"type": "string"},
+    "response_format": {"type": "string", "enum": list(_FORMATS)},
+    "temperature": {"type": "number", "minimum": 0, "maximum": 1},
+    "timestamp_granularities[]": {"type": "array", "items": {"type": "string", "enum": ["word", "segment"]}},
+    "stream": {"type": "boolean"},
+    "chunking_strategy": {"type": "string", "enum": ["auto"]}}}
+
+
+def _form_values(form, name: str) -> list:
+    return [v for v in form.getlist(name) + form.getlist(f"{name}[]") if v not in ("", None)]
+
+
+@router.post("/v1/audio/transcriptions", openapi_extra={"requestBody": {"required": True, "content": {
+    "multipart/form-data": {"schema": _FORM_SCHEMA}}}})
 async def transcriptions(request: Request):
     cfg = config(request)
-    form = await request.form(max_part_size=cfg.max_upload_bytes + 1)
+    limits = cfg.limits
+    form = await request.form(max_part_size=limits.max_upload_bytes + 1)
     upload = form.get("file")
     if not isinstance(upload, UploadFile):
         raise bad_request("multipart field 'file' is required", param="file")
-    data = await upload.read(cfg.max_upload_bytes + 1)
-    if len(data) > cfg.max_upload_bytes:
-        raise APIError(413, f"file exceeds the {cfg.max_upload_bytes} byte limit", param="file", code="file_too_large")
+    for name, why in _UNSUPPORTED.items():
+        if _form_values(form, name):
+            raise bad_request(f"{name} is not supported: {why}", param=name, code="unsupported_parameter")
+    if form.get("chunking_strategy") not in (None, "", "auto"):
+        raise bad_request("chunking_strategy: only 'auto' is supported (the audio is transcribed whole, "
+                          "segmented by the model)", param="chunking_strategy", code="unsupported_parameter")
+    data = await upload.read(limits.max_upload_bytes + 1)
+    if len(data) > limits.max_upload_bytes:
+        raise APIError(413, f"file exceeds the {limits.max_upload_bytes} byte limit", param="file", code="file_too_large")
     fmt = form.get("response_format") or "json"
     if fmt not in _FORMATS:
         raise bad_request(f"response_format must be one of {', '.join(_FORMATS)}", param="response_format")
@@ -73,26 +114,30 @@ async def transcriptions(request: Request):
     granularities = form.getlist("timestamp_granularities[]") + form.getlist("timestamp_granularities")
     if any(g not in ("word", "segment") for g in granularities):
         raise bad_request("timestamp_granularities must be 'word' and/or 'segment'", param="timestamp_granularities")
+    language = form.get("language") or None
+    if language is not None and not re.fullmatch(r"[a-z]{2,3}", language):
+        raise bad_request("language must be an ISO-639-1 code such as 'en'", param="language")
     stream = str(form.get("stream", "false")).lower() == "true"
     pipeline = pipeline_for(request, form.get("model"), TRANSCRIPTION, "transcriptions")
+    ticket = admission.enter(request, pipeline)
     try:
-        pcm = audio_codec.decode(data, 16000)
+        pcm = await run_in_threadpool(audio_codec.decode, data, 16000, limits.max_audio_seconds)
     except audio_codec.AudioDecodeError as exc:
         raise bad_request(f"file is not decodable audio: {exc}", param="file", code="invalid_audio") from exc
+    except audio_codec.AudioTooLong as exc:
+        raise bad_request(f"file is longer than {exc.max_seconds:g} s (limit --max-audio-seconds)", param="file",
+                          code="audio_too_long") from exc
 
-    options = {"language": form.get("language") or None, "prompt": form.get("prompt") or None,
+    options = {"language": language, "prompt": form.get("prompt") or None,
                "temperature": temperature, "word_timestamps": "word" in granularities}
+    await until_disconnect(request, ticket.wait())
+    if stream:
+        return await _streamed(request, pipeline, pcm, options)
     inputs = {"AUDIO": pcm[None, :], "OPTIONS": np.array([[json.dumps(options).encode()]], dtype=np.object_)}
     reply = await until_disconnect(request, triton(request).infer(pipeline.entry, inputs, request.state.request_id))
     result = json.loads(reply["RESULT"].reshape(-1)[0])
-    usage = {"type": "duration", "seconds": round(float(result.get("duration", pcm.size / 16000)), 3)}
-
-    if stream:
-        async def sse():
-            for seg in result.get("segments", []):
-                yield json.dumps({"type": "transcript.text.delta", "delta": seg["text"]})
-            yield json.dumps({"type": "transcript.text.done", "text": result["text"], "usage": usage})
-        return EventSourceResponse(sse(), headers={"x-request-id": request.state.request_id})
+    usage = _usage(result, pcm)
+    observability.timer(request, pipeline.name).done(input_audio_s=pcm.size / 16000)
     if fmt == "json":
         return {"text": result["text"], "usage": usage}
     if fmt == "text":
@@ -104,3 +149,34 @@ async def transcriptions(request: Request):
     if "word" in granularities:
         verbose["words"] = result.get("words", [])
     return verbose
+
+
+def _usage(result: dict, pcm: np.ndarray) -> dict:
+    return {"type": "duration", "seconds": round(float(result.get("duration", pcm.size / 16000)), 3)}
+
+
+async def _streamed(request: Request, pipeline: Pipeline, pcm: np.ndarray, options: dict) -> EventSourceResponse:
+    """SSE of the pipeline's streaming model: a delta per segment as Whisper finishes it, done, [DONE]."""
+    if pipeline.stream_entry is None:
+        raise bad_request(f"model '{pipeline.name}' cannot stream transcriptions", param="stream")
+    request_id = request.state.request_id
+    events = pipeline_stream.events(triton(request), pipeline.stream_entry, options, request_id,
+                                    {"INPUT_AUDIO": pcm})
+    first = await until_disconnect(request, anext(events, None))  # fail before the 200 head
+
+    async def sse():
+        try:
+            async for event, _ in pipeline_stream.prepend(first, events):
+                if event.get("type") == "transcript.delta":
+                    yield json.dumps({"type": "transcript.text.delta", "delta": event["delta"]})
+                elif event.get("type") == "done":
+                    yield json.dumps({"type": "transcript.text.done", "text": event["text"],
+                                      "usage": _usage(event, pcm)})
+            observability.timer(request, pipeline.name).done(input_audio_s=pcm.size / 16000)
+            yield "[DONE]"
+        except Exception as exc:  # noqa: BLE001 - a mid-stream failure becomes an error event, then the stream ends
+            yield json.dumps((exc if isinstance(exc, APIError) else APIError(500, f"internal error: {exc}")).body())
+        finally:
+            await events.aclose()
+
+    return EventSourceResponse(sse(), ping=15, headers={"x-request-id": request_id})

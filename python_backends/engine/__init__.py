@@ -4,6 +4,7 @@ Public API:
     SamplingParams, sample_next_token, make_generator   (sampling)
     Prompt, StepOutput, EngineRequest                   (request)
     KVBatch, cache_layers                               (kv_batch)
+    PrefixCache                                         (prefix_cache)
     Runner, DecoderRunner, RowOutput, text_mrope_position_ids   (runner)
     EngineLoop, EngineStats, EngineUnavailable          (loop)
     IncrementalDetokenizer, StopStringMatcher           (detokenizer)
@@ -12,6 +13,7 @@ Public API:
 from omni_backends.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from omni_backends.engine.kv_batch import KVBatch, cache_layers
 from omni_backends.engine.loop import EngineLoop, EngineStats, EngineUnavailable
+from omni_backends.engine.prefix_cache import PrefixCache
 from omni_backends.engine.request import EngineRequest, Prompt, StepOutput
 from omni_backends.engine.runner import DecoderRunner, RowOutput, Runner, text_mrope_position_ids
 from omni_backends.engine.sampling import SamplingParams, make_generator, sample_next_token
@@ -25,6 +27,7 @@ __all__ = [
     "EngineUnavailable",
     "IncrementalDetokenizer",
     "KVBatch",
+    "PrefixCache",
     "Prompt",
     "RowOutput",
     "Runner",

@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
+from omni_backends.engine.rows import RequestRows
+
 LayerKV = tuple[torch.Tensor, torch.Tensor]
 
 
@@ -44,37 +46,21 @@ def cache_layers(cache: DynamicCache, row: int = 0, length: int | None = None) -
     return out
 
 
-class KVBatch:
+class KVBatch(RequestRows):
     """Left-padded batch of per-request KV caches; rows are ordered as `request_ids`.
 
     Not thread-safe: one engine thread owns it.
     """
 
     def __init__(self) -> None:
-        self._ids: list[str] = []
-        self._lengths: list[int] = []
+        super().__init__()
         self._layers: list[LayerKV] = []  # each float [rows, kv_heads, width, head_dim]
         self._cache: DynamicCache | None = None
-
-    def __len__(self) -> int:
-        return len(self._ids)
-
-    def __contains__(self, request_id: str) -> bool:
-        return request_id in self._ids
-
-    @property
-    def request_ids(self) -> list[str]:
-        """Request ids in row order (a copy)."""
-        return list(self._ids)
 
     @property
     def width(self) -> int:
         """Cached columns per row (the longest row's length); 0 when empty."""
         return max(self._lengths, default=0)
-
-    def length(self, request_id: str) -> int:
-        """Real (unpadded) cached tokens of one request. Raises KeyError when it is not in the batch."""
-        return self._lengths[self._row(request_id)]
 
     def add(self, entries: list[tuple[str, list[LayerKV]]]) -> None:
         """Join requests with their own caches.
@@ -155,12 +141,6 @@ class KVBatch:
         if grown != query_length:
             raise RuntimeError(f"the forward appended {grown} cache columns, expected {query_length}")
         self._lengths = [n + query_length for n in self._lengths]
-
-    def _row(self, request_id: str) -> int:
-        try:
-            return self._ids.index(request_id)
-        except ValueError:
-            raise KeyError(request_id) from None
 
     def _set_layers(self, layers: list[LayerKV]) -> None:
         self._layers = layers

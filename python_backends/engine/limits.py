@@ -4,7 +4,8 @@
 no token of a vocabulary spans more than `longest_token_chars(tokenizer)` characters, so a text of
 n characters has at least ceil(n / longest) tokens; if that lower bound alone exceeds the context,
 tokenizing (which took 25-35 s and +2.7 GB for a 20 MB prompt) is pointless. Prompts that pass are
-at most context_length * longest characters, so their tokenization is bounded too.
+at most context_length * longest characters, so their tokenization is bounded too. The exact check
+after tokenizing is `omni_backends.engine.sampling.check_context_length`.
 """
 from __future__ import annotations
 
@@ -29,10 +30,3 @@ def check_prompt_chars(chars: int, max_tokens: int, context_length: int, longest
                            f"({max_tokens}) exceeds the context length {context_length}",
                            param="messages" if least >= context_length else "max_tokens", code="context_length_exceeded")
 
-
-def check_context_length(prompt_tokens: int, max_tokens: int, context_length: int) -> None:
-    """Raises RequestError (HTTP 400, param max_tokens) when the prompt plus max_tokens cannot fit
-    in the model's context (positions 0 .. context_length - 1)."""
-    if prompt_tokens + max_tokens > context_length:
-        raise RequestError(f"prompt ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds the "
-                           f"context length {context_length}", param="max_tokens", code="context_length_exceeded")

@@ -26,6 +26,9 @@ class Prompt:
             when position_ids is given (the mRoPE rule).
         model_kwargs: extra forward kwargs for the prefill only (e.g. input_features,
             feature_attention_mask, pixel_values, image_grid_thw), batch 1.
+        cache_prefix: how many leading input_ids other requests are likely to share (e.g. a chat
+            template's system prompt): a runner with a PrefixCache keeps their keys/values after this
+            prefill and later prefills start after them. 0: nothing worth keeping.
     A prompt with position_ids or model_kwargs is prefilled alone; plain prompts arriving together
     are prefilled in one right-padded batch.
     """
@@ -35,6 +38,7 @@ class Prompt:
     position_ids: torch.Tensor | None = None
     next_position: int | None = None
     model_kwargs: dict[str, Any] = field(default_factory=dict)
+    cache_prefix: int = 0
 
     def __post_init__(self) -> None:
         if (self.input_ids is None) == (self.inputs_embeds is None):
@@ -45,6 +49,8 @@ class Prompt:
             raise ValueError(f"inputs_embeds must be [L, hidden], got shape {tuple(self.inputs_embeds.shape)}")
         if len(self) == 0:
             raise ValueError("Prompt is empty")
+        if not 0 <= self.cache_prefix <= len(self):
+            raise ValueError(f"cache_prefix must be in [0, {len(self)}], got {self.cache_prefix}")
         if self.next_position is None:
             self.next_position = len(self) if self.position_ids is None else int(self.position_ids.max()) + 1
 
@@ -92,9 +98,9 @@ class EngineRequest:
 
     Attributes: request_id, prompt, params, on_output, output_ids (list[int] generated so far),
     next_position (text position of the next token to feed), generator (per-request RNG or None),
-    cancelled (optional callable: True once the caller gave up; checked before each prefill step),
-    submitted_at (time.monotonic() of submit), state (dict a model-specific runner may use for its own
-    per-request data, e.g. a partial prefill).
+    prefilled (the whole prompt has been run), cancelled (optional callable: True once the caller gave up;
+    asked before each prefill step), submitted_at (time.monotonic() of submit), state (dict a
+    model-specific runner may use for its own per-request data, e.g. a partial prefill).
     """
 
     def __init__(self, request_id: str, prompt: Prompt, params: SamplingParams, on_output: OnOutput,
@@ -107,9 +113,17 @@ class EngineRequest:
         self.output_ids: list[int] = []
         self.next_position = prompt.next_position
         self.generator = make_generator(params.seed)
+        self.prefilled = False
         self.submitted_at = time.monotonic()
         self.state: dict[str, Any] = {}
 
     def output_tensor(self) -> torch.Tensor:
         """int64 [n]: the ids generated so far."""
         return torch.tensor(self.output_ids, dtype=torch.long)
+
+    def seen_token_ids(self) -> torch.Tensor:
+        """int64 [n]: prompt ids (when the prompt has ids) followed by the generated ids."""
+        generated = self.output_tensor()
+        if self.prompt.input_ids is None:
+            return generated
+        return torch.cat([self.prompt.input_ids, generated])

@@ -1,21 +1,21 @@
 """Per-request sampling parameters and next-token selection for one row of logits.
 
-The engine loop calls `sample_next_token` once per live request and step, on that request's row of
-the batch logits, so every request keeps its own parameters and its own random generator.
+The engine loop calls `sample_rows` once per step on the batch logits (`sample_next_token` per sampled
+row), so every request keeps its own parameters and its own random generator.
 
 Sampling is total: every value `SamplingParams` accepts (temperature 1e-40, top_p 1e-300, top_k
 10**9, repetition_penalty 1e-30 or 1e30, penalties at +-2, any 64-bit seed) yields a token and never
 NaN/inf probabilities, so one request can never raise inside an engine loop shared with others.
-How: NaN logits are never picked, +inf is clamped to the largest float, logits are shifted so their
-maximum is 0 before dividing by the temperature (the best token keeps probability weight 1), and a
-temperature below GREEDY_BELOW is greedy (as vLLM does).
+How: NaN logits are never picked, +inf is clamped to the largest float, masks that would remove every
+token yield, logits are shifted so their maximum is 0 before dividing by the temperature (the best
+token keeps probability weight 1), and a temperature below GREEDY_BELOW is greedy (as vLLM does).
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -25,8 +25,8 @@ GREEDY_BELOW = 1e-5  # temperatures below this pick the argmax (vLLM's sampling 
 MAX_ABS_PENALTY = 2.0  # presence/frequency penalty range, as OpenAI's API
 _FLOAT_MAX = torch.finfo(torch.float32).max
 # OpenAI / vLLM chat request fields that map onto SamplingParams (see request_sampling_params)
-REQUEST_FIELDS = ("temperature", "top_p", "top_k", "max_tokens", "seed", "presence_penalty", "frequency_penalty",
-                  "repetition_penalty")
+REQUEST_FIELDS = ("temperature", "top_p", "top_k", "max_tokens", "min_tokens", "seed", "presence_penalty",
+                  "frequency_penalty", "repetition_penalty")
 
 
 @dataclass(frozen=True)
@@ -104,10 +104,9 @@ class SamplingParams:
         return not self.do_sample or self.temperature < GREEDY_BELOW
 
     @property
-    def needs_history(self) -> bool:
-        """True when sampling reads the request's earlier tokens (penalties or min_tokens)."""
-        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
-                or (self.min_tokens > 0 and bool(self.stop_token_ids)))
+    def needs_output_ids(self) -> bool:
+        """True when sampling reads the generated ids themselves (presence/frequency penalties)."""
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> "SamplingParams":
@@ -159,18 +158,20 @@ def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torc
 def sample_next_token(
     logits: torch.Tensor,
     params: SamplingParams,
-    output_ids: torch.Tensor | None = None,
-    prompt_ids: torch.Tensor | None = None,
+    seen_token_ids: torch.Tensor | None = None,
+    num_generated: int = 0,
     generator: torch.Generator | None = None,
+    output_ids: torch.Tensor | None = None,
 ) -> int:
     """Pick the next token of one request.
 
     Args:
         logits: float [vocab], the request's next-token logits (not modified).
         params: the request's SamplingParams.
-        output_ids: int64 [n] the ids generated so far (presence/frequency/repetition penalties, min_tokens).
-        prompt_ids: int64 [p] the prompt ids (repetition_penalty also counts them, as transformers does).
+        seen_token_ids: int64 [n] prompt + generated ids, for repetition_penalty (ignored when it is 1).
+        num_generated: tokens generated so far, for min_tokens.
         generator: the request's generator from `make_generator` (None: global RNG).
+        output_ids: int64 [num_generated] the generated ids, for presence/frequency penalties.
 
     Returns:
         The chosen token id, in [0, vocab).
@@ -178,17 +179,9 @@ def sample_next_token(
     Raises:
         ValueError: only when `logits` holds no finite value at all (a broken model, not a request value).
     """
-    raw = logits.float().nan_to_num(nan=-math.inf, posinf=_FLOAT_MAX, neginf=-math.inf)
-    if not bool((raw > -math.inf).any()):
+    if not bool((logits.float().nan_to_num(nan=-math.inf) > -math.inf).any()):
         raise ValueError("the model produced no finite logit")
-    scores = _penalised(raw, params, output_ids, prompt_ids)
-    num_generated = 0 if output_ids is None else output_ids.numel()
-    if params.suppress_token_ids:
-        scores[list(params.suppress_token_ids)] = -math.inf
-    if num_generated < params.min_tokens and params.stop_token_ids:
-        scores[list(params.stop_token_ids)] = -math.inf
-    if not bool((scores > -math.inf).any()):  # every token masked (e.g. all suppressed): masks yield
-        scores = raw
+    scores = masked_scores(logits.float().clone(), params, seen_token_ids, num_generated, output_ids)
     if params.greedy:
         return int(scores.argmax())
     scores = (scores - scores.max()) / params.temperature  # max is 0: no overflow, no NaN
@@ -204,20 +197,63 @@ def sample_next_token(
     return int(torch.multinomial(scores.softmax(-1), 1, generator=generator))
 
 
-def _penalised(scores: torch.Tensor, params: SamplingParams, output_ids: torch.Tensor | None,
-               prompt_ids: torch.Tensor | None) -> torch.Tensor:
-    """A copy of `scores` with the repetition, presence and frequency penalties applied (finite or -inf)."""
-    scores = scores.clone()
-    generated = output_ids.to(scores.device) if output_ids is not None and output_ids.numel() else None
-    if params.repetition_penalty != 1.0:
-        seen = [ids.to(scores.device) for ids in (prompt_ids, generated) if ids is not None and ids.numel()]
-        if seen:
-            seen_ids = torch.cat(seen).unique()
-            picked = scores[seen_ids]
-            scores[seen_ids] = torch.where(picked > 0, picked / params.repetition_penalty,
-                                           picked * params.repetition_penalty)
-    if generated is not None and (params.presence_penalty or params.frequency_penalty):
-        ids, counts = generated.unique(return_counts=True)
+def masked_scores(scores: torch.Tensor, params: SamplingParams, seen_token_ids: torch.Tensor | None = None,
+                  num_generated: int = 0, output_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Apply the penalties, suppress_token_ids and min_tokens to one row of float scores [vocab], in place
+    (returns it), leaving only finite values or -inf: NaN becomes -inf, +inf the largest float, and when
+    the masks would remove every token they yield. Only device operations: no host synchronisation on
+    CUDA tensors."""
+    scores.nan_to_num_(nan=-math.inf, posinf=_FLOAT_MAX, neginf=-math.inf)
+    raw = scores.clone() if params.suppress_token_ids or params.min_tokens else None
+    if params.repetition_penalty != 1.0 and seen_token_ids is not None and seen_token_ids.numel():
+        seen = seen_token_ids.to(scores.device)
+        picked = scores[seen]
+        scores[seen] = torch.where(picked > 0, picked / params.repetition_penalty, picked * params.repetition_penalty)
+    if params.needs_output_ids and output_ids is not None and output_ids.numel():
+        ids, counts = output_ids.to(scores.device).unique(return_counts=True)
         scores[ids] -= params.presence_penalty + params.frequency_penalty * counts.to(scores.dtype)
-    return scores.nan_to_num_(nan=-math.inf, posinf=_FLOAT_MAX, neginf=-math.inf)
+    scores.nan_to_num_(nan=-math.inf, posinf=_FLOAT_MAX, neginf=-math.inf)
+    if params.suppress_token_ids:
+        scores[list(params.suppress_token_ids)] = -math.inf
+    if num_generated < params.min_tokens and params.stop_token_ids:
+        scores[list(params.stop_token_ids)] = -math.inf
+    if raw is not None:  # every token masked (e.g. all suppressed): the masks yield
+        scores.copy_(torch.where((scores == -math.inf).all(), raw, scores))
+    return scores
 
+
+def sample_rows(logits: torch.Tensor, params: Sequence[SamplingParams], seen_token_ids: Sequence[torch.Tensor | None],
+                num_generated: Sequence[int], generators: Sequence[torch.Generator | None],
+                output_ids: Sequence[torch.Tensor | None] | None = None) -> list[int]:
+    """`sample_next_token` for every row of a batch with ONE host synchronisation for the greedy rows.
+
+    Args:
+        logits: float [B, vocab] on any device (not modified); the other arguments are per row
+            (output_ids: None for all rows when no row uses presence/frequency penalties).
+
+    Greedy rows are masked on the logits' device and picked by one batched argmax; sampled rows run
+    `sample_next_token` on the CPU with their own generator, so each row's token is exactly what
+    `sample_next_token` gives for it alone.
+    """
+    output_ids = output_ids or [None] * len(params)
+    tokens: list[int | None] = [None] * len(params)
+    greedy = [i for i, p in enumerate(params) if p.greedy]
+    if greedy:
+        scores = logits[greedy].float()
+        for row, i in enumerate(greedy):
+            masked_scores(scores[row], params[i], seen_token_ids[i], num_generated[i], output_ids[i])
+        for i, token in zip(greedy, scores.argmax(-1).tolist()):
+            tokens[i] = token
+    for i, p in enumerate(params):
+        if tokens[i] is None:
+            tokens[i] = sample_next_token(logits[i].cpu(), p, seen_token_ids[i], num_generated[i], generators[i],
+                                          output_ids[i])
+    return tokens
+
+
+def check_context_length(prompt_tokens: int, max_tokens: int, context_length: int) -> None:
+    """Raises RequestError (HTTP 400, param max_tokens) when the prompt plus max_tokens cannot fit
+    in the model's context (positions 0 .. context_length - 1)."""
+    if prompt_tokens + max_tokens > context_length:
+        raise RequestError(f"prompt ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds the "
+                           f"context length {context_length}", param="max_tokens", code="context_length_exceeded")

@@ -77,8 +77,7 @@ def _fix_random_init(model: Qwen3OmniMoeForConditionalGeneration) -> None:
 
     - Talker MoE experts are left as `torch.empty` (uninitialised memory, not reproducible): draw them
       from N(0, initializer_range) like the thinker's experts.
-    - code2wav: conv weights at N(0, 0.02), ConvNeXt `gamma` 1e-6 and layer scales 0.01 shrink the signal to
-      ~1e-7 (silence). Use PyTorch's default conv init and unit scales: the waveform std becomes ~0.05.
+    - code2wav: see `fix_code2wav_init`.
     """
     std = model.config.talker_config.initializer_range
     with torch.no_grad():
@@ -86,12 +85,20 @@ def _fix_random_init(model: Qwen3OmniMoeForConditionalGeneration) -> None:
             if type(module).__name__ == "Qwen3OmniMoeTalkerTextExperts":
                 for param in module.parameters():
                     param.normal_(0.0, std)
-        for module in model.code2wav.modules():
-            if isinstance(module, (torch.nn.Conv1d, torch.nn.ConvTranspose1d)):
-                module.reset_parameters()
-        for name, param in model.code2wav.named_parameters():
-            if name.endswith(".gamma") or "layer_scale" in name:
-                param.fill_(1.0)
+    fix_code2wav_init(model.code2wav)
+
+
+@torch.no_grad()
+def fix_code2wav_init(code2wav: torch.nn.Module) -> None:
+    """code2wav's library init (conv weights at N(0, 0.02), ConvNeXt `gamma` 1e-6, layer scales 0.01) shrinks
+    the signal to ~1e-7 (silence): use PyTorch's default conv init and unit scales instead (waveform std
+    ~0.05). Draws from the global RNG."""
+    for module in code2wav.modules():
+        if isinstance(module, (torch.nn.Conv1d, torch.nn.ConvTranspose1d)):
+            module.reset_parameters()
+    for name, param in code2wav.named_parameters():
+        if name.endswith(".gamma") or "layer_scale" in name:
+            param.fill_(1.0)
 
 
 def build_model(tok) -> Qwen3OmniMoeForConditionalGeneration:

@@ -7,6 +7,7 @@ code2wav classes do not strip their `talker.` / `code2wav.` key prefixes by them
 from __future__ import annotations
 
 import json
+import logging
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -20,10 +21,13 @@ from transformers import (AutoTokenizer, Qwen3OmniMoeCode2Wav, Qwen3OmniMoeConfi
 from transformers.conversion_mapping import get_checkpoint_conversion_mapping, register_checkpoint_conversion_mapping
 from transformers.utils import logging as hf_logging
 
+from .random_weights import build_random, is_random, random_rows
+
 register_checkpoint_conversion_mapping("Qwen3OmniMoeTalkerModel", get_checkpoint_conversion_mapping("qwen2_moe"),
                                        overwrite=True)
 
 THINKER_EMBED_KEY = "thinker.model.embed_tokens.weight"
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -67,10 +71,31 @@ def _quiet_load_reports():
 
 
 def _load(cls, path, sub_config, prefix: str | None, device, dtype):
-    kwargs = {"key_mapping": {rf"^{prefix}\.": ""}} if prefix else {}
-    with _quiet_load_reports():
-        model = cls.from_pretrained(checkpoint_dir(path), config=sub_config, dtype=dtype, **kwargs)
-    return model.to(device).eval()
+    if is_random(checkpoint_dir(path)):   # qwen3_omni_30b_a3b_random: built on the device, no weights to read
+        model = build_random(cls, sub_config, f"{prefix or 'thinker'}.", device, dtype or default_dtype(device))
+    else:
+        kwargs = {"key_mapping": {rf"^{prefix}\.": ""}} if prefix else {}
+        with _quiet_load_reports():
+            model = cls.from_pretrained(checkpoint_dir(path), config=sub_config, dtype=dtype, **kwargs)
+        model = model.to(device).eval()
+    return use_capturable_experts(model)
+
+
+def use_capturable_experts(model: torch.nn.Module) -> torch.nn.Module:
+    """On CUDA, switch transformers' MoE experts to its `grouped_mm` implementation (sorted tokens + one
+    grouped GEMM, no host synchronisation, so decode steps can be captured as CUDA graphs; the default
+    loops over `nonzero()` experts). On CPU the default stays (it is the reference arithmetic)."""
+    if next(model.parameters()).device.type == "cuda" and hasattr(model, "set_experts_implementation"):
+        try:
+            model.set_experts_implementation("grouped_mm")
+        except (ValueError, ImportError) as exc:   # an older library: steps with experts stay eager
+            log.warning("grouped_mm experts unavailable (%s); MoE decode steps will not be captured", exc)
+    return model
+
+
+def default_dtype(device: str | torch.device) -> torch.dtype:
+    """bfloat16 on CUDA, float32 elsewhere (the dtype a stage gets when its config names none)."""
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
 
 
 def load_thinker(path, config: Qwen3OmniMoeConfig | None = None, device: str | torch.device = "cpu",
@@ -111,11 +136,17 @@ def read_checkpoint_rows(path: str | os.PathLike, key: str, rows: list[int]) -> 
         return torch.stack([tensor[row] for row in rows])
 
 
-def load_tts_embeds(path, config: Qwen3OmniMoeConfig | None = None) -> torch.Tensor:
+def load_tts_embeds(path, config: Qwen3OmniMoeConfig | None = None, device: str | torch.device = "cpu",
+                    dtype: torch.dtype | None = None) -> torch.Tensor:
     """Thinker layer-0 embeddings of [tts_bos, tts_eos, tts_pad]: float [3, H_thinker]. The talker needs
-    them (projected) and reads them here instead of loading the whole thinker."""
+    them (projected) and reads them here instead of loading the whole thinker (a random checkpoint:
+    draws the rows the thinker process draws, on the same kind of device)."""
     config = config or load_config(path)
     ids = [config.tts_bos_token_id, config.tts_eos_token_id, config.tts_pad_token_id]
+    if is_random(checkpoint_dir(path)):
+        text = config.thinker_config.text_config
+        return random_rows(THINKER_EMBED_KEY, (text.vocab_size, text.hidden_size), ids,
+                           dtype or default_dtype(device), device)
     return read_checkpoint_rows(path, THINKER_EMBED_KEY, ids)
 
 

@@ -1,23 +1,368 @@
-"""In-process Qwen3-Omni pipeline: thinker -> talker -> code2wav, streamed, for many requests at once.
+"""In-process Qwen3-Omni pipeline: thinker -> talker -> code2wav, streamed, for many requests at once, each
+engine on its own thread (and, on CUDA, its own stream, so the engines' kernels run concurrently).
 
-The thinker runs on its engine thread; the caller's thread drives the talker and the code2wav streamer
-as thinker tokens arrive. This is the stage wiring the Triton orchestrator reproduces across models,
+The stage wiring the Triton orchestrator reproduces across models, the engine of the co-located Triton
+stage (`serving/colocated_model.py`: one process on one GPU, no time slicing between stage processes),
 and the reference the tests compare with `Qwen3OmniMoeForConditionalGeneration.generate`.
+
+Threads and what crosses them (`LocalOmniPipeline`):
+  thinker   its `EngineLoop` thread: continuous batching; each token goes to the request's `on_event`.
+  consumer  whoever submitted the request reads its events and hands the tokens it accepts (after stop
+            strings, say) to the talker with `speak` — so the talker speaks exactly the text the client got.
+  talker    a `StageThread`: applies `talk` / `speak` / `abort` messages, then steps all requests that have
+            text (`Talker.step`); the thinker's layer-0 embeddings of spoken ids are looked up here, from the
+            thinker's own embedding table (shared weights, no copy between stages).
+  code2wav  a `StageThread`: decodes the talker's frames into PCM chunks (`Code2WavStreamer.step`) and
+            reports them as `SpeechChunk`s to `on_event`.
+Tensors between CUDA streams: the talker prompt (thinker hidden states) is complete before it is handed
+over (the thinker thread synchronises its stream for a request's first token) and is marked as used by the
+talker's stream (`record_stream`) so the allocator cannot reuse it early; every other crossing is host data.
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 import queue
-from collections.abc import Sequence
+import threading
+import traceback
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from omni_backends.engine import SamplingParams
+from omni_backends.engine.options import EngineOptions
 from omni_backends.qwen3_omni.code2wav import Code2WavStreamer
 from omni_backends.qwen3_omni.loading import Qwen3OmniStages
+from omni_backends.qwen3_omni.prompt import ThinkerInputs
 from omni_backends.qwen3_omni.talker import Talker
 from omni_backends.qwen3_omni.thinker import Thinker, ThinkerToken
+
+log = logging.getLogger(__name__)
+_STOP = object()
+# Stream priorities on CUDA (lower = higher): the talker paces the audio (its frame takes longer than a
+# thinker step), so its kernels go first when both engines have work queued.
+TALKER_PRIORITY, OTHER_PRIORITY = -1, 0
+
+
+@dataclass
+class SpeechChunk:
+    """Audio progress of one request, from the code2wav thread.
+
+    Fields:
+        codes: int64 [16, n] codec frames (12.5 Hz) made since the previous chunk (n may be 0).
+        pcm: float32 [samples] at 24 kHz that became final (may be empty).
+        finished: the request's last chunk; finish_reason: the talker's ("stop" | "length").
+        error: set (with finished) when the talker or code2wav failed for this request.
+    """
+
+    codes: torch.Tensor
+    pcm: np.ndarray
+    finished: bool = False
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+OnEvent = Callable[[ThinkerToken | SpeechChunk], None]
+
+
+class StageThread:
+    """A daemon thread that owns one engine: `post(message)` from any thread; the thread applies every
+    message posted so far (`apply(message)`), then runs one unit of work (`work()`) while `busy()` says
+    there is some, and sleeps on its inbox otherwise. On CUDA its work runs on its own stream.
+
+    An exception from `apply` or `work` goes to `failed(exc)` (on the thread); the thread keeps serving.
+    """
+
+    def __init__(self, name: str, device: torch.device, apply: Callable[[object], None], work: Callable[[], None],
+                 busy: Callable[[], bool], failed: Callable[[Exception], None], priority: int = OTHER_PRIORITY):
+        self.stream = torch.cuda.Stream(device, priority=priority) if device.type == "cuda" else None
+        self._apply, self._work, self._busy, self._failed = apply, work, busy, failed
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def post(self, message) -> None:
+        self._inbox.put(message)
+
+    def close(self, timeout: float | None = 10) -> None:
+        self._inbox.put(_STOP)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext(), \
+                torch.inference_mode():
+            while True:
+                try:
+                    messages = [self._inbox.get(block=not self._busy())]
+                except queue.Empty:
+                    messages = []
+                while not self._inbox.empty():
+                    messages.append(self._inbox.get_nowait())
+                try:
+                    for message in messages:
+                        if message is _STOP:
+                            return
+                        self._apply(message)
+                    if self._busy():
+                        self._work()
+                except Exception as exc:  # noqa: BLE001 - the owner fails the affected requests
+                    self._failed(exc)
+
+
+@dataclass
+class _Speech:
+    """A request's speech state across the talker and code2wav threads."""
+
+    voice: str
+    params: SamplingParams
+    on_event: OnEvent
+    started: bool = False                                            # talker thread: talker request exists
+    codes: list[torch.Tensor] = field(default_factory=list)          # code2wav thread: frames not reported
+    pending: list[torch.Tensor] = field(default_factory=list)        # code2wav thread: frames not decoded
+    ending: tuple[str, str | None] | None = None                     # code2wav thread: (reason, error) to end with
+
+
+class LocalOmniPipeline:
+    """Thinker, talker and code2wav of one Qwen3-Omni checkpoint in this process (see the module doc).
+
+    Args:
+        thinker: a `Thinker` (its engine thread should run on its own stream on CUDA: `Thinker(stream=...)`).
+        talker: a `Talker`; code2wav: a `Code2WavStreamer`; both are driven from their own threads here.
+
+    Thread-safe: `submit`, `speak`, `stop`, `abort` may be called from any thread. Every request gets its
+    `on_event` calls from the engine threads: `ThinkerToken`s in order (exactly one finished), and, with a
+    voice, `SpeechChunk`s in order (exactly one finished) once the consumer spoke its first token.
+    """
+
+    def __init__(self, thinker: Thinker, talker: Talker, code2wav: Code2WavStreamer):
+        self.thinker, self.talker, self.code2wav = thinker, talker, code2wav
+        self.device = talker.device
+        self._speech: dict[str, _Speech] = {}
+        self._lock = threading.Lock()
+        self._talker = StageThread("qwen3-omni-talker", self.device, self._talker_apply, self._talker_work,
+                                   talker.has_ready, self._talker_failed, priority=TALKER_PRIORITY)
+        self._code2wav = StageThread("qwen3-omni-code2wav", self.device, self._code2wav_apply, self._code2wav_work,
+                                     self._code2wav_busy, self._code2wav_failed)
+
+    @classmethod
+    def from_stages(cls, stages: Qwen3OmniStages, tts_embeds: torch.Tensor, chunk_frames: int = 25,
+                    first_chunk_frames: int = 5, left_context_frames: int = 25, options: EngineOptions | None = None,
+                    max_running: int = 32) -> "LocalOmniPipeline":
+        """All three engines of `loading.load_stages(dir)` (tts_embeds: `loading.load_tts_embeds`); the
+        code2wav streamer settings and the thinker's / talker's `EngineOptions` (default "dynamic")."""
+        device = next(stages.thinker.parameters()).device
+        stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        thinker = Thinker(stages.thinker, stages.config, stages.tokenizer, stages.feature_extractor,
+                          max_running=max_running, options=options, stream=stream)
+        talker = Talker(stages.talker, stages.config, tts_embeds, options=options, max_running=max_running)
+        return cls(thinker, talker, Code2WavStreamer(stages.code2wav, chunk_frames, first_chunk_frames,
+                                                     left_context_frames))
+
+    def close(self) -> None:
+        """Stop the engine threads (requests in flight are aborted)."""
+        self.thinker.shutdown()
+        self._talker.close()
+        self._code2wav.close()
+
+    # ---- consumer side (any thread) ----------------------------------------------------------------
+    def submit(self, request_id: str, inputs: ThinkerInputs, params: SamplingParams, on_event: OnEvent,
+               voice: str | None = None, talker_params: SamplingParams | None = None) -> None:
+        """Start a request: the thinker gets `inputs` now; with a `voice` (and `talker_params`,
+        `Talker.sampling_params`) the talker starts when the consumer speaks the first token.
+        Raises RequestError for an unknown voice, ValueError for a request id in flight."""
+        if voice is not None:
+            self.talker.speaker_id(voice)
+            with self._lock:
+                if request_id in self._speech:
+                    raise ValueError(f"request id {request_id!r} is already in flight")
+                self._speech[request_id] = _Speech(voice, talker_params or self.talker.sampling_params(), on_event)
+        cuda = self.device.type == "cuda"
+
+        def on_token(rid: str, token: ThinkerToken) -> None:
+            if cuda and token.talker_prompt is not None:
+                torch.cuda.current_stream().synchronize()   # the talker prompt is complete before it crosses
+            on_event(token)
+
+        try:
+            self.thinker.submit_inputs(request_id, inputs, params, on_token, embeds=False)
+        except Exception:
+            with self._lock:
+                self._speech.pop(request_id, None)
+            raise
+
+    def speak(self, request_id: str, token: ThinkerToken, final: bool = False) -> None:
+        """Give the talker a thinker token the consumer accepted, in order. The first one (index 0) starts
+        the talker with its prompt; `final`: the text ends with this token (it is not spoken, as in
+        `generate`). No-op for requests without a voice."""
+        with self._lock:
+            if request_id not in self._speech:
+                return
+        if token.talker_prompt is not None:
+            self._talker.post(("talk", request_id, token.talker_prompt))
+        ids = [] if token.token_id is None else [token.token_id]
+        if ids or final:
+            self._talker.post(("speak", request_id, ids, final))
+
+    def stop(self, request_id: str) -> None:
+        """The consumer ended the text early (a stop string): stop the thinker; the talker finishes speaking
+        what it was given (the consumer speaks the last token with final=True)."""
+        self.thinker.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Forget a request in every engine (no event follows); no-op when it already finished."""
+        self.thinker.abort(request_id)
+        with self._lock:
+            speech = self._speech.pop(request_id, None)
+        if speech is not None:
+            self._talker.post(("abort", request_id))
+
+    # ---- talker thread -----------------------------------------------------------------------------
+    def _talker_apply(self, message) -> None:
+        kind, rid = message[0], message[1]
+        with self._lock:
+            speech = self._speech.get(rid)
+        if kind == "abort":
+            self.talker.cancel(rid)
+            self._code2wav.post(("abort", rid))
+            return
+        if speech is None:   # aborted meanwhile
+            return
+        if kind == "talk":
+            prompt = message[2]
+            for tensor in (prompt.prompt_embeds, prompt.mm_hidden):
+                if tensor.is_cuda:
+                    tensor.record_stream(torch.cuda.current_stream())
+            try:
+                self.talker.add_request(rid, prompt, speech.voice, speech.params)
+            except Exception as exc:  # noqa: BLE001 - overloaded or a bad prompt: fails this request only
+                self._code2wav.post(("end", rid, "error", str(exc)))
+                return
+            speech.started = True
+        elif kind == "speak" and speech.started:
+            _, _, ids, final = message
+            embeds = self.thinker.embed_tokens(torch.tensor(ids, dtype=torch.long, device=self.device)) if ids else \
+                torch.zeros(0, self.thinker.embed_tokens.embedding_dim, device=self.device)
+            self.talker.push_text(rid, embeds, final=final)
+        elif kind == "speak" and message[3]:   # the text ended before any token reached the talker
+            self._code2wav.post(("end", rid, "stop", None))
+
+    def _talker_work(self) -> None:
+        for rid, out in self.talker.step().items():
+            self._code2wav.post(("codes", rid, out.codes, out.finish_reason if out.finished else None))
+
+    def _talker_failed(self, exc: Exception) -> None:
+        log.error("talker failed:\n%s", traceback.format_exc())
+        with self._lock:
+            live = list(self._speech)
+        for rid in live:
+            self.talker.cancel(rid)
+            self._code2wav.post(("end", rid, "error", f"talker: {exc}"))
+
+    # ---- code2wav thread ---------------------------------------------------------------------------
+    def _code2wav_apply(self, message) -> None:
+        kind, rid = message[0], message[1]
+        if kind == "abort":
+            self.code2wav.cancel(rid)
+            return
+        with self._lock:
+            speech = self._speech.get(rid)
+        if speech is None:
+            return
+        if kind == "codes":
+            speech.pending.append(message[2])
+            if message[3] is not None:
+                speech.ending = (message[3], None)
+        else:   # "end": (reason, error) without further frames
+            speech.ending = (message[2], message[3])
+
+    def _code2wav_busy(self) -> bool:
+        with self._lock:
+            return any(s.pending or s.ending for s in self._speech.values())
+
+    def _code2wav_work(self) -> None:
+        with self._lock:
+            ready = {rid: s for rid, s in self._speech.items() if s.pending or s.ending}
+        new, final, failed = {}, [], []
+        for rid, speech in ready.items():
+            if speech.ending is not None and speech.ending[1] is not None:
+                failed.append(rid)
+                continue
+            codes = torch.cat(speech.pending, -1) if speech.pending else torch.zeros(16, 0, dtype=torch.long)
+            speech.pending = []
+            speech.codes.append(codes)
+            if codes.shape[-1] or rid in self.code2wav:
+                new[rid] = codes
+                if speech.ending is not None:
+                    final.append(rid)
+        pcm = self.code2wav.step(new, final=final) if new else {}
+        for rid, speech in ready.items():
+            chunk = pcm.get(rid, np.zeros(0, np.float32))
+            if rid in failed:
+                self.code2wav.cancel(rid)
+                self._finish(rid, speech, SpeechChunk(self._take_codes(speech), chunk, True, "error", speech.ending[1]))
+            elif speech.ending is not None:
+                self._finish(rid, speech, SpeechChunk(self._take_codes(speech), chunk, True, speech.ending[0]))
+            elif chunk.size:
+                speech.on_event(SpeechChunk(self._take_codes(speech), chunk))
+
+    @staticmethod
+    def _take_codes(speech: _Speech) -> torch.Tensor:
+        codes = torch.cat(speech.codes, -1) if speech.codes else torch.zeros(16, 0, dtype=torch.long)
+        speech.codes = []
+        return codes
+
+    def _finish(self, rid: str, speech: _Speech, chunk: SpeechChunk) -> None:
+        with self._lock:
+            if self._speech.get(rid) is not speech:   # aborted meanwhile
+                return
+            del self._speech[rid]
+        speech.on_event(chunk)
+
+    def _code2wav_failed(self, exc: Exception) -> None:
+        """A failed decode leaves the streamer's state of its batch unknown: every live request fails (and
+        the talker forgets it)."""
+        log.error("code2wav failed:\n%s", traceback.format_exc())
+        with self._lock:
+            live = list(self._speech.items())
+        for rid, speech in live:
+            self.code2wav.cancel(rid)
+            self._talker.post(("abort", rid))
+            self._finish(rid, speech, SpeechChunk(torch.zeros(16, 0, dtype=torch.long), np.zeros(0, np.float32),
+                                                  True, "error", f"code2wav: {exc}"))
+
+    # ---- all requests at once (tests, benchmarks) ----------------------------------------------------
+    def run(self, requests: Sequence["OmniRequest"]) -> dict[str, "OmniResult"]:
+        """Run all requests together until each has its text and audio. Raises RuntimeError with the
+        failing stage's error text when a request fails."""
+        events: queue.SimpleQueue = queue.SimpleQueue()
+        results = {r.request_id: OmniResult(codes=torch.zeros(16, 0, dtype=torch.long)) for r in requests}
+        for r in requests:
+            inputs = self.thinker.prompts.build(r.messages, r.audios)
+            self.submit(r.request_id, inputs, r.thinker_params,
+                        lambda event, rid=r.request_id: events.put((rid, event)), voice=r.voice,
+                        talker_params=r.talker_params)
+        open_requests = set(results)
+        while open_requests:
+            rid, event = events.get()
+            result = results[rid]
+            if event.error is not None:
+                self.abort(rid)
+                raise RuntimeError(f"request {rid} failed: {event.error}")
+            if isinstance(event, ThinkerToken):
+                if event.token_id is not None:
+                    result.token_ids.append(event.token_id)
+                self.speak(rid, event, final=event.finished)
+                if event.finished:
+                    result.finish_reason = event.finish_reason
+                continue
+            result.codes = torch.cat([result.codes, event.codes], -1)
+            if event.pcm.size:
+                result.chunks.append(event.pcm)
+            if event.finished:
+                open_requests.discard(rid)
+        return results
 
 
 @dataclass
@@ -47,69 +392,3 @@ class OmniResult:
     def audio(self) -> np.ndarray:
         """float32 [samples] at 24 kHz: all streamed chunks concatenated."""
         return np.concatenate(self.chunks) if self.chunks else np.zeros(0, np.float32)
-
-
-class LocalOmniPipeline:
-    """Runs the three stages of `stages` in this process (see module doc).
-
-    Args:
-        stages: `loading.load_stages(dir)`.
-        tts_embeds: float [3, H_thinker] (`loading.load_tts_embeds`).
-        chunk_frames, first_chunk_frames, left_context_frames: `Code2WavStreamer` settings.
-    """
-
-    def __init__(self, stages: Qwen3OmniStages, tts_embeds: torch.Tensor, chunk_frames: int = 25,
-                 first_chunk_frames: int = 5, left_context_frames: int = 25):
-        self.thinker = Thinker(stages.thinker, stages.config, stages.tokenizer, stages.feature_extractor)
-        self.talker = Talker(stages.talker, stages.config, tts_embeds)
-        self.code2wav = Code2WavStreamer(stages.code2wav, chunk_frames, first_chunk_frames, left_context_frames)
-
-    def close(self) -> None:
-        """Stop the thinker's engine thread."""
-        self.thinker.shutdown()
-
-    def run(self, requests: Sequence[OmniRequest]) -> dict[str, OmniResult]:
-        """Run all requests together until each has its text and audio. Raises RuntimeError with the
-        thinker's error text when a request fails there."""
-        tokens: queue.Queue[tuple[str, ThinkerToken]] = queue.Queue()
-        results = {r.request_id: OmniResult(codes=torch.zeros(16, 0, dtype=torch.long)) for r in requests}
-        by_id = {r.request_id: r for r in requests}
-        for r in requests:
-            self.talker.speaker_id(r.voice)   # fail fast on an unknown voice
-            self.thinker.submit(r.request_id, r.messages, r.thinker_params, lambda rid, t: tokens.put((rid, t)),
-                                audios=r.audios)
-        text_open, audio_open = set(by_id), set(by_id)
-        while audio_open:
-            self._drain(tokens, by_id, results, text_open, block=bool(text_open) and not self.talker.has_ready())
-            frames = self.talker.step()
-            new = {rid: out.codes for rid, out in frames.items()}
-            done = [rid for rid, out in frames.items() if out.finished]
-            for rid, codes in new.items():
-                results[rid].codes = torch.cat([results[rid].codes, codes], -1)
-            pushed = {rid: codes for rid, codes in new.items() if codes.shape[-1] or rid in self.code2wav}
-            ending = [rid for rid in done if rid in pushed]
-            for rid, pcm in self.code2wav.step(pushed, final=ending).items():
-                results[rid].chunks.append(pcm)
-            audio_open -= set(done)
-        return results
-
-    def _drain(self, tokens, by_id, results, text_open: set, block: bool) -> None:
-        """Hand every queued thinker token to the talker (waiting for one first when `block`)."""
-        while True:
-            try:
-                rid, tok = tokens.get(block=block)
-            except queue.Empty:
-                return
-            block = False
-            result = results[rid]
-            if tok.error is not None:
-                raise RuntimeError(f"thinker failed for {rid}: {tok.error}")
-            if tok.talker_prompt is not None:
-                req = by_id[rid]
-                self.talker.add_request(rid, tok.talker_prompt, req.voice, req.talker_params)
-            if tok.token_id is not None:
-                result.token_ids.append(tok.token_id)
-                self.talker.push_text(rid, tok.embed, final=tok.finished)
-            if tok.finished:
-                result.finish_reason = tok.finish_reason
-                text_open.discard(rid)

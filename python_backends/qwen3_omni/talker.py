@@ -9,8 +9,12 @@ text embedding (generated token k+1 at frame k), then tts_eos after the text, th
 whose next text embedding has not arrived yet waits (it is never padded). Per frame the talker head picks
 code group 0 and the code predictor (an MTP-style inner loop) the other 15 groups.
 
-Batching: the code predictor runs batched over all requests that advance in a step; the talker's own
-forward runs per request (each request keeps its own `DynamicCache`).
+Two engines (`EngineOptions.engine`):
+- "dynamic" (the CPU default): the code predictor runs batched over all requests that advance in a
+  step; the talker's own forward runs per request (each request keeps its own `DynamicCache`).
+- "static" (GPU serving): all requests step together through a static KV cache, and the code
+  predictor's 15-step inner loop runs as one CUDA graph (`talker_static`); same codes as "dynamic"
+  for greedy requests (tested on CPU).
 """
 from __future__ import annotations
 
@@ -19,8 +23,12 @@ from dataclasses import dataclass, field
 import torch
 from transformers.cache_utils import DynamicCache
 
-from omni_backends.engine.sampling import SamplingParams, make_generator, sample_next_token
+from omni_backends.engine.kv_batch import cache_layers
+from omni_backends.engine.options import EngineOptions
+from omni_backends.engine.runner import cache_kwargs
+from omni_backends.engine.sampling import SamplingParams, make_generator, sample_next_token, sample_rows
 from omni_backends.errors import RequestError
+from omni_backends.qwen3_omni.talker_static import CodePredictorFrames, TalkerDecode
 
 CODE_PREDICTOR_SAMPLING = SamplingParams(do_sample=True, top_k=50, top_p=0.8)   # generate()'s, when sampling
 
@@ -62,7 +70,8 @@ class _Request:
     first_text: torch.Tensor | None = None          # projected embedding of generated token 0 [H]
     trailing: list[torch.Tensor] = field(default_factory=list)   # projected text per frame [H] each
     text_ended: bool = False
-    cache: DynamicCache | None = None
+    cache: DynamicCache | None = None               # "dynamic" engine: the request's own KV
+    prefilled: bool = False
     position: int = 0                                # next talker position
     logits: torch.Tensor | None = None               # [V] next code-0 logits
     hidden: torch.Tensor | None = None               # [H] talker last-layer hidden of the last position
@@ -74,7 +83,7 @@ class _Request:
 
     def can_step(self) -> bool:
         """True when `Talker.step` would advance this request (prefill, a frame, or finish)."""
-        if self.cache is None:
+        if not self.prefilled:
             return self.first_text is not None or self.text_ended
         return self.text_ready()
 
@@ -87,11 +96,21 @@ class Talker:
         config: the checkpoint's `Qwen3OmniMoeConfig` (top level: token ids of the thinker vocabulary).
         tts_embeds: float [3, H_thinker] thinker layer-0 embeddings of [tts_bos, tts_eos, tts_pad]
             (`loading.load_tts_embeds`).
+        options: engine choice (module doc); `max_len` bounds a request's talker positions (prompt + frames)
+            with the "static" engine. max_running: most requests held by the "static" engine.
     """
 
-    def __init__(self, model, config, tts_embeds: torch.Tensor):
+    def __init__(self, model, config, tts_embeds: torch.Tensor, options: EngineOptions | None = None,
+                 max_running: int = 32):
         self.model, self.config, self.tc = model, config, config.talker_config
         self.device = next(model.parameters()).device
+        self.options = options or EngineOptions()
+        self.decode: TalkerDecode | None = None
+        self.frames: CodePredictorFrames | None = None
+        if self.options.engine == "static":
+            self.decode = TalkerDecode(model, slots=max_running, max_len=self.options.max_len,
+                                       graphs=self.options.cuda_graphs)
+            self.frames = CodePredictorFrames(model, max_batch=max_running, graphs=self.options.cuda_graphs)
         self.groups = self.tc.num_code_groups
         vocab = self.tc.text_config.vocab_size
         self.suppress = tuple(i for i in range(vocab - 1024, vocab) if i != self.tc.codec_eos_token_id)
@@ -100,6 +119,12 @@ class Talker:
         with torch.no_grad():
             self.tts_bos, self.tts_eos, self.tts_pad = self._project_text(tts_embeds)
         self._requests: dict[str, _Request] = {}
+
+    def warmup(self) -> int:
+        """Capture the static engine's graphs before serving (CUDA only); returns graphs captured."""
+        if self.decode is None:
+            return 0
+        return self.decode.decoder.warmup() + self.frames.warmup()
 
     @property
     def voices(self) -> list[str]:
@@ -130,11 +155,13 @@ class Talker:
 
     def sampling_params(self, *, do_sample: bool = True, temperature: float = 0.9, top_k: int = 50,
                         top_p: float = 1.0, repetition_penalty: float = 1.05, seed: int | None = None,
-                        max_frames: int = 4095) -> SamplingParams:
+                        max_frames: int = 4095, min_frames: int = 0) -> SamplingParams:
         """Code-group-0 sampling with `generate()`'s talker defaults; codec specials other than codec_eos
-        are suppressed and codec_eos stops. `repetition_penalty` applies to the generated code-0 ids."""
-        return SamplingParams(max_tokens=max_frames, do_sample=do_sample, temperature=temperature, top_k=top_k,
-                              top_p=top_p, repetition_penalty=repetition_penalty, seed=seed,
+        are suppressed and codec_eos stops (not before `min_frames` frames, `generate`'s
+        `talker_min_new_tokens - 1`). `repetition_penalty` applies to the generated code-0 ids."""
+        return SamplingParams(max_tokens=max_frames, min_tokens=min_frames, do_sample=do_sample,
+                              temperature=temperature, top_k=top_k, top_p=top_p,
+                              repetition_penalty=repetition_penalty, seed=seed,
                               stop_token_ids=(self.tc.codec_eos_token_id,), suppress_token_ids=self.suppress)
 
     def add_request(self, request_id: str, prompt: TalkerPrompt, voice: str, params: SamplingParams) -> None:
@@ -145,9 +172,12 @@ class Talker:
         """
         if request_id in self._requests:
             raise ValueError(f"talker request {request_id!r} already exists")
+        if self.decode is not None and len(self._requests) >= self.decode.decoder.cache.slots:
+            raise RequestError(f"the talker holds its maximum of {self.decode.decoder.cache.slots} requests",
+                               status=503, code="overloaded")
         self._requests[request_id] = _Request(prompt=prompt, speaker_id=self.speaker_id(voice),
                                               max_frames=params.max_tokens, params=params,
-                                              generator=make_generator(params.seed, self.device))
+                                              generator=make_generator(params.seed))
 
     @torch.no_grad()
     def push_text(self, request_id: str, embeds: torch.Tensor, final: bool = False) -> None:
@@ -175,10 +205,13 @@ class Talker:
     def cancel(self, request_id: str) -> None:
         """Forget a request (no error when it is unknown)."""
         self._requests.pop(request_id, None)
+        if self.decode is not None:
+            self.decode.decoder.remove([request_id])
 
     def reset(self) -> None:
         """Forget every request (after a failure of the stage's worker)."""
-        self._requests.clear()
+        for request_id in list(self._requests):
+            self.cancel(request_id)
 
     @torch.no_grad()
     def step(self) -> dict[str, TalkerOutput]:
@@ -186,33 +219,71 @@ class Talker:
         next text embedding exists. Returns request id -> TalkerOutput for requests that produced a frame
         or finished; finished requests are forgotten."""
         out: dict[str, TalkerOutput] = {}
+        new = [rid for rid, req in self._requests.items() if not req.prefilled and req.first_text is not None]
+        self._prefill(new)
+        for rid in new:
+            if not self._requests[rid].prefilled:
+                out[rid] = TalkerOutput(self._no_codes(), True, "length")   # prompt beyond max_len
         for rid, req in self._requests.items():
-            if req.cache is None and req.first_text is not None:
-                self._prefill(req)
-            elif req.cache is None and req.text_ended:
+            if not req.prefilled and req.first_text is None and req.text_ended:
                 out[rid] = TalkerOutput(self._no_codes(), True, "stop")   # the thinker said nothing to speak
+        ready = [rid for rid, req in self._requests.items() if req.prefilled and req.text_ready() and rid not in out]
         frame_rids = []
-        for rid, req in self._requests.items():
-            if req.cache is None or not req.text_ready():
-                continue
-            code0 = sample_next_token(req.logits, req.params, torch.tensor(req.code0_ids, dtype=torch.long),
-                                      generator=req.generator)
+        for rid, code0 in zip(ready, self._pick_code0(ready)):
+            req = self._requests[rid]
             if code0 == self.tc.codec_eos_token_id:
                 out[rid] = TalkerOutput(self._no_codes(), True, "stop")
                 continue
             req.code0_ids.append(code0)
             frame_rids.append(rid)
-        frames = self._predict_residual_codes(frame_rids)
-        for rid, codes in zip(frame_rids, frames):
+        frames, codec_sums = self._predict_residual_codes(frame_rids)
+        advancing = []
+        for index, (rid, codes) in enumerate(zip(frame_rids, frames)):
             req = self._requests[rid]
             done = len(req.code0_ids) >= req.max_frames
             out[rid] = TalkerOutput(codes[:, None], done, "length" if done else None)
             if not done:
-                self._forward(req, self._next_input(req, codes))
+                advancing.append(index)
+        self._advance([frame_rids[i] for i in advancing], [frames[i] for i in advancing],
+                      None if codec_sums is None else codec_sums[advancing])
         for rid, result in out.items():
             if result.finished:
-                del self._requests[rid]
+                self.cancel(rid)
         return out
+
+    def _pick_code0(self, rids: list[str]) -> list[int]:
+        """Code group 0 of the next frame of each request, sampled with one host synchronisation."""
+        if not rids:
+            return []
+        reqs = [self._requests[rid] for rid in rids]
+        return sample_rows(torch.stack([r.logits for r in reqs]), [r.params for r in reqs],
+                           [torch.tensor(r.code0_ids, dtype=torch.long) for r in reqs],
+                           [len(r.code0_ids) for r in reqs], [r.generator for r in reqs])
+
+    def _advance(self, rids: list[str], frames: list[torch.Tensor], codec_sums: torch.Tensor | None) -> None:
+        """Feed each of `rids` its next input: the sum of its frame's 16 codec embeddings (`codec_sums` [n, H]
+        from the "static" engine, else from `frames`) + its next text embedding; per request ("dynamic") or one
+        batched step over every live slot ("static"; requests without an input sit the step out)."""
+        if not rids:
+            return
+        reqs = [self._requests[rid] for rid in rids]
+        texts = torch.stack([r.trailing[f] if (f := len(r.code0_ids) - 1) < len(r.trailing) else self.tts_pad
+                             for r in reqs])
+        if self.decode is None:
+            for req, codes, text in zip(reqs, frames, texts):
+                self._forward(req, (self._codec_sum(codes) + text)[None])
+            return
+        order = self.decode.decoder.cache.request_ids
+        rows = {rid: row for row, rid in enumerate(order)}
+        embeds = torch.zeros(len(order), self.tc.text_config.hidden_size, dtype=self.model.dtype, device=self.device)
+        embeds[torch.tensor([rows[rid] for rid in rids], device=self.device)] = codec_sums + texts
+        active = set(rids)
+        hidden, logits = self.decode.decoder.step(embeds, [self._requests[rid].position for rid in order],
+                                                  active=[rid in active for rid in order])
+        for rid in rids:
+            req = self._requests[rid]
+            req.position += 1
+            req.hidden, req.logits = hidden[rows[rid]], logits[rows[rid]]
 
     def _no_codes(self) -> torch.Tensor:
         return torch.zeros(self.groups, 0, dtype=torch.long)
@@ -247,9 +318,39 @@ class Talker:
         codec = torch.cat([text.new_zeros(3, text.shape[-1]), self.model.get_input_embeddings()(specials)])
         return torch.cat([user_embeds, text + codec])
 
-    def _prefill(self, req: _Request) -> None:
-        req.cache = DynamicCache(config=self.tc.text_config)
-        self._forward(req, self._prefill_embeds(req))
+    def _prefill(self, rids: list[str]) -> None:
+        """Run the talker prompts of new requests: per request into its own `DynamicCache` ("dynamic"), or, with
+        the "static" engine, all in one right-padded forward whose rows' KV go to decoder slots (a burst of
+        requests costs one forward, not one each). Leaves a request unprefilled when its prompt does not fit
+        the static cache."""
+        embeds = {rid: self._prefill_embeds(self._requests[rid]) for rid in rids}
+        if self.decode is None:
+            for rid in rids:
+                req = self._requests[rid]
+                req.cache = DynamicCache(config=self.tc.text_config)
+                self._forward(req, embeds[rid])
+                req.prefilled = True
+            return
+        fits = [rid for rid in rids if embeds[rid].shape[0] < self.options.max_len]
+        if not fits:
+            return
+        lengths = [embeds[rid].shape[0] for rid in fits]
+        width = max(lengths)
+        data = embeds[fits[0]].new_zeros(len(fits), width, embeds[fits[0]].shape[-1])
+        for row, rid in enumerate(fits):
+            data[row, :lengths[row]] = embeds[rid]
+        mask = torch.tensor([[1] * n + [0] * (width - n) for n in lengths], dtype=torch.long, device=self.device)
+        positions = torch.arange(width, device=self.device).view(1, 1, width).expand(3, len(fits), width)
+        cache = DynamicCache(config=self.tc.text_config)
+        out = self.model(inputs_embeds=data, attention_mask=mask, position_ids=positions,
+                         **cache_kwargs(self.model, cache), use_cache=True, output_hidden_states=True,
+                         generation_step=0)
+        for row, (rid, n) in enumerate(zip(fits, lengths)):
+            req = self._requests[rid]
+            req.logits, req.hidden = out.logits[row, n - 1], out.hidden_states[0][-1][row, n - 1]
+            req.position, req.prefilled = n, True
+            self.decode.decoder.add(rid, cache_layers(cache, row, n))
+            req.max_frames = min(req.max_frames, self.options.max_len - req.position)
 
     def _forward(self, req: _Request, embeds: torch.Tensor) -> None:
         """Append embeds [n, H_talker] to the request's cache; keep the last logits and last hidden."""
@@ -257,41 +358,46 @@ class Talker:
         positions = torch.arange(req.position, req.position + n, device=self.device).view(1, 1, n).expand(3, 1, n)
         out = self.model(inputs_embeds=embeds[None], attention_mask=torch.ones(1, req.position + n, dtype=torch.long,
                                                                                 device=self.device),
-                         position_ids=positions, cache=req.cache, use_cache=True, output_hidden_states=True,
-                         generation_step=0)
+                         position_ids=positions, **cache_kwargs(self.model, req.cache), use_cache=True,
+                         output_hidden_states=True, generation_step=0)
         req.position += n
         req.logits, req.hidden = out.logits[0, -1], out.hidden_states[0][-1][0, -1]
 
-    def _predict_residual_codes(self, rids: list[str]) -> list[torch.Tensor]:
+    def _predict_residual_codes(self, rids: list[str]) -> tuple[list[torch.Tensor], torch.Tensor | None]:
         """Code predictor inner loop, batched over `rids`: code groups 1..15 from the talker hidden and
-        code 0. Returns one int64 [16] frame per request (on CPU)."""
+        code 0. Returns one int64 [16] frame per request (on CPU) and, with the "static" engine, the sum
+        of each frame's codec embeddings [n, H_talker] (else None)."""
         if not rids:
-            return []
+            return [], None
         reqs = [self._requests[rid] for rid in rids]
+        if self.frames is not None:
+            codes, embeds = self.frames(torch.stack([r.hidden for r in reqs]),
+                                        torch.tensor([r.code0_ids[-1] for r in reqs]),
+                                        [r.params.greedy for r in reqs], [r.generator for r in reqs])
+            return list(codes.cpu()), embeds
         predictor = self.model.code_predictor
         code0 = torch.tensor([r.code0_ids[-1] for r in reqs], device=self.device)
         embeds = torch.stack([torch.stack([r.hidden for r in reqs]), self.model.get_input_embeddings()(code0)], 1)
         cache = DynamicCache(config=predictor.config)
         codes = [code0]
         for group in range(1, self.groups):
-            hidden = predictor.model(inputs_embeds=embeds, cache=cache, use_cache=True).last_hidden_state[:, -1]
+            hidden = predictor.model(inputs_embeds=embeds, **cache_kwargs(predictor.model, cache),
+                                     use_cache=True).last_hidden_state[:, -1]
             logits = predictor.lm_head[group - 1](hidden)
             codes.append(torch.tensor([self._pick_residual(row, req) for row, req in zip(logits, reqs)],
                                       device=self.device))
             embeds = predictor.get_input_embeddings()[group - 1](codes[-1])[:, None]
-        return list(torch.stack(codes, 1).cpu())
+        return list(torch.stack(codes, 1).cpu()), None
 
     def _pick_residual(self, logits: torch.Tensor, req: _Request) -> int:
         if req.params.greedy:
             return int(logits.argmax())
-        return sample_next_token(logits, CODE_PREDICTOR_SAMPLING, generator=req.generator)
+        return sample_next_token(logits.cpu(), CODE_PREDICTOR_SAMPLING, generator=req.generator)
 
-    def _next_input(self, req: _Request, codes: torch.Tensor) -> torch.Tensor:
-        """[1, H_talker]: sum of the frame's 16 codec embeddings + this frame's text embedding."""
+    def _codec_sum(self, codes: torch.Tensor) -> torch.Tensor:
+        """[H_talker]: the sum of one frame's 16 codec embeddings (codes int64 [16]), as `generate` feeds it."""
         codes = codes.to(self.device)
         residual_tables = self.model.code_predictor.get_input_embeddings()
         embeds = [self.model.get_input_embeddings()(codes[:1])]
         embeds += [residual_tables[group - 1](codes[group:group + 1]) for group in range(1, self.groups)]
-        frame = len(req.code0_ids) - 1
-        text = req.trailing[frame] if frame < len(req.trailing) else self.tts_pad
-        return torch.cat(embeds).sum(0, keepdim=True) + text[None]
+        return torch.cat(embeds).sum(0)

@@ -1,7 +1,10 @@
 """Qwen3-Omni thinker stage: chat messages (+ 16 kHz audio) -> text tokens, continuously batched.
 
-Runs `Qwen3OmniMoeThinkerForConditionalGeneration` on the generic engine core (`EngineLoop` over a
-`DecoderRunner`: one decode forward for all live requests, per-request sampling). Per generated token it
+Runs `Qwen3OmniMoeThinkerForConditionalGeneration` on the generic engine core (`EngineLoop`: one decode
+forward for all live requests, per-request sampling) with one of two runners (`EngineOptions.engine`):
+`DecoderRunner` ("dynamic", the CPU default: transformers' forward with a DynamicCache) or
+`StaticRunner` ("static", GPU serving: chunked prefill, static KV cache, CUDA-graph decode steps; same
+tokens, tested on CPU). Per generated token it
 reports the token id and its layer-0 embedding (what the talker consumes, one per codec frame); with the
 first token it also reports the prompt's layer-0 embeddings and the accept-layer hidden states of the
 multimodal placeholder positions (`TalkerPrompt`, what the talker prefill needs).
@@ -16,6 +19,10 @@ import torch
 
 from omni_backends.engine import DecoderRunner, EngineLoop, Prompt, SamplingParams, StepOutput, \
     text_mrope_position_ids
+from omni_backends.engine.limits import longest_token_chars
+from omni_backends.engine.options import EngineOptions
+from omni_backends.engine.static_runner import StaticRunner
+from omni_backends.qwen3_omni.decoder import StaticDecoder
 from omni_backends.qwen3_omni.prompt import PromptBuilder, ThinkerInputs
 from omni_backends.qwen3_omni.talker import TalkerPrompt
 
@@ -52,22 +59,42 @@ class Thinker:
         config: the checkpoint's `Qwen3OmniMoeConfig`.
         tokenizer, feature_extractor: the checkpoint's tokenizer and `WhisperFeatureExtractor`.
         max_running: most requests decoded together.
-        max_prefill_tokens: prompt tokens prefilled per engine step (longer text prompts are prefilled in
-            chunks between decode steps; prompts with audio are prefilled whole).
+        options: engine choice and sizes (`EngineOptions`).
+        stream: CUDA stream of the engine thread (`EngineLoop`); None: the default stream.
     """
 
     def __init__(self, model, config, tokenizer, feature_extractor, max_running: int = 32,
-                 max_prefill_tokens: int | None = 512):
-        self.config = config
+                 options: EngineOptions | None = None, stream: torch.cuda.Stream | None = None):
+        self.config, self.options = config, options or EngineOptions()
         self.accept_layer = config.talker_config.accept_hidden_layer
         self.prompts = PromptBuilder(tokenizer, feature_extractor, config.thinker_config.audio_config.n_window)
+        self.longest_token = longest_token_chars(tokenizer)  # characters, for prompt-size checks before tokenizing
         self.mm_ids = torch.tensor([config.thinker_config.audio_token_id, config.thinker_config.image_token_id,
                                     config.thinker_config.video_token_id])
         self.embed_tokens = model.get_input_embeddings()
-        self.loop = EngineLoop(DecoderRunner(model, hidden_layers=(0, self.accept_layer),
-                                             position_ids_fn=text_mrope_position_ids,
-                                             max_prefill_tokens=max_prefill_tokens),
-                               max_running=max_running, name="qwen3-omni-thinker")
+        layers = (0, self.accept_layer)
+        if self.options.engine == "static":
+            text_model = getattr(model.model, "language_model", model.model)   # transformers 5.2x / 5.1x
+            decoder = StaticDecoder(text_model, head=lambda hidden: (model.lm_head(hidden).float(),),
+                                    slots=max_running, max_len=self.options.max_len,
+                                    graphs=self.options.cuda_graphs, name="thinker")
+            runner = StaticRunner(model, decoder, self.embed_tokens, hidden_layers=layers,
+                                  position_ids_fn=text_mrope_position_ids, prefill_chunk=self.options.prefill_chunk)
+        else:
+            runner = DecoderRunner(model, hidden_layers=layers, position_ids_fn=text_mrope_position_ids,
+                                   prefill_chunk=self.options.prefill_chunk)
+        self.loop = EngineLoop(runner, max_running=max_running, name="qwen3-omni-thinker", stream=stream)
+
+    def warmup(self) -> int:
+        """Capture the static engine's decode graphs before serving (CUDA only); returns graphs captured."""
+        decoder = getattr(self.loop.runner, "decoder", None)
+        return decoder.warmup() if decoder is not None else 0
+
+    @property
+    def context_length(self) -> int:
+        """Most prompt + generated tokens of one request (the model's positions, or the static cache)."""
+        positions = self.config.thinker_config.text_config.max_position_embeddings
+        return min(positions, self.options.max_len) if self.options.engine == "static" else positions
 
     def sampling_params(self, **overrides) -> SamplingParams:
         """SamplingParams stopping at `<|im_end|>` (im_end_token_id) unless `stop_token_ids` is given."""
@@ -85,12 +112,13 @@ class Thinker:
         return inputs
 
     def submit_inputs(self, request_id: str, inputs: ThinkerInputs, params: SamplingParams,
-                      on_token: OnToken) -> None:
-        """Queue a request from prebuilt `ThinkerInputs` (as `submit`, without prompt building)."""
+                      on_token: OnToken, embeds: bool = True) -> None:
+        """Queue a request from prebuilt `ThinkerInputs` (as `submit`, without prompt building). embeds=False:
+        the tokens carry no `embed` (a consumer in this process looks the ids up itself)."""
         ids = inputs.input_ids
 
         def on_output(rid: str, out: StepOutput) -> None:
-            on_token(rid, self.token(ids, out))
+            on_token(rid, self.token(ids, out, embeds))
 
         self.loop.submit(request_id, self.engine_prompt(inputs), params, on_output)
 
@@ -112,10 +140,10 @@ class Thinker:
         self.loop.shutdown()
 
     @torch.inference_mode()
-    def token(self, prompt_ids: torch.Tensor, out: StepOutput) -> ThinkerToken:
+    def token(self, prompt_ids: torch.Tensor, out: StepOutput, embeds: bool = True) -> ThinkerToken:
         """The `ThinkerToken` of one engine output of a request whose prompt ids are `prompt_ids` (int64 [P]):
-        adds the token's layer-0 embedding and, on index 0, the `TalkerPrompt`."""
-        embed = None if out.token_id is None else self.embed_tokens(
+        adds the token's layer-0 embedding (unless `embeds` is False) and, on index 0, the `TalkerPrompt`."""
+        embed = None if out.token_id is None or not embeds else self.embed_tokens(
             torch.tensor([out.token_id], device=self.embed_tokens.weight.device))
         talker_prompt = None
         if out.index == 0:

@@ -28,14 +28,15 @@ CANCEL_POLL_S = 0.05
 
 
 class BatchStageModel:
-    """Subclass and implement `setup()` and `infer_row(inputs, cancel) -> outputs` (numpy arrays without the
-    batch dimension; `cancel` is the request's CancelToken: pass it on, or ignore it);
-    `self.parameters` holds the config.pbtxt parameters as strings."""
+    """Subclass and implement `setup()` and `infer_row(inputs) -> outputs` (numpy arrays without the
+    batch dimension); `self.parameters` holds the config.pbtxt parameters as strings and
+    `self.cancel_token` the CancelToken of the request being served (pass it to interruptible calls)."""
 
     def initialize(self, args: dict) -> None:
         self.model_name, self.model_config, self.parameters = model_config.load(args)
         self.input_names = [i["name"] for i in self.model_config["input"]]
         self.metrics = StageMetrics(self.model_name)
+        self.cancel_token = CancelToken()
         self._serving: tuple[object, CancelToken] | None = None  # the request being served now
         threading.Thread(target=self._watch, name=f"{self.model_name}-cancel-watch", daemon=True).start()
         self.setup()
@@ -43,7 +44,7 @@ class BatchStageModel:
     def setup(self) -> None:
         raise NotImplementedError
 
-    def infer_row(self, inputs: dict[str, np.ndarray], cancel: CancelToken) -> dict[str, np.ndarray]:
+    def infer_row(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         raise NotImplementedError
 
     def _watch(self) -> None:
@@ -67,11 +68,11 @@ class BatchStageModel:
             tensors = {name: t.as_numpy() for name in self.input_names
                        if (t := pb_utils.get_input_tensor_by_name(request, name)) is not None}
             rows = len(next(iter(tensors.values())))
-            results, cancel = [], CancelToken()
-            self._serving = (request, cancel)
+            results, self.cancel_token = [], CancelToken()
+            self._serving = (request, self.cancel_token)
             for row in range(rows):
                 started = time.monotonic()
-                results.append(self.infer_row({name: array[row] for name, array in tensors.items()}, cancel))
+                results.append(self.infer_row({name: array[row] for name, array in tensors.items()}))
                 self.metrics.observe("row", time.monotonic() - started)
             outputs = [pb_utils.Tensor(name, _stack([r[name] for r in results])) for name in results[0]]
             return pb_utils.InferenceResponse(outputs)

@@ -17,12 +17,12 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import AsyncIterator
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from omni_backends.errors import RequestError
 from omni_backends.serving import sidechannel
 from omni_backends.serving.decoupled import Cancelled, RequestContext
+from omni_backends.serving.tensors import from_triton, to_triton
 
 
 _DONE = object()
@@ -39,8 +39,8 @@ class StageError(RuntimeError):
     """A child model answered with an error response."""
 
 
-def _request(model: str, inputs: dict[str, np.ndarray], outputs: list[str], **kwargs):
-    return pb_utils.InferenceRequest(model_name=model, inputs=[pb_utils.Tensor(k, v) for k, v in inputs.items()],
+def _request(model: str, inputs: dict, outputs: list[str], **kwargs):
+    return pb_utils.InferenceRequest(model_name=model, inputs=[to_triton(k, v) for k, v in inputs.items()],
                                      requested_output_names=outputs, **kwargs)
 
 
@@ -58,18 +58,21 @@ def _raise_message(model: str, message: str) -> None:
     raise StageError(f"{model}: {message}")
 
 
-def _outputs(response, names: list[str]) -> dict[str, np.ndarray]:
+def _outputs(response, names: list[str]) -> dict:
+    """Output name -> numpy array (CPU) or CUDA torch tensor (GPU, zero-copy)."""
     found = {}
     for name in names:
         tensor = pb_utils.get_output_tensor_by_name(response, name)
         if tensor is not None:
-            found[name] = tensor.as_numpy()
+            found[name] = from_triton(tensor)
     return found
 
 
-async def stream(ctx: RequestContext | None, model: str, inputs: dict[str, np.ndarray], outputs: list[str],
-                 **kwargs) -> AsyncIterator[dict[str, np.ndarray]]:
+async def stream(ctx: RequestContext | None, model: str, inputs: dict, outputs: list[str],
+                 **kwargs) -> AsyncIterator[dict]:
     """Streams a decoupled model's responses as {output name: array} (empty FINAL responses skipped).
+
+    Inputs and outputs are numpy arrays or, in GPU memory, CUDA torch tensors (`serving.tensors`).
 
     ctx: the caller's request (its cancellation cancels the child); None for a child that must run
     to its end (e.g. the clean-up of a cancelled turn).
@@ -183,8 +186,7 @@ def _abandon(late: asyncio.Future, child_id: str, decoupled: bool) -> None:
     _WORKERS.submit(_drain, _Child(result), child_id)
 
 
-async def infer(ctx: RequestContext | None, model: str, inputs: dict[str, np.ndarray], outputs: list[str],
-                **kwargs) -> dict[str, np.ndarray]:
+async def infer(ctx: RequestContext | None, model: str, inputs: dict, outputs: list[str], **kwargs) -> dict:
     """One non-decoupled inference (e.g. a dynamically batched stateless stage).
 
     ctx: the caller's request, checked before sending and while waiting (None: never cancelled). If

@@ -84,7 +84,8 @@ class RequestContext:
 
 
 class AsyncDecoupledModel:
-    """Subclass and implement `handle(ctx)`: an async generator of `(event_dict, audio_or_None)`.
+    """Subclass and implement `handle(ctx)`: an async generator of `(event_dict, audio_or_None)` (or another
+    payload that an overridden `encode` turns into tensors).
 
     Optional hooks: `setup(args)` (after the model config is parsed) and `teardown()`.
     Exposes per-model metrics (in-flight requests, requests by outcome) on Triton's metrics port.
@@ -105,6 +106,11 @@ class AsyncDecoupledModel:
         raise NotImplementedError
         yield  # pragma: no cover  (makes this an async generator)
 
+    def encode(self, event: dict, payload) -> dict[str, np.ndarray]:
+        """Output tensors of one event (default: EVENT + AUDIO, `events.encode_event`); override for other
+        payloads (e.g. images)."""
+        return events.encode_event(event, payload)
+
     async def execute(self, requests) -> None:
         await asyncio.gather(*(self._serve(r) for r in requests))
 
@@ -117,7 +123,7 @@ class AsyncDecoupledModel:
             self.metrics.started()
             async for event, audio in stream:
                 ctx.check()
-                tensors = events.encode_event(event, audio)
+                tensors = self.encode(event, audio)
                 sender.send(pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in tensors.items()]))
             ctx.check()
         except Cancelled:

@@ -23,11 +23,13 @@ import traceback
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from omni_backends.engine import EngineLoop, EngineUnavailable, Prompt, SamplingParams, StepOutput
+from omni_backends.batch_loop import LoopUnavailable
+from omni_backends.engine import EngineLoop, Prompt, SamplingParams, StepOutput
 from omni_backends.errors import RequestError, unavailable
 from omni_backends.serving import model_config, sidechannel
 from omni_backends.serving.decoupled import send_final
 from omni_backends.serving.metrics import StageMetrics
+from omni_backends.serving.tensors import to_triton
 from omni_backends.supervisor import Supervisor
 
 CANCEL_POLL_S = 0.02
@@ -37,11 +39,14 @@ _STOP = object()
 class EngineStageModel:
     """Subclass and implement:
 
-    - `build_loop(args) -> EngineLoop` (load the model, make the runner);
+    - `build_loop(args) -> EngineLoop` (load the model, make the runner; any BatchLoop with the same
+      `submit(id, prompt, params, on_output, cancelled=)` / `abort(id)` / `shutdown(timeout)` and outputs
+      carrying `finished`, `finish_reason`, `error`, `unavailable` fits, e.g.
+      omni_backends.diffusion.DenoiseLoop);
     - `make_prompt(request) -> (Prompt, SamplingParams, context)`: parse one Triton request; raise
       RequestError for bad input; `context` is any per-request object passed back below;
-    - `encode(context, output: StepOutput) -> dict[name, np.ndarray]`: tensors of one token's
-      response (return None to send nothing for this output);
+    - `encode(context, output) -> dict[name, np.ndarray | torch.Tensor]`: tensors of one output's
+      response (CUDA torch tensors go out through DLPack; return None to send nothing for this output);
     - optionally `finished(context) -> bool`: True once the request is complete before the engine
       says so (e.g. a stop string matched): it is aborted in the engine and gets FINAL at once.
     """
@@ -51,11 +56,11 @@ class EngineStageModel:
         self.metrics = StageMetrics(self.model_name)
         self.loop = self.build_loop(args)
         self.loop.observe = self.metrics.observe
+        self.loop.on_health = self.metrics.set_healthy  # an engine crash / its restart (omni_model_healthy)
         self._outputs: queue.Queue = queue.Queue()
         self._live: dict[str, tuple] = {}  # engine id -> (sender, context, triton request id)
         self._lock = threading.Lock()
         self._next_id = 0
-        self._healthy = True
         self._sender = Supervisor(f"{self.model_name}-sender", self._send_loop, lambda exc: None).start()
 
     # -- to implement -------------------------------------------------------------------------
@@ -87,7 +92,7 @@ class EngineStageModel:
             except Exception as exc:  # noqa: BLE001 - raising here would free the sender under our threads
                 with self._lock:
                     self._live.pop(rid, None)
-                if isinstance(exc, EngineUnavailable):
+                if isinstance(exc, LoopUnavailable):
                     exc = unavailable(f"{self.model_name}: {exc}")
                 rejected = isinstance(exc, RequestError) and exc.status < 500
                 self.metrics.finished("rejected" if rejected else "error")
@@ -116,9 +121,6 @@ class EngineStageModel:
                 self._handle(*item)
             if time.monotonic() - last_poll >= CANCEL_POLL_S:
                 last_poll = time.monotonic()
-                if self.loop.healthy != self._healthy:  # report an engine crash / its restart
-                    self._healthy = self.loop.healthy
-                    self.metrics.set_healthy(self._healthy)
                 with self._lock:
                     live = list(self._live.items())
                 for rid, (sender, _, triton_id) in live:
@@ -137,9 +139,9 @@ class EngineStageModel:
                 if output.unavailable:
                     raise unavailable(f"{self.model_name}: {output.error}")
                 raise RuntimeError(output.error or "engine error")
-            tensors = self.encode(context, output) if output.token_id is not None or output.finished else None
+            tensors = self.encode(context, output)
             if tensors and not sidechannel.stop_requested(triton_id, sender.is_cancelled):
-                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in tensors.items()]))
+                sender.send(pb_utils.InferenceResponse([to_triton(k, v) for k, v in tensors.items()]))
             if not output.finished and self.finished(context):
                 self.loop.abort(rid)  # its abort output arrives later and is ignored
                 output = StepOutput(token_id=None, finished=True, finish_reason="stop")

@@ -6,6 +6,8 @@ Outputs (decoupled: one response per event, then an empty FINAL response)
   EVENT     BYTES [1]  JSON event: {"type": "text.delta", "text"} | {"type": "audio.delta",
                        "sample_rate", "transcript"} | {"type": "done", "finish_reason", "usage"} |
                        pipeline-specific types
+                       (REQUEST {"action": "voices"} to a pipeline that speaks -> one
+                       {"type": "voices", "voices": [str], "default": str})
   AUDIO     FP32 [-1]  PCM samples of an "audio.delta" event (mono, at the event's sample_rate);
                        an empty tensor for other events
 Errors: a Triton error response whose message is the OpenAI error envelope as JSON (see
@@ -32,6 +34,16 @@ def read_json(tensor: np.ndarray):
     """The JSON value of a BYTES tensor holding one element (any shape). Raises ValueError if not JSON."""
     raw = tensor.reshape(-1)[0]
     return json.loads(raw.decode() if isinstance(raw, bytes) else raw)
+
+
+def wants_voices(body: dict) -> bool:
+    """True for the REQUEST {"action": "voices"}, which every pipeline that speaks answers with voices_event."""
+    return body.get("action") == "voices"
+
+
+def voices_event(voices, default: str) -> dict:
+    """The one event answering {"action": "voices"}: the voice names a request may pass, and the default."""
+    return {"type": "voices", "voices": list(voices), "default": default}
 
 
 def encode_event(event: dict, audio: np.ndarray | None = None) -> dict[str, np.ndarray]:

@@ -3,6 +3,10 @@
 omni_inflight_requests{model}            gauge: requests currently being served by the model
 omni_requests_total{model, outcome}      counter: finished requests by outcome
                                          (ok | rejected | error | cancelled)
+omni_stage_tensors_total{model, tensor, direction, memory}
+                                         counter: tensors a model received (in) or sent (out)
+                                         by memory (gpu | cpu), for the tensors a stage reports
+                                         (the thinker -> talker hidden states: DLPack on GPU)
 omni_model_heartbeat_seconds{model}      gauge: unix time of the stub's last heartbeat (every
                                          HEARTBEAT_S); a dead stub leaves it stale, which the
                                          frontend's /health reports (Triton's own readiness stays
@@ -53,8 +57,11 @@ class StageMetrics:
                                      "Seconds a request waited inside the stage before its work started", histogram)
         self._step_family = _family("omni_stage_step_seconds", "Seconds per step of the stage's worker, by phase",
                                     histogram)
+        self._tensor_family = _family("omni_stage_tensors_total",
+                                      "Tensors received or sent by an Omni-Triton model, by memory", counter)
         # Families must outlive their metrics: keep references for the model's lifetime.
-        self._families = (inflight, total, heartbeat, healthy, restarts, self._queue_family, self._step_family)
+        self._families = (inflight, total, heartbeat, healthy, restarts, self._queue_family, self._step_family,
+                          self._tensor_family)
         self.model_name = model_name
         labels = {"model": model_name}
         self._heartbeat = heartbeat.Metric(labels=labels)
@@ -64,6 +71,7 @@ class StageMetrics:
         self._restarts = restarts.Metric(labels=labels)
         self._queue = self._queue_family.Metric(labels=labels, buckets=BUCKETS)
         self._steps: dict[str, object] = {}
+        self._tensor_metrics: dict[tuple[str, str, str], object] = {}
         threading.Thread(target=self._beat, name=f"{model_name}-heartbeat", daemon=True).start()
         self._inflight = inflight.Metric(labels=labels)
         self._inflight.set(0)  # a restarted stub starts from 0, whatever its dead predecessor left
@@ -87,6 +95,17 @@ class StageMetrics:
         with self._lock:
             self._count += 1
             self._inflight.set(self._count)
+
+    def tensor(self, name: str, direction: str, gpu: bool) -> None:
+        """Count one tensor `name` received ("in") or sent ("out") in GPU or CPU memory."""
+        key = (name, direction, "gpu" if gpu else "cpu")
+        with self._lock:
+            metric = self._tensor_metrics.get(key)
+            if metric is None:
+                metric = self._tensor_family.Metric(labels={"model": self.model_name, "tensor": name,
+                                                            "direction": direction, "memory": key[2]})
+                self._tensor_metrics[key] = metric
+        metric.increment(1)
 
     def finished(self, outcome: str) -> None:
         with self._lock:

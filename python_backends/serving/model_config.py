@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 
 def load(args: dict) -> tuple[str, dict, dict[str, str]]:
@@ -28,3 +29,19 @@ def sequence_idle_seconds(config: dict, default_s: float = 120.0) -> float:
         return int(raw) / 1e6 if raw else default_s
     except (TypeError, ValueError):
         return default_s
+
+
+def stage_checkpoint(parameters: dict, model_name: str, default: str) -> Path:
+    """For torch stages: sets torch's intra-op threads from the parameter `threads` (0 or absent: torch's
+    default, one per core, which an in-process diffusers pipeline uses too: CPU convolutions give other bits
+    with other thread counts) and returns the directory the parameter `checkpoint` names (or `default`;
+    absolute, or relative to $OMNI_MODEL_HOME). Raises FileNotFoundError naming the model and the path,
+    ValueError for a bad `threads`."""
+    import torch
+
+    from omni_backends.paths import resolve_checkpoint
+
+    threads = int_parameter(parameters, "threads", 0)
+    if threads > 0:
+        torch.set_num_threads(threads)
+    return resolve_checkpoint(parameters.get("checkpoint") or default, model_name)

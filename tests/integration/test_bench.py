@@ -21,8 +21,9 @@ pytestmark = pytest.mark.integration
 REPEAT = 8
 LEVEL_KEYS = {"workload", "model", "max_concurrency", "request_rate", "summary", "requests"}
 RECORD_KEYS = {"index", "prompt", "send_time", "chunks", "text", "completion_tokens", "audio_samples", "sample_rate",
-               "input_audio_s", "error", "ok", "metrics"}
-METRIC_KEYS = {"ttft_s", "ttfp_s", "e2e_s", "itl_s", "tpot_s", "audio_duration_s", "rtf", "completion_tokens"}
+               "input_audio_s", "images", "video_frames", "error", "ok", "metrics"}
+METRIC_KEYS = {"ttft_s", "ttfp_s", "e2e_s", "itl_s", "tpot_s", "audio_duration_s", "rtf", "completion_tokens",
+               "image_latency_s", "frames_per_second"}
 
 
 def _bench(tmp_path, server, *args: str) -> tuple[int, dict]:
@@ -134,8 +135,16 @@ def test_speech_and_transcription_workloads_on_real_models(voice_server, tmp_pat
         assert r["sample_rate"] == 24000 and r["audio_samples"] == sum(c["samples"] for c in r["chunks"]) > 12000
         assert m["ttft_s"] is None and 0 < m["ttfp_s"] <= m["e2e_s"]
         assert m["rtf"] == pytest.approx(m["e2e_s"] / (r["audio_samples"] / 24000))
-    code, asr = _bench(tmp_path, voice_server, "--workload", "transcription", "--num-prompts", "2")
+    # The same server stands in as the --baseline-url peer: the alternated runs and their CPU accounting.
+    code, asr = _bench(tmp_path, voice_server, "--workload", "transcription", "--num-prompts", "2",
+                       "--baseline-url", voice_server.base_url, "--rounds", "1")
     assert code == 0
+    peer = asr["baseline_server"]
+    assert peer["url"] == voice_server.base_url and len(peer["levels"][0]["requests"]) == 2
+    for usage in (asr["levels"][0]["server_usage"], peer["levels"][0]["server_usage"]):
+        assert usage["cpu_s"] > 0 and usage["cpu_s_per_audio_s"] == pytest.approx(usage["cpu_s"] / usage["audio_s"])
+        assert usage["health_s"]["n"] >= 1
+    assert {"e2e_s", "cpu_s_per_audio_s", "health_p99_s", "request_throughput"} <= set(peer["comparison"][0])
     for r in asr["levels"][0]["requests"]:
         assert r["input_audio_s"] > 0.5 and r["audio_samples"] == 0 and r["metrics"]["ttft_s"] is None
         assert r["metrics"]["rtf"] == pytest.approx(r["metrics"]["e2e_s"] / r["input_audio_s"])

@@ -29,10 +29,10 @@ def _client(server) -> openai.OpenAI:
 
 def test_health_and_models(mock_server):
     health = httpx.get(f"{mock_server.base_url}/health")
-    assert health.status_code == 200 and health.json()["models"] == ["mock_stream", "mock_relay"]
+    assert health.status_code == 200 and health.json()["models"] == ["mock_stream", "mock_relay", "mock_asr"]
     assert health.headers["x-request-id"]
     models = _client(mock_server).models.list()
-    assert [m.id for m in models.data] == ["mock", "relay"]
+    assert [m.id for m in models.data] == ["mock", "relay", "mock-speech", "mock-asr"]
     assert all(m.object == "model" for m in models.data)
 
 

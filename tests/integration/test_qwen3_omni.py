@@ -1,6 +1,7 @@
 """The qwen3_omni pipeline end to end: launcher -> tritonserver (thinker, talker, code2wav, BLS
-orchestrator) -> frontend, driven with the openai SDK, httpx and tritonclient, compared with
-transformers' monolithic `Qwen3OmniMoeForConditionalGeneration.generate` on the tiny checkpoint.
+orchestrator; and the co-located layout's one model) -> frontend, driven with the openai SDK, httpx and
+tritonclient, compared with transformers' monolithic `Qwen3OmniMoeForConditionalGeneration.generate` on
+the tiny checkpoint.
 
 The server runs a copy of model_repository whose code2wav left context covers every previous frame
 (and whose chunks are small), so streamed audio must equal one full decode."""
@@ -10,7 +11,6 @@ import base64
 import io
 import json
 import shutil
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -18,17 +18,17 @@ import numpy as np
 import openai
 import pytest
 import soundfile
-import tritonclient.grpc as grpcclient
 from transformers import AutoTokenizer, Qwen3OmniMoeForConditionalGeneration, WhisperFeatureExtractor
 
 from omni_backends.paths import QWEN3_OMNI_TINY, model_home
 from omni_backends.qwen3_omni.prompt import PromptBuilder
 from tests.harness import (MAIN_REPOSITORY, cancel_storm, inflight, metric_value, settle_limit_s, settle_time,
-                           start_server, wait_for)
+                           start_server, triton_stream, wait_for)
 
 pytestmark = pytest.mark.integration
 
 STAGES = ("qwen3_omni_thinker", "qwen3_omni_talker", "qwen3_omni_code2wav", "qwen3_omni")
+COLOCATED = "qwen3_omni_colocated"   # every engine in one process (deploy `layout: colocated`)
 MAX_TOKENS, MAX_FRAMES = 16, 29
 GREEDY = {"temperature": 0, "talker_do_sample": False, "talker_repetition_penalty": 1.0,
           "talker_max_frames": MAX_FRAMES, "max_tokens": MAX_TOKENS}
@@ -40,19 +40,22 @@ VOICES = ["Ethan", "chelsie", "AIDEN", "ethan"]
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+    """The stage layout (qwen3_omni and its stage models) and, beside it, the co-located layout's model
+    (COLOCATED, model id "colocated"): both with a code2wav left context covering every previous frame."""
     repo = tmp_path_factory.mktemp("repo")
-    for name in STAGES:
+    for name in (*STAGES, COLOCATED):
         shutil.copytree(MAIN_REPOSITORY / name, repo / name)
-    config = repo / "qwen3_omni_code2wav" / "config.pbtxt"
-    text = config.read_text()
-    for key, old, new in (("chunk_frames", "25", "4"), ("first_chunk_frames", "5", "2"),
-                          ("left_context_frames", "25", "1000")):
-        line = f'key: "{key}" value {{ string_value: "{old}" }}'
-        assert line in text
-        text = text.replace(line, line.replace(f'"{old}"', f'"{new}"'))
-    config.write_text(text)
+    for name, prefix in (("qwen3_omni_code2wav", ""), (COLOCATED, "code2wav.")):
+        config = repo / name / "config.pbtxt"
+        text = config.read_text()
+        for key, old, new in (("chunk_frames", "25", "4"), ("first_chunk_frames", "5", "2"),
+                              ("left_context_frames", "25", "1000")):
+            line = f'key: "{prefix}{key}" value {{ string_value: "{old}" }}'
+            assert line in text
+            text = text.replace(line, line.replace(f'"{old}"', f'"{new}"'))
+        config.write_text(text)
     server = start_server(tmp_path_factory.mktemp("qwen3_omni"), "--pipelines", "qwen3_omni",
-                          "--model-repository", str(repo))
+                          "--extra-pipeline", f"colocated=chat:{COLOCATED}", "--model-repository", str(repo))
     yield server
     server.stop()
 
@@ -66,8 +69,19 @@ def reference():
     return model, prompts
 
 
+_GENERATED: dict = {}
+
+
 def _generate(reference, messages, voice, audios=()):
-    """(token ids, float32 waveform at 24 kHz) of transformers' generate for greedy GREEDY settings."""
+    """(token ids, float32 waveform at 24 kHz) of transformers' generate for greedy GREEDY settings (cached:
+    both layouts compare with the same answers)."""
+    key = (json.dumps(messages), voice, tuple(a.tobytes() for a in audios))
+    if key not in _GENERATED:
+        _GENERATED[key] = _generate_uncached(reference, messages, voice, audios)
+    return _GENERATED[key]
+
+
+def _generate_uncached(reference, messages, voice, audios):
     model, prompts = reference
     inputs = prompts.build(messages, audios)
     extra = {} if inputs.input_features is None else {"input_features": inputs.input_features,
@@ -80,29 +94,14 @@ def _generate(reference, messages, voice, audios=()):
     return seq[0, len(inputs.input_ids):].tolist(), wav[0, 0].numpy()
 
 
-def _triton_events(server, body: dict, audio: np.ndarray | None = None) -> list[tuple[dict, np.ndarray]]:
+def _triton_events(server, body: dict, audio: np.ndarray | None = None,
+                   model: str = "qwen3_omni") -> list[tuple[dict, np.ndarray]]:
     """Drive the client-facing Triton model directly (gRPC streaming): every (event, AUDIO) in order."""
-    responses, done = [], threading.Event()
-
-    def callback(result, error):
-        responses.append((result, error))
-        if error is not None or result.get_response().parameters["triton_final_response"].bool_param:
-            done.set()
-
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    client.start_stream(callback=callback)
-    inputs = [grpcclient.InferInput("REQUEST", [1], "BYTES")]
-    inputs[0].set_data_from_numpy(np.array([json.dumps(body).encode()], dtype=np.object_))
+    inputs = {"REQUEST": np.array([json.dumps(body).encode()], dtype=np.object_)}
     if audio is not None:
-        inputs.append(grpcclient.InferInput("INPUT_AUDIO", [audio.size], "FP32"))
-        inputs[1].set_data_from_numpy(audio.astype(np.float32))
-    client.async_stream_infer("qwen3_omni", inputs, enable_empty_final_response=True)
-    assert done.wait(120)
-    client.stop_stream()
-    client.close()
-    assert all(error is None for _, error in responses), [str(e) for _, e in responses if e]
-    return [(json.loads(r.as_numpy("EVENT")[0]), r.as_numpy("AUDIO")) for r, _ in responses
-            if r.as_numpy("EVENT") is not None]
+        inputs["INPUT_AUDIO"] = audio.astype(np.float32)
+    return [(json.loads(r.as_numpy("EVENT")[0]), r.as_numpy("AUDIO"))
+            for r in triton_stream(server.grpc_url, model, inputs, timeout_s=120)]
 
 
 def _messages(prompt: str) -> list[dict]:
@@ -146,9 +145,11 @@ def test_greedy_answer_matches_generate_through_triton_and_http(server, referenc
     chunks = list(client.chat.completions.create(model="qwen3_omni", messages=_messages(PROMPTS[0]), stream=True,
                                                  audio={"voice": "Ethan", "format": "pcm16"}, extra_body=GREEDY))
     deltas = [c.choices[0].delta for c in chunks if c.choices]
-    audio = [base64.b64decode(d.audio.data) for d in deltas if getattr(d, "audio", None)]
-    assert len(audio) > 3 and all(d.audio.sample_rate == 24000 for d in deltas if getattr(d, "audio", None))
+    packets = [d.audio for d in deltas if getattr(d, "audio", None) and d.audio.data]
+    audio = [base64.b64decode(a.data) for a in packets]
+    assert len(audio) > 3 and all(a.sample_rate == 24000 for a in packets)
     assert "".join(d.content or "" for d in deltas) == text
+    assert "".join(d.audio.transcript for d in deltas if getattr(d, "audio", None)) == text
     np.testing.assert_allclose(_pcm16(b"".join(audio)), wav, atol=PCM16_ATOL, rtol=1e-3)
 
 
@@ -197,11 +198,37 @@ def test_openai_sdk_streamed_pcm16_and_usage(server):
         stream_options={"include_usage": True}, audio={"voice": "ethan", "format": "pcm16"}, max_tokens=10,
         extra_body={"talker_max_frames": 15}))
     deltas = [c.choices[0].delta for c in chunks if c.choices]
-    pcm = b"".join(base64.b64decode(d.audio.data) for d in deltas if getattr(d, "audio", None))
+    pcm = b"".join(base64.b64decode(d.audio.data) for d in deltas if getattr(d, "audio", None) and d.audio.data)
     usage = chunks[-1].usage
     assert "".join(d.content or "" for d in deltas)
     assert len(pcm) // 2 == usage.completion_tokens_details.audio_tokens * SAMPLES_PER_FRAME - TRIMMED > 0
     assert usage.prompt_tokens > 5 and usage.completion_tokens_details.text_tokens <= 10
+
+
+def test_audio_only_answer_has_the_text_as_its_transcript(server, reference):
+    """modalities ["audio"]: no content, and message.audio.transcript (streamed: the concatenated
+    delta.audio.transcript pieces) is exactly the thinker's greedy answer, as in text mode."""
+    text = _client(server).chat.completions.create(
+        model="qwen3_omni", modalities=["text"], messages=_messages(PROMPTS[2]), extra_body=GREEDY
+    ).choices[0].message.content
+    kwargs = dict(model="qwen3_omni", modalities=["audio"], audio={"voice": "chelsie", "format": "wav"},
+                  messages=_messages(PROMPTS[2]), extra_body=GREEDY)
+    message = _client(server).chat.completions.create(**kwargs).choices[0].message
+    assert text and message.content is None and message.audio.transcript == text and message.audio.data
+    chunks = list(_client(server).chat.completions.create(**{**kwargs, "audio": {"voice": "chelsie", "format": "pcm16"}},
+                                                          stream=True))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert "".join(d.content or "" for d in deltas) == ""
+    assert "".join(d.audio.transcript for d in deltas if getattr(d, "audio", None)) == text
+
+
+def test_voices_are_listed_for_the_chat_pipeline(server):
+    listed = httpx.get(f"{server.base_url}/v1/audio/voices", params={"model": "qwen3_omni"}, timeout=30).json()
+    assert sorted(v["id"] for v in listed["voices"]) == ["aiden", "chelsie", "ethan"]
+    assert all(v["model"] == "qwen3_omni" for v in listed["voices"]) and listed["default"] == {"qwen3_omni": "ethan"}
+    # unfiltered: every speaking pipeline of this server, the co-located layout (model id "colocated") included
+    assert httpx.get(f"{server.base_url}/v1/audio/voices", timeout=30).json()["default"] == {
+        "qwen3_omni": "ethan", "colocated": "ethan"}
 
 
 def test_text_only_never_runs_the_audio_stages(server):
@@ -283,6 +310,60 @@ def test_input_audio_runs_through_the_audio_encoder(server, reference):
     np.testing.assert_allclose(audio, wav, atol=PCM16_ATOL, rtol=1e-3)
     prompt_without_audio = len(reference[1].build(_messages("What did I say?")).input_ids)
     assert reply.usage.prompt_tokens == prompt_without_audio + 13 + 2   # 1 s -> 13 placeholders + start/end
+
+
+# ---------------------------------------------------------------- the co-located layout (one process)
+
+def test_colocated_layout_gives_generates_answers_to_concurrent_requests(server, reference):
+    """Two requests at once through the co-located model: the same tokens and audio as generate (and as the
+    stage layout); text deltas merged per batch still decode to the same text."""
+    bodies = [{"messages": _messages(p), "voice": v, "return_token_ids": True, **GREEDY}
+              for p, v in zip(PROMPTS[:2], VOICES[:2])]
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda b: _triton_events(server, b, model=COLOCATED), bodies))
+    for prompt, voice, events in zip(PROMPTS, VOICES, results):
+        ids, wav = _generate(reference, _messages(prompt), voice.lower())
+        _assert_matches(events, ids, wav)
+        assert "".join(e["text"] for e, _ in events if e["type"] == "text.delta") == \
+            reference[1].tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def test_colocated_layout_stop_string_cancellation_and_errors(server, reference):
+    ids, _ = _generate(reference, _messages(PROMPTS[0]), "ethan")
+    full = reference[1].tokenizer.decode(ids, skip_special_tokens=True)
+    body = {"messages": _messages(PROMPTS[0]), "voice": "ethan", "stop": [full.split()[2]], "return_token_ids": True,
+            **GREEDY}
+    answers = []
+    for model in (COLOCATED, "qwen3_omni"):   # the talker speaks the same text (up to the stop) in both layouts
+        events = _triton_events(server, body, model=model)
+        done, text = events[-1][0], "".join(e["text"] for e, _ in events if e["type"] == "text.delta")
+        assert done["finish_reason"] == "stop" and full.split()[2] not in text and full.startswith(text)
+        assert done["token_ids"] == ids[:len(done["token_ids"])] and len(done["token_ids"]) < len(ids)
+        # the audio events' transcripts concatenate to the spoken text in both layouts
+        assert "".join(e["transcript"] for e, _ in events if e["type"] == "audio.delta") == text
+        answers.append((text, done["usage"], np.concatenate([a for e, a in events if e["type"] == "audio.delta"])))
+    assert answers[0][:2] == answers[1][:2]
+    np.testing.assert_allclose(answers[0][2], answers[1][2], atol=1e-5)
+
+    metrics = server.metrics_url
+    before = metric_value(metrics, "omni_requests_total", model=COLOCATED, outcome="cancelled") or 0
+    body = {"model": "colocated", "messages": _messages(PROMPTS[1]), "stream": True, "max_tokens": 250,
+            "audio": {"voice": "ethan", "format": "pcm16"}, "talker_max_frames": 1000}
+    with httpx.stream("POST", f"{server.base_url}/v1/chat/completions", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["delta"].get("audio"):
+                break
+    assert wait_for(lambda: (metric_value(metrics, "omni_requests_total", model=COLOCATED, outcome="cancelled")
+                             or 0) > before, 5)
+    assert wait_for(lambda: metric_value(metrics, "omni_inflight_requests", model=COLOCATED) == 0, 5)
+    bad = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=60,
+                     json={"model": "colocated", "messages": _messages("hi"), "audio": {"voice": "nobody"}})
+    assert bad.status_code == 400 and "aiden, chelsie, ethan" in bad.json()["error"]["message"]
+    reply = _client(server).chat.completions.create(model="colocated", messages=_messages(PROMPTS[0]),
+                                                    audio={"voice": "ethan", "format": "wav"}, max_tokens=4,
+                                                    extra_body={"talker_max_frames": 5})
+    assert reply.choices[0].message.audio.data and reply.usage.completion_tokens_details.audio_tokens == 5
 
 
 def test_extreme_thinker_and_talker_sampling_values_are_served(server):

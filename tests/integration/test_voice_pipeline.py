@@ -92,8 +92,13 @@ def test_speech_route_voices_and_speed(voice_server, client):
     assert rate == 24000 and len(fast) < 0.7 * len(normal)
     assert "sunny" in _asr_grpc(voice_server, resample(normal, rate, 16000))["text"].lower()
     voices = httpx.get(f"{voice_server.base_url}/v1/audio/voices").json()
-    assert {v["id"] for v in voices["voices"]} == {"jf_alpha", "jf_gongitsune", "jf_nezumi", "jf_tebukuro", "jm_kumo"}
-    assert voices["default"] == {"tts": "jf_alpha"}
+    kokoro = {"jf_alpha", "jf_gongitsune", "jf_nezumi", "jf_tebukuro", "jm_kumo"}
+    for model in ("tts", "voice"):   # chat pipelines that speak list the voices their audio.voice takes
+        assert {v["id"] for v in voices["voices"] if v["model"] == model} == kokoro
+    assert voices["default"] == {"voice": "jf_alpha", "tts": "jf_alpha"}
+    only_chat = httpx.get(f"{voice_server.base_url}/v1/audio/voices", params={"model": "voice"}).json()
+    assert only_chat["default"] == {"voice": "jf_alpha"} and len(only_chat["voices"]) == 5
+    assert httpx.get(f"{voice_server.base_url}/v1/audio/voices", params={"model": "asr"}).status_code == 404
     with pytest.raises(openai.BadRequestError, match="unknown voice"):
         client.audio.speech.create(model="tts-1", voice="nobody", input=text)
 
@@ -285,7 +290,7 @@ def test_engine_stage_rejects_a_bad_seed_over_grpc_and_survives(voice_server, cl
                                                      messages=[{"role": "user", "content": QUESTION}]).choices[0].message.content
 
 
-def test_transcription_text_srt_and_streamed_outputs(voice_server, client):
+def test_transcription_text_and_srt_outputs(voice_server, client):
     speech = client.audio.speech.create(model="tts-1", voice="alloy", input="Please send the report before noon.",
                                         response_format="wav").content
     url, files = f"{voice_server.base_url}/v1/audio/transcriptions", {"file": ("q.wav", speech, "audio/wav")}
@@ -293,12 +298,26 @@ def test_transcription_text_srt_and_streamed_outputs(voice_server, client):
     assert text.headers["content-type"].startswith("text/plain") and "report" in text.text.lower()
     srt = httpx.post(url, files=files, data={"model": "whisper-1", "response_format": "srt"}, timeout=60).text
     assert srt.startswith("1\n00:00:0") and " --> " in srt and "report" in srt.lower()
+
+
+def test_streamed_transcription_deltas_concatenate_to_the_text_then_done(voice_server, client):
+    """One delta per Whisper segment (with its own leading space), exactly one transcript.text.done whose
+    text is the deltas joined, then data: [DONE]; the same text as the non-streamed answer."""
+    speech = client.audio.speech.create(model="tts-1", voice="alloy", response_format="wav",
+                                        input="The quick brown fox jumps over the lazy dog. My phone number is "
+                                              "five five five. Please call me back before noon tomorrow.").content
+    url, files = f"{voice_server.base_url}/v1/audio/transcriptions", {"file": ("q.wav", speech, "audio/wav")}
     with httpx.stream("POST", url, files=files, data={"model": "whisper-1", "stream": "true"}, timeout=60) as response:
-        events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+        lines = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    events = [json.loads(line) for line in lines[:-1]]
     deltas = [e["delta"] for e in events if e["type"] == "transcript.text.delta"]
-    done = [e for e in events if e["type"] == "transcript.text.done"]
-    assert deltas and len(done) == 1 and "".join(deltas).strip() == done[0]["text"].strip()
-    assert done[0]["usage"]["type"] == "duration" and done[0]["usage"]["seconds"] > 1.0
+    assert [e["type"] for e in events] == ["transcript.text.delta"] * len(deltas) + ["transcript.text.done"]
+    assert len(deltas) >= 2 and all(d.startswith(" ") for d in deltas[1:])
+    done = events[-1]
+    assert "".join(deltas) == done["text"] == client.audio.transcriptions.create(
+        model="whisper-1", file=("q.wav", speech, "audio/wav")).text
+    assert done["usage"]["type"] == "duration" and done["usage"]["seconds"] > 3.0
 
 
 # Request values at the edges of what the API accepts (temperature 1e-40 used to kill the voice_llm engine thread).
@@ -368,3 +387,108 @@ def test_abandoned_speech_is_dropped_and_interrupted(voice_server):
     assert settled is not None and settled <= settle_limit_s(), inflight(metrics)
     assert (metric_value(metrics, "omni_requests_total", model="voice_tts", outcome="cancelled") or 0) > cancelled
     assert (metric_value(metrics, "omni_requests_total", model="voice_tts", outcome="ok") or 0) - spoken < 10
+
+
+def test_audio_only_answer_carries_its_transcript(voice_server, client):
+    """modalities ["audio"]: no text content, the spoken text in message.audio.transcript (streamed:
+    delta.audio.transcript pieces that concatenate to the same text), and the audio says it."""
+    kwargs = dict(model="voice", modalities=["audio"], audio={"voice": "alloy", "format": "wav"}, temperature=0,
+                  max_tokens=16, messages=[{"role": "user", "content": QUESTION}])
+    message = client.chat.completions.create(**kwargs).choices[0].message
+    assert message.content is None and "Paris" in message.audio.transcript
+    streamed, contents = [], []
+    for chunk in client.chat.completions.create(**{**kwargs, "audio": {"voice": "alloy", "format": "pcm16"}}, stream=True):
+        for choice in chunk.choices:
+            contents.append(choice.delta.content or "")
+            if getattr(choice.delta, "audio", None):
+                streamed.append(choice.delta.audio.transcript)
+    assert "".join(contents) == "" and "".join(streamed) == message.audio.transcript
+    pcm, rate = _wav(base64.b64decode(message.audio.data))
+    heard = _asr_grpc(voice_server, resample(pcm, rate, 16000))["text"].lower()
+    assert "paris" in heard
+
+
+def test_unknown_chat_voice_is_a_400_before_any_model_work(voice_server):
+    response = httpx.post(f"{voice_server.base_url}/v1/chat/completions", timeout=60, json={
+        "model": "voice", "audio": {"voice": "nobody", "format": "wav"}, "messages": [{"role": "user", "content": "hi"}]})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "voice"
+
+
+def test_32_concurrent_streamed_chats_complete_or_get_429_at_once(voice_server):
+    """Overload: the voice pipeline admits --max-inflight 4 + --max-queue 4 (defaults). Of 32 streamed
+    chats started together each one completes ([DONE], with audio) or is refused with 429,
+    Retry-After and the envelope: at once (before any admitted request has finished), or, for a
+    queued stream whose slot did not come within --max-queue-wait on a slow machine, as its error
+    event. The frontend's latency histograms then hold the completed requests."""
+    import asyncio
+
+    async def one(client: httpx.AsyncClient, i: int):
+        body = {"model": "voice", "stream": True, "max_tokens": 8, "temperature": 0,
+                "audio": {"voice": "alloy", "format": "pcm16"},
+                "messages": [{"role": "user", "content": ["What is the capital of France?", "Name a color."][i % 2]}]}
+        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            if response.status_code != 200:
+                return "refused", response, json.loads(await response.aread()), time.monotonic()
+            events = [json.loads(line[6:]) for line in [line async for line in response.aiter_lines()]
+                      if line.startswith("data: {")]
+            if "error" in events[-1]:
+                return "timed out in queue", response, events[-1], time.monotonic()
+            audio = sum(len(base64.b64decode(e["choices"][0]["delta"]["audio"]["data"])) for e in events
+                        if e["choices"] and (e["choices"][0]["delta"].get("audio") or {}).get("data"))
+            return "completed", response, audio, time.monotonic()
+
+    async def run():
+        async with httpx.AsyncClient(base_url=voice_server.base_url, timeout=300,
+                                     limits=httpx.Limits(max_connections=40)) as client:
+            return await asyncio.gather(*(one(client, i) for i in range(32)))
+
+    before = {name: _histogram_count(voice_server, name) for name in ("ttft_seconds", "ttfp_seconds", "e2e_seconds", "rtf")}
+    results = asyncio.run(run())
+    outcomes = {kind: [r for r in results if r[0] == kind] for kind in ("completed", "refused", "timed out in queue")}
+    print(f"\n32 concurrent streamed voice chats: { {k: len(v) for k, v in outcomes.items()} }")
+    assert sum(map(len, outcomes.values())) == 32 and len(outcomes["completed"]) >= 4 and outcomes["refused"]
+    assert all(audio > 0 for _, _, audio, _ in outcomes["completed"])
+    for _, response, body, _ in outcomes["refused"]:
+        assert response.status_code == 429 and int(response.headers["retry-after"]) >= 1
+        assert set(body["error"]) == {"message", "type", "param", "code"} and body["error"]["code"] == "pipeline_overloaded"
+    assert all(body["error"]["code"] == "queue_timeout" for _, _, body, _ in outcomes["timed out in queue"])
+    assert max(r[3] for r in outcomes["refused"]) < min(r[3] for r in outcomes["completed"])
+    for name, count in before.items():
+        assert _histogram_count(voice_server, name) >= count + len(outcomes["completed"]), name
+
+
+def _histogram_count(server, name: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{server.base_url}/metrics").text
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == f"omni_frontend_{name}_count" and s.labels.get("pipeline") == "voice")
+
+
+def _wav_sizes(data: bytes) -> tuple[int, int, float]:
+    """(RIFF size field, data size field, duration that Python's wave module reads) of a WAV file."""
+    import struct
+    import wave
+
+    with wave.open(io.BytesIO(data)) as reader:
+        seconds = reader.getnframes() / reader.getframerate()
+    return struct.unpack("<I", data[4:8])[0], struct.unpack("<I", data[data.index(b"data") + 4:][:4])[0], seconds
+
+
+def test_whole_wav_answers_carry_real_sizes_and_only_streams_use_unknown_sizes(voice_server, client):
+    speech = client.audio.speech.create(model="tts-1", voice="alloy", input="Hello there, my friend.",
+                                        response_format="wav").content
+    riff, data, seconds = _wav_sizes(speech)
+    assert riff == len(speech) - 8 and data == len(speech) - 44 and 0.5 < seconds < 5  # was read as 89,478 s
+    reply = client.chat.completions.create(model="voice", modalities=["text", "audio"], temperature=0, max_tokens=12,
+                                           audio={"voice": "alloy", "format": "wav"},
+                                           messages=[{"role": "user", "content": QUESTION}])
+    audio = base64.b64decode(reply.choices[0].message.audio.data)
+    riff, data, seconds = _wav_sizes(audio)
+    assert riff == len(audio) - 8 and data == len(audio) - 44 and seconds > 0.5
+    with httpx.stream("POST", f"{voice_server.base_url}/v1/audio/speech", timeout=120, json={
+            "model": "tts-1", "voice": "alloy", "input": "Hello there.", "response_format": "wav",
+            "stream_format": "sse"}) as response:
+        first = next(json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: "))
+    header = base64.b64decode(first["audio"])[:44]
+    assert header[:4] == b"RIFF" and header[4:8] == header[40:44] == b"\xff\xff\xff\xff"

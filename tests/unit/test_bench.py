@@ -99,3 +99,37 @@ def test_text_tokens_prefer_the_text_split_of_usage():
     assert text_tokens({"completion_tokens": 65, "completion_tokens_details": {"text_tokens": 16, "audio_tokens": 49}}) == 16
     assert text_tokens({"completion_tokens": 65, "completion_tokens_details": {"text_tokens": 0}}) == 0
     assert text_tokens({"completion_tokens": 12, "completion_tokens_details": None}) == 12
+
+
+@pytest.mark.parametrize("outputs, chunks, duration, metric, value, throughput, rate", [
+    ({"images": 2}, [(0.4, "image", 1000), (0.4, "image", 1200)], 2.0, "image_latency_s", 0.2, "images_per_s", 1.0),
+    ({"video_frames": 17}, [(0.1, "other", 0), (0.5, "other", 100)], 1.0, "frames_per_second", 34.0,
+     "video_frames_per_s", 17.0),
+])
+def test_image_and_video_metrics(outputs, chunks, duration, metric, value, throughput, rate):
+    r = RequestRecord(0, "a cat", **outputs)
+    for chunk in chunks:
+        r.add(*chunk)
+    assert request_metrics(r)[metric] == pytest.approx(value)
+    summary = summarize([r, RequestRecord(1, "x", error="boom")], duration)
+    assert summary["throughput"][throughput] == pytest.approx(rate)
+    assert summary["metrics"][metric]["median"] == pytest.approx(value)
+
+
+def test_peer_usage_and_comparison_ratios():
+    from omni_bench import peer
+
+    served, other = RequestRecord(0, "a", input_audio_s=4.0), RequestRecord(0, "a", input_audio_s=4.0)
+    served.add(0.5, OTHER)
+    other.add(1.0, OTHER)
+    levels = []
+    for record, cpu in ((served, 0.2), (other, 0.4)):
+        level = {"summary": summarize([record, record], 2.0)}
+        level["server_usage"] = peer.usage([record, record], cpu, [0.01, 0.02], "transcription")
+        levels.append(level)
+    assert levels[0]["server_usage"]["cpu_s_per_audio_s"] == pytest.approx(0.2 / 8.0)
+    found = peer.comparison(*levels)
+    assert found["cpu_s_per_audio_s"]["ratio"] == pytest.approx(0.5)
+    assert found["e2e_s"] == {"served": 0.5, "baseline": 1.0, "ratio": 0.5}
+    assert found["input_audio_seconds_per_s"]["ratio"] == pytest.approx(1.0)
+    assert peer.usage([served], None, [], "transcription")["cpu_s_per_audio_s"] is None

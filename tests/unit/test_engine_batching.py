@@ -115,13 +115,13 @@ def test_staggered_batched_greedy_equals_generate(build):
         engine.shutdown()
 
 
-@pytest.mark.parametrize("max_prefill_tokens", [None, 3], ids=["whole", "chunked"])
-def test_thinker_text_only_with_mrope_positions_and_hidden_states(max_prefill_tokens):
+@pytest.mark.parametrize("prefill_chunk", [0, 3], ids=["whole", "chunked"])
+def test_thinker_text_only_with_mrope_positions_and_hidden_states(prefill_chunk):
     thinker = tiny_thinker()
     refs = [reference(thinker, p) for p in PROMPTS]
     accept_layer = 2
     runner = DecoderRunner(thinker, hidden_layers=(0, accept_layer), position_ids_fn=text_mrope_position_ids,
-                           max_prefill_tokens=max_prefill_tokens)
+                           prefill_chunk=prefill_chunk)
     engine = EngineLoop(runner)
     try:
         outputs = run_staggered(engine, PROMPTS, SamplingParams(max_tokens=N_NEW, do_sample=False, stop_token_ids=(EOS,)))
@@ -146,7 +146,7 @@ def test_thinker_text_only_with_mrope_positions_and_hidden_states(max_prefill_to
 def test_chunked_prefill_equals_generate(build):
     model = build()
     refs = [reference(model, p) for p in PROMPTS]
-    engine = EngineLoop(DecoderRunner(model, max_prefill_tokens=3))
+    engine = EngineLoop(DecoderRunner(model, prefill_chunk=3))
     try:
         outputs = run_staggered(engine, PROMPTS, SamplingParams(max_tokens=N_NEW, temperature=0, stop_token_ids=(EOS,)))
         assert [[o.token_id for o in outputs[str(i)]] for i in range(len(PROMPTS))] == refs
@@ -158,7 +158,7 @@ def test_chunked_prefill_equals_generate(build):
 def test_a_long_prefill_interleaves_with_running_decodes():
     """A long prompt is prefilled 3 tokens per step while the running request keeps decoding."""
     model = tiny_llama()
-    engine = EngineLoop(DecoderRunner(model, max_prefill_tokens=3))
+    engine = EngineLoop(DecoderRunner(model, prefill_chunk=3))
     order, long_tokens, done = [], [], threading.Event()
     long_prompt = list(range(10, 40))  # 30 tokens: 10 prefill steps
     params = SamplingParams(max_tokens=2, temperature=0)
@@ -354,7 +354,7 @@ def test_a_crashed_loop_fails_its_requests_as_unavailable_and_restarts_fresh():
                 break
             threading.Event().wait(0.02)
         assert [(f.finish_reason, f.unavailable) for f in finals] == [("error", True)]
-        assert "engine failure" in finals[0].error and "release exploded" in finals[0].error
+        assert "engine-loop failed" in finals[0].error and "release exploded" in finals[0].error
         assert not engine.healthy
         from omni_backends.engine import EngineUnavailable
         with pytest.raises(EngineUnavailable):

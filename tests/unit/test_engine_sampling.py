@@ -62,8 +62,8 @@ def test_suppress_and_min_tokens_mask_tokens():
     logits = torch.tensor([5.0, 4.0, 1.0])
     assert sample_next_token(logits, SamplingParams(temperature=0, suppress_token_ids=(0,))) == 1
     params = SamplingParams(temperature=0, stop_token_ids=(0,), min_tokens=2)
-    assert sample_next_token(logits, params, torch.tensor([7])) == 1  # stop token masked before min_tokens
-    assert sample_next_token(logits, params, torch.tensor([7, 7])) == 0
+    assert sample_next_token(logits, params, num_generated=1) == 1  # stop token masked before min_tokens
+    assert sample_next_token(logits, params, num_generated=2) == 0
 
 
 def test_repetition_penalty_matches_transformers():
@@ -71,7 +71,7 @@ def test_repetition_penalty_matches_transformers():
     logits = torch.randn(16)
     seen = torch.tensor([1, 3, 3, 7, 12])
     expected = RepetitionPenaltyLogitsProcessor(1.7)(seen[None], logits[None].clone())[0]
-    assert sample_next_token(logits, SamplingParams(temperature=0, repetition_penalty=1.7), seen[:2], seen[2:]) == int(
+    assert sample_next_token(logits, SamplingParams(temperature=0, repetition_penalty=1.7), seen) == int(
         expected.argmax()
     )
     # a case where the penalty changes the greedy choice
@@ -138,8 +138,11 @@ HOSTILE_LOGITS = {
 def test_sampling_at_extremes_never_raises_and_stays_in_the_vocabulary(values, logits):
     params = SamplingParams(**{"stop_token_ids": (3,), **values})
     history = torch.tensor([0, 1, 1, 2, 3, 200])
+    prompt = torch.tensor([5, 6, 0])
     for output_ids in (None, history):
-        token = sample_next_token(logits, params, output_ids, torch.tensor([5, 6, 0]), make_generator(params.seed))
+        seen = prompt if output_ids is None else torch.cat([prompt, output_ids])
+        generated = 0 if output_ids is None else output_ids.numel()
+        token = sample_next_token(logits, params, seen, generated, make_generator(params.seed), output_ids)
         assert 0 <= token < logits.numel()
         assert not torch.isnan(logits[token]), "a NaN logit was picked"
 
@@ -157,11 +160,11 @@ def test_presence_and_frequency_penalties_follow_openai():
     logits = torch.tensor([2.0, 1.5, 1.0])
     generated = torch.tensor([0, 0, 0])
     # frequency: 2.0 - 3 * 0.2 = 1.4 < 1.5; presence alone: 2.0 - 0.4 = 1.6 > 1.5
-    assert sample_next_token(logits, SamplingParams(temperature=0, frequency_penalty=0.2), generated) == 1
-    assert sample_next_token(logits, SamplingParams(temperature=0, presence_penalty=0.4), generated) == 0
-    assert sample_next_token(logits, SamplingParams(temperature=0, presence_penalty=0.6), generated) == 1
+    assert sample_next_token(logits, SamplingParams(temperature=0, frequency_penalty=0.2), output_ids=generated) == 1
+    assert sample_next_token(logits, SamplingParams(temperature=0, presence_penalty=0.4), output_ids=generated) == 0
+    assert sample_next_token(logits, SamplingParams(temperature=0, presence_penalty=0.6), output_ids=generated) == 1
     # the prompt does not count for presence/frequency (OpenAI: "in the text so far" = the completion)
-    assert sample_next_token(logits, SamplingParams(temperature=0, presence_penalty=2.0), None, torch.tensor([0])) == 0
+    assert sample_next_token(logits, SamplingParams(temperature=0, presence_penalty=2.0), seen_token_ids=torch.tensor([0])) == 0
 
 
 def test_engine_serves_every_extreme_request_batched_with_a_normal_one():

@@ -54,3 +54,10 @@ def test_undecodable_input_raises(data):
 def test_unknown_output_format():
     with pytest.raises(ValueError, match="unsupported audio format"):
         audio.encode(np.zeros(10, np.float32), RATE, "ogg-vorbis")
+
+
+def test_non_finite_samples_are_not_audio():
+    buf = io.BytesIO()
+    sf.write(buf, np.array([0.1, np.nan, 0.2] * 100, np.float32), 16000, format="WAV", subtype="FLOAT")
+    with pytest.raises(audio.AudioDecodeError, match="NaN"):
+        audio.decode(buf.getvalue(), 16000)

@@ -3,13 +3,17 @@ import base64
 import io
 
 import numpy as np
+import pydantic
 import pytest
 import soundfile as sf
 
+from omni_frontend import audio as audio_codec
 from omni_frontend import pipelines
 from omni_frontend.chat_protocol import ChatRequest, to_pipeline
+from omni_frontend.config import RequestLimits
 from omni_frontend.errors import APIError, from_triton_message
 from omni_frontend.routes.transcriptions import subtitles
+from omni_frontend.validation import invalid_text
 
 pytestmark = pytest.mark.unit
 
@@ -79,10 +83,109 @@ def test_subtitles():
 
 def test_pipeline_registry():
     chosen = pipelines.resolve(["tts", "asr"])
-    assert pipelines.triton_models(chosen) == ["voice_tts", "tts", "voice_asr"]
+    assert pipelines.triton_models(chosen) == ["voice_tts", "tts", "voice_asr", "voice_asr_stream"]
     extra = pipelines.parse_extra("m=chat:a,b")
     assert (extra.entry, extra.models, extra.kind) == ("b", ("a", "b"), "chat")
     with pytest.raises(ValueError, match="unknown pipeline"):
         pipelines.resolve(["nope"])
     with pytest.raises(ValueError, match="bad pipeline spec"):
-        pipelines.parse_extra("m=video:a")
+        pipelines.parse_extra("m=hologram:a")
+
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("field, value", [
+    ("tools", [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]),
+    ("tool_choice", "required"), ("tool_choice", "auto"), ("functions", [{"name": "f"}]), ("function_call", "auto"),
+    ("parallel_tool_calls", True), ("response_format", {"type": "json_object"}),
+    ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
+    ("logprobs", True), ("top_logprobs", 2), ("logit_bias", {"50256": -100}), ("prediction", {"type": "content"}),
+    ("reasoning_effort", "low"),
+    ("verbosity", "high"), ("web_search_options", {}), ("moderation", {"mode": "block"}),
+])
+def test_contract_changing_fields_are_rejected_naming_the_field(field, value):
+    with pytest.raises(APIError) as info:
+        to_pipeline(ChatRequest(model="voice", messages=USER, **{field: value}))
+    assert (info.value.status, info.value.param, info.value.code) == (400, field, "unsupported_parameter")
+
+
+def test_inert_and_bookkeeping_fields_are_accepted_and_not_passed_on():
+    body, _ = to_pipeline(ChatRequest(
+        model="voice", messages=USER, tools=[], tool_choice="none", response_format={"type": "text"}, logprobs=False,
+        frequency_penalty=0, presence_penalty=0.0, user="u1", metadata={"k": "v"}, store=True, service_tier="auto",
+        talker_do_sample=False))
+    assert body["talker_do_sample"] is False   # extension fields still reach the pipeline
+    assert not {"tools", "user", "metadata", "store", "logprobs", "response_format"} & set(body)
+
+
+@pytest.mark.parametrize("message, param", [
+    ({"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function"}]}, "messages[0].tool_calls"),
+    ({"role": "assistant", "audio": {"id": "audio_1"}}, "messages[0].audio"),
+])
+def test_message_fields_that_need_stored_state_are_rejected(message, param):
+    with pytest.raises(APIError) as info:
+        to_pipeline(ChatRequest(model="voice", messages=[message, *USER]))
+    assert info.value.param == param
+
+
+@pytest.mark.parametrize("audio, param", [({"voice": "", "format": "wav"}, "audio.voice"),
+                                          ({"voice": {"id": "voice_1234"}, "format": "wav"}, "audio.voice"),
+                                          ({"voice": "alloy", "format": "ogg"}, "audio.format"),
+                                          ({"voice": "alloy", "format": "wav", "speed": 2}, "audio.speed"),
+                                          ({"format": "wav"}, "audio.voice")])
+def test_chat_audio_object_is_validated_strictly(audio, param):
+    with pytest.raises(pydantic.ValidationError) as info:
+        ChatRequest(model="voice", messages=USER, audio=audio)
+    assert ".".join(str(p) for p in info.value.errors()[0]["loc"]) == param
+
+
+def test_request_limits():
+    limits = RequestLimits(max_text_chars=10, max_messages=2, max_audio_seconds=0.6)
+    for request, param, code in [
+        (ChatRequest(model="v", messages=USER * 3), "messages", "too_many_messages"),
+        (ChatRequest(model="v", messages=[{"role": "user", "content": "x" * 11}]), "messages[0].content", "text_too_long"),
+        (ChatRequest(model="v", messages=[{"role": "system", "content": "x" * 6}, {"role": "user", "content": "y" * 5}]),
+         "messages[1].content", "text_too_long"),
+        (ChatRequest(model="v", messages=USER, stop=["s" * 11]), "stop", "text_too_long"),
+        (ChatRequest(model="v", messages=[{"role": "user", "content": [
+            {"type": "input_audio", "input_audio": {"data": _wav_b64(0.5), "format": "wav"}},
+            {"type": "input_audio", "input_audio": {"data": _wav_b64(0.25), "format": "wav"}}]}]),
+         "messages[0].content.input_audio", "audio_too_long"),
+    ]:
+        with pytest.raises(APIError) as info:
+            to_pipeline(request, limits)
+        assert (info.value.status, info.value.param, info.value.code) == (400, param, code)
+    body, pcm = to_pipeline(ChatRequest(model="v", messages=[{"role": "user", "content": [
+        {"type": "text", "text": "x" * 10},
+        {"type": "input_audio", "input_audio": {"data": _wav_b64(0.5), "format": "wav"}}]}]), limits)
+    assert pcm.size == 8000 and body["messages"][0]["content"][0]["text"] == "x" * 10
+
+
+def test_decode_stops_at_the_audio_limit():
+    raw = base64.b64decode(_wav_b64(2.0))
+    assert audio_codec.decode(raw, 16000, max_seconds=2.0).size == 32000
+    with pytest.raises(audio_codec.AudioTooLong):
+        audio_codec.decode(raw, 16000, max_seconds=1.5)
+
+
+def test_invalid_unicode_is_found_at_any_depth_in_values_and_keys():
+    assert invalid_text({"model": "m", "messages": [{"content": [{"text": "ok"}, {"text": "a\ud800"}]}]}) == (
+        "messages[0].content[1].text", 1)
+    assert invalid_text({"extra": {"\udc00key": 1}})[0] == "extra.'\\udc00key'"
+    assert invalid_text({"x": ["fine \U0001F600", 1, None, 2.5]}) is None
+    deep: list = ["\ud800"]
+    for _ in range(5000):   # deeper than the recursion limit
+        deep = [deep]
+    assert invalid_text(deep) == ("[0]" * 5001, 0)
+
+
+def test_launcher_flags_set_limits_and_per_pipeline_admission():
+    from omni_frontend.serve import admission_limits, parse_args
+
+    args = parse_args(["--max-inflight", "2,qwen3_omni=16", "--max-queue", "voice=0", "--max-text-chars", "99"])
+    limits = admission_limits(args)
+    assert (limits.of("tts"), limits.of("qwen3_omni"), limits.of("voice")) == ((2, 4), (16, 4), (2, 0))
+    assert args.max_text_chars == 99
+    with pytest.raises(SystemExit):
+        parse_args(["--max-inflight", "0"])

@@ -29,8 +29,8 @@ def reference(ckpt):
 def pipeline(ckpt):
     stages = load_stages(ckpt)
     # left context larger than any answer: the streamed audio must equal one full decode
-    pipe = LocalOmniPipeline(stages, load_tts_embeds(ckpt, stages.config), chunk_frames=4, first_chunk_frames=2,
-                             left_context_frames=1000)
+    pipe = LocalOmniPipeline.from_stages(stages, load_tts_embeds(ckpt, stages.config), chunk_frames=4,
+                                         first_chunk_frames=2, left_context_frames=1000)
     yield pipe
     pipe.close()
 

@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 from omni_backends.errors import RequestError
 from omni_backends.qwen3_omni.checkpoint import COMPLETE_MARKER, write_checkpoint
 from omni_backends.qwen3_omni.code2wav import Code2WavStreamer
-from omni_backends.qwen3_omni.loading import load_stages, load_tts_embeds
+from omni_backends.qwen3_omni.loading import load_tts_embeds
 from omni_backends.qwen3_omni.prompt import PromptBuilder
 from omni_backends.qwen3_omni.talker import Talker, TalkerPrompt
 
@@ -17,13 +17,13 @@ pytestmark = pytest.mark.unit
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return write_checkpoint(tmp_path_factory.getbasetemp() / "qwen3_omni_tiny")
+def ckpt(qwen3_omni_ckpt):
+    return qwen3_omni_ckpt
 
 
 @pytest.fixture(scope="module")
-def stages(ckpt):
-    return load_stages(ckpt)
+def stages(qwen3_omni_stages):
+    return qwen3_omni_stages
 
 
 def test_checkpoint_layout_ids_and_idempotence(ckpt, stages):

@@ -76,3 +76,38 @@ def test_long_first_sentence_is_cut_after_first_max_words():
     text = "Paris is a city that has captivated me since I was a child. It is big."
     expected = ["Paris is a city that has captivated me", "since I was a child.", "It is big."]
     assert _run(text, first_max_words=8) == expected == _run(text, pieces=len(text), first_max_words=8)
+
+
+def test_chunks_grow_from_a_clause_toward_sentences():
+    text = ("Well, I think so, and here is why, in a few words. Paris has many old bridges, wide "
+            "avenues, quiet parks and busy cafes, and its museums hold art from many centuries. The end.")
+    chunks = _run(text)
+    assert chunks == [
+        "Well, I think so,",                                   # chunk 0: first clause with >= 3 words
+        "and here is why, in a few words.",                    # chunk 1: clauses need >= 6 words
+        "Paris has many old bridges, wide avenues, quiet parks and busy cafes,",  # chunk 2: >= 12 words
+        "and its museums hold art from many centuries.",       # later: sentence ends only
+        "The end.",
+    ]
+
+
+def test_first_chunk_is_cut_after_six_words_without_a_boundary():
+    assert _run("Once upon a time there was a cat who loved the sea.")[0] == "Once upon a time there was"
+
+
+def test_order_and_completeness_for_any_delta_split():
+    import random
+    import re
+
+    words = "alpha beta, gamma delta. epsilon zeta; eta theta! iota kappa: lambda mu? nu xi 3.5 omicron".split()
+    rng = random.Random(7)
+    for _ in range(200):
+        text = " ".join(rng.choice(words) for _ in range(rng.randint(1, 60)))
+        cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(0, 12)))) if len(text) > 1 else []
+        chunker, chunks = SentenceChunker(), []
+        for start, end in zip([0, *cuts], [*cuts, len(text)]):
+            chunks += chunker.feed(text[start:end])
+        chunks += chunker.flush()
+        assert all(chunk and chunk == chunk.strip() for chunk in chunks)
+        assert " ".join(chunks) == re.sub(r"\s+", " ", text).strip()  # every word, in order, once
+        assert chunks == _run(text)  # the split of the deltas does not matter

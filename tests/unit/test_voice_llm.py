@@ -118,3 +118,27 @@ def test_extreme_openai_sampling_fields_are_served(llm):
     with pytest.raises(RequestError) as info:
         llm.sampling_params({"presence_penalty": 3})
     assert info.value.param == "presence_penalty"
+
+def test_prefix_cache_reuses_the_system_prompt_and_gives_the_same_tokens(llm):
+    """The template's system part is prefilled once per system prompt and reused; answers stay the tokens
+    of transformers' generate() over the full prompt (no cache)."""
+    cache, params = llm.prefix_cache, SamplingParams(max_tokens=12, temperature=0.0)
+    pirate = [{"role": "system", "content": "You are a pirate. Answer briefly."},
+              {"role": "user", "content": "Where is the treasure?"}]
+    conversations = {"france": FRANCE, "japanese": JAPANESE, "pirate": pirate}
+    expected = {name: _hf_greedy(llm, messages, params.max_tokens) for name, messages in conversations.items()}
+    france_ids = llm.prompt_ids(FRANCE)
+    head = llm.shared_prefix_length(FRANCE, france_ids)
+    assert 10 < head < len(france_ids) and france_ids[:head] in cache  # the default system prompt, stored at warm-up
+    hits = cache.hits
+    for name in ("pirate", "pirate", "japanese"):  # pirate: first a miss that stores its prefix, then a hit
+        assert llm.complete(conversations[name], params)[0] == expected[name]
+    assert cache.hits == hits + 2
+    pirate_ids = llm.prompt_ids(pirate)
+    assert pirate_ids[:llm.shared_prefix_length(pirate, pirate_ids)] in cache
+    answers = {}  # submitted together: prefilled in groups that share a cached prefix
+    threads = [threading.Thread(target=lambda n=n: answers.__setitem__(n, llm.complete(conversations[n], params)[0]))
+               for n in conversations]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert answers == expected

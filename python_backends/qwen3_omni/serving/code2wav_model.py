@@ -35,8 +35,8 @@ from omni_backends.serving.metrics import StageMetrics
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         self.model_name, config, parameters = model_config.load(args)
-        path = p.stage_checkpoint(parameters, self.model_name)
-        self.streamer = Code2WavStreamer(load_code2wav(path),
+        setup = p.stage_setup(args, parameters, self.model_name)
+        self.streamer = Code2WavStreamer(load_code2wav(setup.path, device=setup.device, dtype=setup.dtype),
                                          chunk_frames=model_config.int_parameter(parameters, "chunk_frames", 25),
                                          first_chunk_frames=model_config.int_parameter(parameters, "first_chunk_frames", 5),
                                          left_context_frames=model_config.int_parameter(parameters, "left_context_frames", 25))

@@ -10,11 +10,15 @@ REQUEST / INPUT_AUDIO / EVENT / AUDIO follow `omni_backends.serving.events` and
   vocode  feeds qwen3_omni_code2wav (sequence = this turn) with every frame queued since its last
           request and sends each PCM chunk (float32 24 kHz) as an "audio.delta" event at once.
 With modalities ["text"] only `think` runs. Events: {"type": "text.delta", "text"},
-{"type": "audio.delta", "sample_rate": 24000, "transcript": ""} + AUDIO, and last {"type": "done",
+{"type": "audio.delta", "sample_rate": 24000, "transcript"} + AUDIO (transcript: the thinker text
+written since the previous audio event, which the talker speaks; the transcripts concatenate to the
+thinker's whole answer, also with modalities ["audio"]: text still unsent when the audio ends comes
+in a last audio.delta with empty AUDIO), and last {"type": "done",
 "finish_reason" (the thinker's: "stop" | "length"), "usage": {"prompt_tokens", "completion_tokens"
 (text tokens + codec frames), "completion_tokens_details": {"text_tokens", "audio_tokens" (codec
 frames, 12.5 per second)}}, "token_ids" (with "return_token_ids": true)}.
 
+REQUEST {"action": "voices"} -> one {"type": "voices"} event: the checkpoint's speakers.
 Extension fields of REQUEST: "talker_do_sample", "talker_temperature", "talker_top_k", "talker_top_p",
 "talker_repetition_penalty" (null: transformers `generate`'s talker defaults: sampling, 0.9, 50, 1.0,
 1.05), "talker_max_frames" (null: the talker's config `max_frames`), "return_token_ids".
@@ -29,40 +33,28 @@ import random
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from omni_backends.errors import RequestError
 from omni_backends.qwen3_omni.code2wav import SAMPLE_RATE
 from omni_backends.qwen3_omni.loading import load_config
 from omni_backends.qwen3_omni.serving import protocol as p
+from omni_backends.qwen3_omni.serving import turn as turns
+from omni_backends.qwen3_omni.serving.turn import Turn
 from omni_backends.serving import bls, events
 from omni_backends.serving.fanin import FanIn
 from omni_backends.serving.decoupled import AsyncDecoupledModel
+from omni_backends.serving.tensors import on_gpu
 
 THINKER, TALKER, CODE2WAV = "qwen3_omni_thinker", "qwen3_omni_talker", "qwen3_omni_code2wav"
-MODALITIES = ("text", "audio")
 _END = object()
 START, END = pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START, pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
 
 
-class _Turn:
-    """State of one chat turn shared by its tasks."""
+class _Turn(Turn):
+    """State of one chat turn shared by its tasks: the turn's usage, and the open stage sequences."""
 
     def __init__(self, body: dict, voice: str | None):
-        self.body, self.voice = body, voice
-        self.token_ids: list[int] = []
-        self.finish_reason: str | None = None
-        self.usage: dict = {}
-        self.frames = 0
+        super().__init__(body, voice)
         self.talker_seq = self.code2wav_seq = None   # correlation ids of open sequences
         self.talker_done = self.code2wav_done = False
-
-    def done_event(self) -> dict:
-        text_tokens = self.usage.get("completion_tokens", len(self.token_ids))
-        usage = {"prompt_tokens": self.usage.get("prompt_tokens", 0), "completion_tokens": text_tokens + self.frames,
-                 "completion_tokens_details": {"text_tokens": text_tokens, "audio_tokens": self.frames}}
-        event = {"type": "done", "finish_reason": self.finish_reason, "usage": usage}
-        if self.body.get("return_token_ids"):
-            event["token_ids"] = self.token_ids
-        return event
 
 
 def _sequence_id() -> int:
@@ -82,26 +74,12 @@ class TritonPythonModel(AsyncDecoupledModel):
         self.voices = sorted(config.talker_config.speaker_id)
         self.default_voice = self.parameters.get("default_voice") or self.voices[0]
 
-    def _validate(self, body: dict) -> tuple[list[str], str | None]:
-        messages, max_tokens = body.get("messages"), body.get("max_tokens")
-        if not isinstance(messages, list) or not messages:
-            raise RequestError("messages must be a non-empty list", param="messages")
-        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens <= 0):
-            raise RequestError(f"max_tokens must be a positive integer, got {max_tokens!r}", param="max_tokens")
-        modalities = body.get("modalities") or list(MODALITIES)
-        if not isinstance(modalities, list) or not set(modalities) <= set(MODALITIES):
-            raise RequestError(f"modalities must be a non-empty subset of {list(MODALITIES)}", param="modalities")
-        if "audio" not in modalities:
-            return modalities, None
-        voice = str(body.get("voice") or self.default_voice).lower()
-        if voice not in self.voices:
-            raise RequestError(f"unknown voice {body.get('voice')!r}; valid voices: {', '.join(self.voices)}",
-                               param="voice")
-        return modalities, voice
-
     async def handle(self, ctx):
         body = ctx.body()
-        modalities, voice = self._validate(body)
+        if events.wants_voices(body):
+            yield events.voices_event(self.voices, self.default_voice), None
+            return
+        modalities, voice = turns.validate(body, self.voices, self.default_voice)
         turn = _Turn(body, voice)
         out = FanIn()
         talker_q: asyncio.Queue | None = asyncio.Queue() if voice else None
@@ -113,6 +91,8 @@ class TritonPythonModel(AsyncDecoupledModel):
         try:
             async for item in out:
                 yield item
+            if voice and any(turn.unspoken):   # text written after the last audio chunk (or past talker_max_frames)
+                yield {"type": "audio.delta", "sample_rate": SAMPLE_RATE, "transcript": turn.take_transcript()}, None
             yield turn.done_event(), None
         finally:
             await out.close()
@@ -130,6 +110,7 @@ class TritonPythonModel(AsyncDecoupledModel):
             if event["text"] and send_text:
                 out.put_nowait(({"type": "text.delta", "text": event["text"]}, None))
             if talker_q is not None:
+                turn.unspoken.append(event["text"] or "")
                 talker_q.put_nowait(response)
             if event["type"] == "done":
                 turn.finish_reason, turn.usage = event["finish_reason"], event["usage"]
@@ -157,14 +138,24 @@ class TritonPythonModel(AsyncDecoupledModel):
         finally:
             codes_q.put_nowait(_END)
 
-    def _talker_inputs(self, turn: _Turn, responses: list[dict]) -> dict[str, np.ndarray]:
+    def _talker_inputs(self, turn: _Turn, responses: list[dict]) -> dict:
+        """The talker request's tensors; the thinker's hidden states stay CUDA tensors when they came as such."""
         embeds = [r[p.EMBED] for r in responses if p.EMBED in r]
-        inputs = {p.TEXT_EMBEDS: (np.concatenate(embeds) if embeds else np.zeros((0, 1), np.float32))[None]}
+        for embed in embeds:
+            self.metrics.tensor(p.EMBED, "in", on_gpu(embed))
+        if embeds and on_gpu(embeds[0]):
+            import torch
+
+            text = torch.cat(embeds)[None]
+        else:
+            text = (np.concatenate(embeds) if embeds else np.zeros((0, 1), np.float32))[None]
+        if embeds:
+            self.metrics.tensor(p.TEXT_EMBEDS, "out", on_gpu(text))
+        inputs = {p.TEXT_EMBEDS: text}
         if turn.talker_seq is None:   # the START request
             first, body = responses[0], turn.body
             inputs.update({name: first[name][None] for name in p.PROMPT_TENSORS})
-            params = {k: body.get(f"talker_{k}") for k in p.TALKER_FIELDS}
-            inputs[p.TALKER_PARAMS] = events.json_tensor({**params, "voice": turn.voice, "seed": body.get("seed")})[None]
+            inputs[p.TALKER_PARAMS] = events.json_tensor(turns.talker_fields(body, turn.voice))[None]
         return inputs
 
     async def _vocode(self, ctx, turn: _Turn, codes_q: asyncio.Queue, out: FanIn) -> None:
@@ -184,7 +175,8 @@ class TritonPythonModel(AsyncDecoupledModel):
             turn.code2wav_done = end
             pcm = result[p.PCM][0]
             if pcm.size:
-                out.put_nowait(({"type": "audio.delta", "sample_rate": SAMPLE_RATE, "transcript": ""}, pcm))
+                out.put_nowait(({"type": "audio.delta", "sample_rate": SAMPLE_RATE,
+                                 "transcript": turn.take_transcript()}, pcm))
 
     @staticmethod
     async def _abort_open_sequences(turn: _Turn) -> None:

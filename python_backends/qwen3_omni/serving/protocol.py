@@ -18,7 +18,8 @@ tensor below has a leading batch dim of 1)
        TEXT_EMBEDS    FP32 [n, H]   EMBED of the thinker tokens new since the last request (n >= 0)
        PROMPT_IDS / PROMPT_EMBEDS / MM_HIDDEN   with START only (as the thinker's)
        TALKER_PARAMS  BYTES [1]     with START only: JSON {"voice", "do_sample", "temperature",
-                                    "top_k", "top_p", "repetition_penalty", "seed", "max_frames"}
+                                    "top_k", "top_p", "repetition_penalty", "seed", "max_frames",
+                                    "min_frames"}
        ABORT          BOOL [1]      optional: forget the sequence now (the turn was cancelled)
   out  CODES          INT64 [16, f] codec frames (12.5 Hz), streamed as they are made; a request
                                     ends (FINAL) when the talker needs more text or the turn ends
@@ -31,8 +32,12 @@ code2wav (sequence batching, non-decoupled, max_batch_size 8, batch dim 1)
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+
 import numpy as np
 
+from omni_backends.engine.options import EngineOptions, parse_bool
 from omni_backends.serving import model_config
 
 REQUEST, INPUT_AUDIO, EVENT = "REQUEST", "INPUT_AUDIO", "EVENT"
@@ -42,7 +47,7 @@ START, END, ABORT, PCM = "START", "END", "ABORT", "PCM"
 PROMPT_TENSORS = (PROMPT_IDS, PROMPT_EMBEDS, MM_HIDDEN)
 THINKER_OUTPUTS = [EVENT, EMBED, *PROMPT_TENSORS]
 
-TALKER_FIELDS = ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty", "max_frames")
+TALKER_FIELDS = ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty", "max_frames", "min_frames")
 
 
 def flag(tensor: np.ndarray | None) -> bool:
@@ -60,3 +65,55 @@ def stage_checkpoint(parameters: dict, model_name: str):
 
     torch.set_num_threads(model_config.int_parameter(parameters, "threads", 1))
     return resolve_checkpoint(parameters.get("checkpoint") or QWEN3_OMNI_TINY, model_name)
+
+
+def stage_parameters(parameters: dict[str, str], stage: str) -> dict[str, str]:
+    """One stage's parameters of the co-located model, whose config holds every stage's settings as
+    `<stage>.<key>` (e.g. `thinker.max_len`) beside shared unprefixed ones (checkpoint, kernels, threads):
+    the shared keys overlaid with the stage's own, prefix removed."""
+    shared = {k: v for k, v in parameters.items() if "." not in k}
+    own = {k[len(stage) + 1:]: v for k, v in parameters.items() if k.startswith(f"{stage}.")}
+    return {**shared, **own}
+
+
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+
+
+@dataclass(frozen=True)
+class StageSetup:
+    """Where and how a stage runs (from its Triton args and config parameters; see `stage_setup`).
+
+    path: checkpoint directory; device: "cpu" or "cuda:N" (the instance's GPU for KIND_GPU);
+    dtype: torch dtype or None (auto: bfloat16 on CUDA, the checkpoint's on CPU); options: `EngineOptions`;
+    gpu_tensors: hidden states between stages stay on the GPU (DLPack), only meaningful on CUDA.
+    """
+
+    path: Path
+    device: str
+    dtype: object
+    options: EngineOptions
+    gpu_tensors: bool
+
+
+def stage_setup(args: dict, parameters: dict, model_name: str) -> StageSetup:
+    """Parse the stage settings: `checkpoint`, `threads` (see `stage_checkpoint`), the device (KIND_GPU
+    instance -> cuda:<model_instance_device_id>), `dtype` (auto | bfloat16 | float16 | float32),
+    `engine` / `cuda_graphs` / `max_len` / `prefill_chunk` (`EngineOptions`), `kernels` (true: the
+    omni_kernels Triton kernels on CUDA) and `gpu_tensors` (default true). Raises ValueError naming a
+    bad parameter, FileNotFoundError for a missing checkpoint."""
+    import torch
+
+    from omni_backends.engine import fused
+
+    path = stage_checkpoint(parameters, model_name)
+    device = "cpu"
+    if str(args.get("model_instance_kind", "")).upper() == "GPU":
+        device = f"cuda:{int(args.get('model_instance_device_id') or 0)}"
+        torch.cuda.set_device(device)
+    dtype_name = (parameters.get("dtype") or "auto").strip()
+    if dtype_name not in DTYPES:
+        raise ValueError(f"config parameter 'dtype' must be one of {DTYPES}, got {dtype_name!r}")
+    fused.set_enabled(parse_bool(parameters.get("kernels"), "kernels", True))
+    return StageSetup(path=path, device=device, dtype=None if dtype_name == "auto" else getattr(torch, dtype_name),
+                      options=EngineOptions.from_parameters(parameters),
+                      gpu_tensors=device != "cpu" and parse_bool(parameters.get("gpu_tensors"), "gpu_tensors", True))

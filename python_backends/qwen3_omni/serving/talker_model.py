@@ -30,10 +30,12 @@ import triton_python_backend_utils as pb_utils
 from omni_backends.errors import RequestError, unavailable
 from omni_backends.qwen3_omni.loading import load_config, load_talker, load_tts_embeds
 from omni_backends.qwen3_omni.serving import protocol as p
+from omni_backends.qwen3_omni.serving import turn as turns
 from omni_backends.qwen3_omni.talker import Talker, TalkerPrompt
 from omni_backends.serving import events, model_config, sidechannel
 from omni_backends.serving.decoupled import send_final
 from omni_backends.serving.metrics import StageMetrics
+from omni_backends.serving.tensors import from_triton, on_gpu
 from omni_backends.supervisor import Supervisor
 
 CANCEL_POLL_S = 0.02
@@ -55,12 +57,20 @@ class _Command:
     received: float = 0.0
 
 
+def _float_tensor(value) -> torch.Tensor:
+    """A float32 torch tensor of an input: CUDA tensors stay where they are, numpy arrays are copied."""
+    return value.float() if on_gpu(value) else torch.from_numpy(np.array(value, np.float32))
+
+
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         self.model_name, config, parameters = model_config.load(args)
-        path = p.stage_checkpoint(parameters, self.model_name)
-        omni_config = load_config(path)
-        self.talker = Talker(load_talker(path, omni_config), omni_config, load_tts_embeds(path, omni_config))
+        setup = p.stage_setup(args, parameters, self.model_name)
+        omni_config = load_config(setup.path)
+        self.talker = Talker(load_talker(setup.path, omni_config, setup.device, setup.dtype), omni_config,
+                             load_tts_embeds(setup.path, omni_config, setup.device, setup.dtype), options=setup.options,
+                             max_running=model_config.int_parameter(parameters, "max_running", 32))
+        self.talker.warmup()
         self.max_frames = model_config.int_parameter(parameters, "max_frames", 4095)
         self.metrics = StageMetrics(self.model_name)
         self._commands: queue.Queue = queue.Queue()
@@ -89,22 +99,25 @@ class TritonPythonModel:
     def _parse(self, request, sender) -> _Command:
         def tensor(name):
             found = pb_utils.get_input_tensor_by_name(request, name)
-            return None if found is None else found.as_numpy()[0]   # drop the batch dim
+            return None if found is None else from_triton(found)[0]   # drop the batch dim
 
         embeds = tensor(p.TEXT_EMBEDS)
         abort = p.flag(tensor(p.ABORT))
         if embeds is None and not abort:
             raise RequestError(f"{p.TEXT_EMBEDS} is required (it may hold 0 rows)")
+        if embeds is not None:
+            self.metrics.tensor(p.TEXT_EMBEDS, "in", on_gpu(embeds))
         command = _Command(sequence=int(request.correlation_id()), sender=sender, request_id=request.request_id(),
                            start=p.flag(tensor(p.START)), end=p.flag(tensor(p.END)), abort=abort,
-                           embeds=None if embeds is None else torch.from_numpy(np.array(embeds, np.float32)),
-                           received=time.monotonic())
+                           embeds=None if embeds is None else _float_tensor(embeds), received=time.monotonic())
         if command.start and not command.abort:
             if any(tensor(name) is None for name in (*p.PROMPT_TENSORS, p.TALKER_PARAMS)):
                 raise RequestError(f"the START request needs {', '.join((*p.PROMPT_TENSORS, p.TALKER_PARAMS))}")
-            command.prompt = TalkerPrompt(prompt_ids=torch.from_numpy(tensor(p.PROMPT_IDS).astype(np.int64)),
-                                          prompt_embeds=torch.from_numpy(np.array(tensor(p.PROMPT_EMBEDS))),
-                                          mm_hidden=torch.from_numpy(np.array(tensor(p.MM_HIDDEN))))
+            ids = tensor(p.PROMPT_IDS)
+            command.prompt = TalkerPrompt(prompt_ids=ids.long().cpu() if on_gpu(ids) else torch.from_numpy(
+                                              np.asarray(ids, dtype=np.int64)),
+                                          prompt_embeds=_float_tensor(tensor(p.PROMPT_EMBEDS)),
+                                          mm_hidden=_float_tensor(tensor(p.MM_HIDDEN)))
             command.params = events.read_json(tensor(p.TALKER_PARAMS))
         return command
 
@@ -157,7 +170,7 @@ class TritonPythonModel:
                 return
             if command.start:
                 self.talker.add_request(seq, command.prompt, str(command.params.get("voice") or ""),
-                                        self._sampling(command.params))
+                                        turns.talker_sampling(self.talker, command.params, self.max_frames))
                 self._sequences.add(seq)
                 self.metrics.started()
             elif seq not in self._sequences:
@@ -171,23 +184,6 @@ class TritonPythonModel:
             return
         self._live[seq] = (command.sender, command.request_id)
         self._close_waiting()
-
-    def _sampling(self, params: dict):
-        """Talker SamplingParams from TALKER_PARAMS (null: generate()'s defaults; top_k -1: off; at most
-        the config's max_frames). Raises RequestError naming the talker_* field."""
-        values = {k: params[k] for k in p.TALKER_FIELDS if params.get(k) is not None}
-        if values.get("top_k") == -1:
-            values["top_k"] = 0
-        frames = values.setdefault("max_frames", self.max_frames)
-        if not isinstance(frames, int) or isinstance(frames, bool) or not 1 <= frames <= self.max_frames:
-            raise RequestError(f"talker_max_frames must be an integer in [1, {self.max_frames}], got {frames!r}",
-                               param="talker_max_frames")
-        try:
-            return self.talker.sampling_params(**values, seed=params.get("seed"))
-        except (TypeError, ValueError) as exc:
-            field = next((k for k in values if str(exc).startswith(k)), None)
-            raise RequestError(f"invalid talker sampling parameter: {exc}",
-                               param=None if field is None else f"talker_{field}") from None
 
     def _step(self) -> None:
         started = time.monotonic()

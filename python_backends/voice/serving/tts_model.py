@@ -25,9 +25,10 @@ class TritonPythonModel(BatchStageModel):
         files = kokoro_files(resolve_checkpoint(self.parameters["checkpoint"], self.model_name))
         self.tts = KokoroTTS(files, intra_op_num_threads=model_config.int_parameter(self.parameters, "threads", 0) or None)
 
-    def infer_row(self, inputs, cancel):
+    def infer_row(self, inputs):
         text = string(inputs.get("TEXT"))
         speed = float(inputs["SPEED"].reshape(-1)[0]) if "SPEED" in inputs else 1.0
-        pcm = self.tts.synthesize(text, voice=string(inputs.get("VOICE"), DEFAULT_VOICE), speed=speed, cancel=cancel)
+        pcm = self.tts.synthesize(text, voice=string(inputs.get("VOICE"), DEFAULT_VOICE), speed=speed,
+                                   cancel=self.cancel_token)
         tokens = sum(len(chunk) for chunk in self.tts.tokenize(text))
         return {"AUDIO": pcm, "TOKENS": np.array([tokens], dtype=np.int32)}

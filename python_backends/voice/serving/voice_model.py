@@ -3,8 +3,9 @@
 REQUEST/INPUT_AUDIO/EVENT/AUDIO follow omni_frontend.chat_protocol and omni_backends.serving.events.
 Events: {"type": "input_audio.transcription", "text"} per input_audio part, then text deltas as the LLM
 writes them ("text" modality) and, concurrently, {"type": "audio.delta", "sample_rate": 24000,
-"transcript"} + AUDIO for each sentence chunk as soon as it is spoken ("audio" modality), then
-{"type": "done", "finish_reason", "usage"}.
+"transcript"} + AUDIO for each sentence chunk as soon as it is spoken ("audio" modality; the
+transcripts concatenate to the spoken text), then {"type": "done", "finish_reason", "usage"}.
+REQUEST {"action": "voices"} -> one {"type": "voices"} event (the Kokoro voices, as `tts` lists them).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from omni_backends.voice.chunker import SentenceChunker
 from omni_backends.chat_request import audio_clips
 from omni_backends.voice.protocol import SAMPLING_FIELDS, text_messages
 from omni_backends.voice.serving.speech_model import speak
-from omni_backends.voice.tts import SAMPLE_RATE, resolve_voice, voice_names
+from omni_backends.voice.tts import DEFAULT_VOICE, SAMPLE_RATE, resolve_voice, voice_names
 
 INPUT_AUDIO = "INPUT_AUDIO"
 _END = object()
@@ -32,6 +33,9 @@ class TritonPythonModel(AsyncDecoupledModel):
 
     async def handle(self, ctx):
         body = ctx.body()
+        if events.wants_voices(body):
+            yield events.voices_event(self.voices, DEFAULT_VOICE), None
+            return
         modalities = body.get("modalities") or ["text", "audio"]
         voice = resolve_voice(body.get("voice"), self.voices) if "audio" in modalities else None
         messages = body.get("messages")
@@ -88,9 +92,12 @@ async def _write(ctx, llm_body: dict, send_text: bool, chunks: asyncio.Queue | N
 
 
 async def _speak_chunks(ctx, voice: str, chunks: asyncio.Queue, out: FanIn) -> None:
-    """Speak sentence chunks in order as they arrive; each becomes one audio.delta event. When the
+    """Speak sentence chunks in order as they arrive; each becomes one audio.delta event whose
+    transcript is the chunk (after a space from the second on, so transcripts concatenate). When the
     request ends early this task is cancelled: queued chunks are dropped, the one being spoken is
     cancelled in voice_tts (bls.infer)."""
+    separator = ""
     while (chunk := await chunks.get()) is not _END:
         audio, _ = await speak(ctx, chunk, voice, 1.0)
-        await out.put(({"type": "audio.delta", "sample_rate": SAMPLE_RATE, "transcript": chunk}, audio))
+        await out.put(({"type": "audio.delta", "sample_rate": SAMPLE_RATE, "transcript": separator + chunk}, audio))
+        separator = " "

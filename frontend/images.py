@@ -1,0 +1,59 @@
+"""Image codecs of the image routes (Pillow): encode RGB pixels as png / jpeg / webp, decode uploads.
+
+Pixels are uint8 [H, W, 3] (RGB). `output_compression` (0-100) is OpenAI's: the compression level
+for jpeg and webp (quality = 100 - compression) and png (zlib level = compression * 9 // 100).
+"""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+FORMATS = ("png", "jpeg", "webp")
+CONTENT_TYPES = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}
+
+
+class ImageDecodeError(ValueError):
+    """An upload that is not a readable image."""
+
+
+def encode(pixels: np.ndarray, fmt: str, compression: int | None = None) -> bytes:
+    """uint8 [H, W, 3] -> file bytes in `fmt` (png lossless; jpeg / webp quality 100 - compression, default 85)."""
+    image = Image.fromarray(np.ascontiguousarray(pixels, dtype=np.uint8), "RGB")
+    out = io.BytesIO()
+    if fmt == "png":
+        image.save(out, "PNG", compress_level=6 if compression is None else compression * 9 // 100)
+    elif fmt in ("jpeg", "webp"):
+        image.save(out, fmt.upper(), quality=85 if compression is None else 100 - compression)
+    else:
+        raise ValueError(f"unknown image format {fmt!r}")
+    return out.getvalue()
+
+
+def decode(data: bytes) -> tuple[np.ndarray, np.ndarray | None]:
+    """File bytes -> (uint8 [H, W, 3] RGB, uint8 [H, W] alpha or None when the image has none).
+
+    Raises ImageDecodeError for bytes Pillow cannot read.
+    """
+    try:
+        image = Image.open(io.BytesIO(data))
+        image.load()
+    except (UnidentifiedImageError, OSError, ValueError) as exc:
+        raise ImageDecodeError(str(exc) or "unreadable image") from exc
+    alpha = None
+    if image.mode in ("RGBA", "LA") or (image.mode == "P" and "transparency" in image.info):
+        rgba = image.convert("RGBA")
+        alpha = np.asarray(rgba)[..., 3].copy()
+        image = rgba
+    return np.asarray(image.convert("RGB")).copy(), alpha
+
+
+def stack(images: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """K images of any sizes -> (uint8 [K, Hmax, Wmax, 3] zero-padded, int32 [K, 2] (height, width) each):
+    the INPUT_IMAGES / INPUT_IMAGE_SIZES tensors of the image pipelines."""
+    sizes = np.array([image.shape[:2] for image in images], dtype=np.int32)
+    padded = np.zeros((len(images), int(sizes[:, 0].max()), int(sizes[:, 1].max()), 3), np.uint8)
+    for k, image in enumerate(images):
+        padded[k, :image.shape[0], :image.shape[1]] = image
+    return padded, sizes

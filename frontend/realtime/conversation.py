@@ -1,0 +1,151 @@
+"""A realtime session's conversation: items as OpenAI defines them (`realtime.item` messages), their
+transcripts, truncation, and the chat messages a response sends to the pipeline."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import numpy as np
+
+from omni_frontend.realtime.protocol import ProtocolError, new_id
+
+# truncation "auto": the oldest items are left out of a response's prompt beyond this many characters
+HISTORY_CHARS = 12000
+_ROLES = {"user": ("input_text", "input_audio"), "system": ("input_text",), "assistant": ("output_text", "output_audio")}
+
+
+@dataclasses.dataclass
+class Part:
+    """One content part. kind: input_text | input_audio | output_text | output_audio; text: the text or
+    transcript; audio: user audio as float32 16 kHz; spoken: assistant audio as (transcript chunk, play
+    time in ms) pairs, in order."""
+
+    kind: str
+    text: str = ""
+    audio: np.ndarray | None = None
+    spoken: list[tuple[str, float]] = dataclasses.field(default_factory=list)
+
+    def wire(self) -> dict:
+        key = "text" if self.kind.endswith("_text") else "transcript"
+        return {"type": self.kind, key: self.text or ("" if key == "text" else None)}
+
+
+@dataclasses.dataclass
+class Item:
+    """A message item. `transcribed` is set once every audio part has its transcript (user audio is
+    transcribed asynchronously; responses wait for it)."""
+
+    id: str
+    role: str
+    parts: list[Part]
+    status: str = "completed"
+    transcribed: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+
+    def __post_init__(self):
+        if not any(p.kind == "input_audio" for p in self.parts):
+            self.transcribed.set()
+
+    def wire(self) -> dict:
+        return {"id": self.id, "object": "realtime.item", "type": "message", "role": self.role, "status": self.status,
+                "content": [p.wire() for p in self.parts]}
+
+    @property
+    def text(self) -> str:
+        return " ".join(p.text.strip() for p in self.parts if p.text and p.text.strip())
+
+
+def item_from_client(spec: dict, decode_audio) -> Item:
+    """An Item from a `conversation.item.create` item (message items only). decode_audio(base64) ->
+    float32 16 kHz. Raises ProtocolError for other item types, roles or content part types."""
+    if spec.get("type") != "message":
+        raise ProtocolError(f"item type {spec.get('type')!r} is not supported (only 'message')", param="item.type",
+                            code="unsupported_item")
+    role = spec.get("role")
+    parts = []
+    for index, part in enumerate(spec.get("content") or []):
+        kind = part.get("type")
+        if kind not in _ROLES.get(role, ()):
+            raise ProtocolError(f"content type {kind!r} is not supported in a {role} message",
+                                param=f"item.content[{index}].type", code="unsupported_content")
+        if kind == "input_audio":
+            if not part.get("audio"):
+                raise ProtocolError("input_audio parts need base64 'audio'", param=f"item.content[{index}].audio")
+            parts.append(Part(kind, text=part.get("transcript") or "", audio=decode_audio(part["audio"])))
+        else:
+            parts.append(Part(kind, text=part.get("text") or part.get("transcript") or ""))
+    if not parts:
+        raise ProtocolError("a message item needs at least one content part", param="item.content")
+    return Item(spec.get("id") or new_id("item"), role, parts)
+
+
+class Conversation:
+    """Ordered items of one session."""
+
+    def __init__(self):
+        self.items: list[Item] = []
+
+    def add(self, item: Item, previous_item_id: str | None = None) -> str | None:
+        """Insert after `previous_item_id` (None: at the end; "root": first); returns the id of the item
+        before it. Raises ProtocolError if `previous_item_id` is unknown or the id is taken."""
+        if any(i.id == item.id for i in self.items):
+            raise ProtocolError(f"item id {item.id!r} already exists", param="item.id", code="item_exists")
+        if previous_item_id is None:
+            index = len(self.items)
+        else:
+            index = 0 if previous_item_id == "root" else self.index(previous_item_id) + 1
+        self.items.insert(index, item)
+        return self.items[index - 1].id if index else None
+
+    def index(self, item_id: str) -> int:
+        for index, item in enumerate(self.items):
+            if item.id == item_id:
+                return index
+        raise ProtocolError(f"no item with id {item_id!r}", param="item_id", code="item_not_found")
+
+    def get(self, item_id: str) -> Item:
+        return self.items[self.index(item_id)]
+
+    def delete(self, item_id: str) -> None:
+        del self.items[self.index(item_id)]
+
+    @property
+    def last_id(self) -> str | None:
+        return self.items[-1].id if self.items else None
+
+    def messages(self, instructions: str, items: list[Item] | None = None) -> list[dict]:
+        """Chat messages for the pipeline: the instructions as the system message, then the items' text
+        (user audio by its transcript), newest items kept within HISTORY_CHARS."""
+        kept, size = [], 0
+        for item in reversed(self.items if items is None else items):
+            text = item.text
+            if not text:
+                continue
+            if kept and size + len(text) > HISTORY_CHARS:
+                break
+            kept.append({"role": item.role, "content": text})
+            size += len(text)
+        system = [{"role": "system", "content": instructions}] if instructions else []
+        return system + kept[::-1]
+
+
+def truncate(item: Item, content_index: int, audio_end_ms: int) -> None:
+    """Cut an assistant audio part to what the user heard: the transcript keeps the chunks that played
+    before `audio_end_ms` and the share of words of the chunk that was playing. Raises ProtocolError for
+    a non-audio part or a time past the audio's end."""
+    if item.role != "assistant" or not 0 <= content_index < len(item.parts) or item.parts[content_index].kind != "output_audio":
+        raise ProtocolError("only assistant audio content can be truncated", param="content_index",
+                            code="invalid_value")
+    part = item.parts[content_index]
+    total = sum(ms for _, ms in part.spoken)
+    if audio_end_ms > total + 1:
+        raise ProtocolError(f"audio_end_ms {audio_end_ms} is past the end of the audio ({total:.0f} ms)",
+                            param="audio_end_ms", code="invalid_value")
+    heard, elapsed = [], 0.0
+    for text, ms in part.spoken:
+        if elapsed + ms <= audio_end_ms:
+            heard.append(text)
+        elif elapsed < audio_end_ms:
+            words = text.split()
+            heard.append(" ".join(words[:int(len(words) * (audio_end_ms - elapsed) / ms)]))
+        elapsed += ms
+    part.text = " ".join(t for t in heard if t)

@@ -1,0 +1,72 @@
+"""WS /v1/realtime?model=<chat pipeline with a VAD stage> (OpenAI Realtime GA) and GET /realtime (browser page).
+
+Authentication when the server has an API key: `Authorization: Bearer KEY` (SDKs), or the browser's
+subprotocol `openai-insecure-api-key.KEY`. A client that offers the `realtime` subprotocol gets it back.
+A session of an unknown or non-realtime model gets an `error` event, then the socket closes (1008).
+"""
+from __future__ import annotations
+
+import hmac
+import logging
+import uuid
+from pathlib import Path
+
+from fastapi import APIRouter, Request, WebSocket
+from fastapi.responses import FileResponse
+
+from omni_frontend.pipelines import CHAT
+from omni_frontend.realtime.protocol import ProtocolError, encode, error_event
+from omni_frontend.realtime.session import RealtimeSession
+
+router = APIRouter()
+log = logging.getLogger("omni_frontend.realtime")
+PAGE = Path(__file__).resolve().parent.parent / "static" / "realtime.html"
+POLICY_VIOLATION = 1008
+_KEY_PROTOCOL = "openai-insecure-api-key."
+
+
+def _authorized(websocket: WebSocket, api_key: str | None, protocols: list[str]) -> bool:
+    if not api_key:
+        return True
+    offered = [websocket.headers.get("authorization", "")] + [f"Bearer {p[len(_KEY_PROTOCOL):]}" for p in protocols
+                                                              if p.startswith(_KEY_PROTOCOL)]
+    return any(hmac.compare_digest(o.encode(), f"Bearer {api_key}".encode()) for o in offered)
+
+
+@router.websocket("/v1/realtime")
+async def realtime(websocket: WebSocket):
+    cfg = websocket.app.state.config
+    protocols = [p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
+    await websocket.accept(subprotocol="realtime" if "realtime" in protocols else None)
+    model = websocket.query_params.get("model")
+    pipeline = cfg.pipeline(model, CHAT) if model else next((p for p in cfg.pipelines if p.vad), None)
+    problem = None
+    if not _authorized(websocket, cfg.api_key, protocols):
+        problem = ProtocolError("invalid or missing API key (Authorization: Bearer ...)", code="invalid_api_key",
+                                type="authentication_error")
+    elif pipeline is None or pipeline.vad is None or pipeline.asr is None:
+        served = ", ".join(p.name for p in cfg.pipelines if p.vad) or "none"
+        problem = ProtocolError(f"model {model!r} does not serve realtime sessions; realtime models: {served}",
+                                code="model_not_found", param="model")
+    if problem is not None:
+        await websocket.send_text(encode(error_event(problem)))
+        await websocket.close(POLICY_VIOLATION)
+        return
+    request_id = websocket.headers.get("x-request-id") or uuid.uuid4().hex
+    session = RealtimeSession(websocket.app.state.triton, pipeline, model or pipeline.name, websocket.send_text,
+                              request_id)
+    log.info("realtime session %s opened (model %s)", request_id, pipeline.name)
+    try:
+        await session.start()
+        await session.run(websocket.receive)
+    except Exception:  # noqa: BLE001 - a broken socket ends this session only
+        log.exception("realtime session %s ended with an error", request_id)
+    finally:
+        await session.close()
+        log.info("realtime session %s closed", request_id)
+
+
+@router.get("/realtime", include_in_schema=False)
+async def page(request: Request):
+    """The browser client: microphone -> /v1/realtime, streamed reply audio, live transcripts."""
+    return FileResponse(PAGE, media_type="text/html")

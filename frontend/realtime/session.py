@@ -1,0 +1,491 @@
+"""One `/v1/realtime` WebSocket session: client events in, server events out (OpenAI Realtime GA).
+
+Three kinds of work run next to the receive loop, each an asyncio task:
+- the VAD feeder sends appended audio (16 kHz) to the session's sequence on the VAD model and turns its
+  speech_started / speech_stopped events into commits, barge-ins and automatic responses;
+- one transcription task per committed audio item (the ASR stage), emitting the input transcription events;
+- at most one response task: the chat pipeline (e.g. `voice`: LLM -> TTS) over one gRPC stream, mapped to
+  response.* events. Cancelling it (response.cancel, barge-in, disconnect) cancels the gRPC stream, so
+  Triton cancels every stage; the response still ends with `response.done` (status cancelled).
+Every server event goes through `send`, one at a time, so each task's events keep their order.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+
+import numpy as np
+
+from omni_frontend import pipeline_stream
+from omni_frontend.errors import APIError
+from omni_frontend.pipelines import Pipeline
+from omni_frontend.realtime import config as session_config
+from omni_frontend.realtime.audio import STAGE_RATE, InputDecoder, OutputEncoder, b64decode
+from omni_frontend.realtime.conversation import Conversation, Item, Part, item_from_client, truncate
+from omni_frontend.realtime.protocol import ProtocolError, decode, encode, error_event, new_id
+from omni_frontend.realtime.stages import VADSequence, transcribe
+from omni_frontend.triton_client import TritonClient
+
+log = logging.getLogger("omni_frontend.realtime")
+MAX_APPEND_BYTES = 10 * 1024 * 1024  # decoded audio per append event (its base64 stays under uvicorn's 16 MiB frame limit)
+MAX_BUFFER_S = 600  # uncommitted input audio kept at most
+MIN_COMMIT_MS = 100  # OpenAI: a commit needs at least 100 ms of audio
+
+
+class Response:
+    """The state of one response while it runs."""
+
+    def __init__(self, spec: dict, settings: session_config.SessionSettings):
+        self.id = new_id("resp")
+        self.spec = spec
+        self.audio_out = "audio" in (spec.get("output_modalities") or (["audio"] if settings.audio_out else ["text"]))
+        voice = ((spec.get("audio") or {}).get("output") or {}).get("voice") or settings.voice
+        self.voice = voice if isinstance(voice, str) else voice.get("id")
+        self.instructions = spec.get("instructions") or settings.instructions
+        tokens = spec.get("max_output_tokens", settings.max_tokens)
+        self.max_tokens = None if tokens in (None, "inf") else tokens
+        self.in_conversation = spec.get("conversation", "auto") != "none"
+        self.item: Item | None = None
+        self.reason = "client_cancelled"
+        self.usage = None
+        self.task: asyncio.Task | None = None
+
+    def wire(self, status: str, details: dict | None = None) -> dict:
+        return {"object": "realtime.response", "id": self.id, "status": status, "status_details": details,
+                "output": [self.item.wire()] if self.item else [],
+                "conversation_id": "conv_default" if self.in_conversation else None,
+                "output_modalities": ["audio" if self.audio_out else "text"], "max_output_tokens": self.max_tokens or "inf",
+                "audio": {"output": {"format": None, "voice": self.voice}}, "usage": self.usage,
+                "metadata": self.spec.get("metadata")}
+
+
+class RealtimeSession:
+    """Serves one accepted WebSocket. `send_text(str)` writes a frame; `run(receive)` reads client frames
+    until the client leaves, then `close()` stops every task and ends the VAD sequence."""
+
+    def __init__(self, triton: TritonClient, pipeline: Pipeline, model: str, send_text, request_id: str):
+        self.triton, self.pipeline, self.model, self._send_text = triton, pipeline, model, send_text
+        self.request_id = request_id
+        self.session = session_config.default_session(model, new_id("sess"))
+        self.settings = session_config.validate(self.session)
+        self.conversation = Conversation()
+        self.decoder = InputDecoder(self.settings.input_format, self.settings.input_rate)
+        self.buffer: list[np.ndarray] = []  # uncommitted input audio, float32 16 kHz
+        self.buffer_start = 0  # absolute 16 kHz sample index of the buffer's first sample
+        self.appended = 0  # 16 kHz samples appended in the whole session
+        self.vad: VADSequence | None = None
+        self.vad_origin = 0  # absolute sample index of the VAD sequence's sample 0
+        self.vad_queue: list[np.ndarray] = []
+        self.vad_wakeup = asyncio.Event()
+        self.vad_task: asyncio.Task | None = None
+        self.speech_item_id: str | None = None  # the item a detected turn will become
+        self.speech_start: int | None = None
+        self.response: Response | None = None
+        self.tasks: set[asyncio.Task] = set()
+        self._send_lock = asyncio.Lock()
+        self.closed = False
+
+    # -- output ------------------------------------------------------------------------------------
+    async def send(self, event: dict) -> None:
+        if self.closed:
+            return
+        text = encode(event)
+        async with self._send_lock:
+            try:
+                await self._send_text(text)
+            except Exception:  # noqa: BLE001 - the client is gone; the receive loop ends the session
+                self.closed = True
+
+    async def error(self, error: ProtocolError) -> None:
+        await self.send(error_event(error))
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    async def start(self) -> None:
+        await self.send({"type": "session.created", "session": self.session})
+        self._configure_vad()
+
+    async def run(self, receive) -> None:
+        """Reads frames until the client disconnects. receive() -> ASGI websocket message."""
+        while True:
+            message = await receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            data = message.get("text")
+            if data is None:
+                await self.error(ProtocolError("binary frames are not supported; send JSON text events",
+                                               code="invalid_json"))
+                continue
+            try:
+                await self.handle(decode(data))
+            except ProtocolError as exc:
+                await self.error(exc)
+            except Exception as exc:  # noqa: BLE001 - our bug: report it and keep the session
+                log.exception("realtime session %s: event failed", self.request_id)
+                await self.error(ProtocolError(f"internal error: {type(exc).__name__}: {exc}", code="internal_error",
+                                               type="server_error"))
+
+    async def close(self) -> None:
+        self.closed = True
+        tasks = [t for t in (self.response.task if self.response else None, self.vad_task, *self.tasks) if t]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self.vad is not None:
+            await self.vad.close()
+
+    def _spawn(self, work) -> asyncio.Task:
+        task = asyncio.create_task(work)
+        self.tasks.add(task)
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("realtime session %s: task failed", self.request_id, exc_info=task.exception())
+
+    # -- client events -----------------------------------------------------------------------------
+    async def handle(self, event: dict) -> None:
+        kind, event_id = event["type"], event.get("event_id")
+        try:
+            handler = getattr(self, "_on_" + kind.replace(".", "_"))
+            await handler(event)
+        except ProtocolError as exc:
+            exc.event_id = exc.event_id or event_id
+            raise
+
+    async def _on_session_update(self, event: dict) -> None:
+        update = event["session"]
+        base = self.session
+        if update.get("type") == "transcription" and base.get("type") != "transcription":
+            base = {"type": "transcription", "object": "realtime.transcription_session", "id": base["id"],
+                    "audio": {"input": base["audio"]["input"]}, "include": None}
+        elif update.get("type") == "realtime" and base.get("type") != "realtime":
+            default = session_config.default_session(self.model, base["id"])
+            base = {**default, "audio": {**default["audio"], "input": base["audio"]["input"]}}
+        merged = session_config.merge(base, update)
+        if merged.get("type") == "realtime":
+            merged["model"] = self.model  # the connection's pipeline; a session cannot switch models
+        settings = session_config.validate(merged, event.get("event_id"))
+        old = self.settings
+        self.session, self.settings = merged, settings
+        if (settings.input_format, settings.input_rate) != (old.input_format, old.input_rate):
+            self.decoder = InputDecoder(settings.input_format, settings.input_rate)
+        if settings.vad != old.vad:
+            await self._stop_vad()
+            self._configure_vad()
+        await self.send({"type": "session.updated", "session": self.session})
+
+    async def _on_input_audio_buffer_append(self, event: dict) -> None:
+        data = b64decode(event["audio"], "audio")
+        if len(data) > MAX_APPEND_BYTES:
+            raise ProtocolError(f"audio chunk of {len(data)} bytes is over the limit of {MAX_APPEND_BYTES} bytes "
+                                "per append event", code="audio_too_large", param="audio")
+        pcm = self.decoder.decode(data)
+        if self.appended - self.buffer_start + pcm.size > MAX_BUFFER_S * STAGE_RATE:
+            raise ProtocolError(f"the input audio buffer holds more than {MAX_BUFFER_S} s; commit or clear it",
+                                code="input_audio_buffer_full", param="audio")
+        self.buffer.append(pcm)
+        self.appended += pcm.size
+        if self.vad is not None:
+            self.vad_queue.append(pcm)
+            self.vad_wakeup.set()
+
+    async def _on_input_audio_buffer_commit(self, event: dict) -> None:
+        audio = self._take(self.appended)
+        if audio.size * 1000 < MIN_COMMIT_MS * STAGE_RATE:
+            raise ProtocolError(f"buffer too small: expected at least {MIN_COMMIT_MS} ms of audio, got "
+                                f"{audio.size * 1000 / STAGE_RATE:.0f} ms", code="input_audio_buffer_commit_empty")
+        await self._commit(audio, self.speech_item_id or new_id("item"))
+        self.speech_item_id = self.speech_start = None
+
+    async def _on_input_audio_buffer_clear(self, event: dict) -> None:
+        self._take(self.appended)
+        await self.send({"type": "input_audio_buffer.cleared"})
+
+    async def _on_output_audio_buffer_clear(self, event: dict) -> None:
+        raise ProtocolError("output_audio_buffer.clear is only for WebRTC/SIP sessions; over WebSocket, stop playback "
+                            "on the client and send conversation.item.truncate", code="unsupported_event")
+
+    async def _on_conversation_item_create(self, event: dict) -> None:
+        item = item_from_client(event["item"], lambda b64: self.decoder.decode(b64decode(b64, "item.content.audio")))
+        previous = self.conversation.add(item, event.get("previous_item_id"))
+        await self._announce(item, previous)
+        if not item.transcribed.is_set():
+            self._spawn(self._transcribe(item))
+
+    async def _on_conversation_item_retrieve(self, event: dict) -> None:
+        item = self.conversation.get(event["item_id"])
+        await self.send({"type": "conversation.item.retrieved", "item": item.wire()})
+
+    async def _on_conversation_item_delete(self, event: dict) -> None:
+        self.conversation.delete(event["item_id"])
+        await self.send({"type": "conversation.item.deleted", "item_id": event["item_id"]})
+
+    async def _on_conversation_item_truncate(self, event: dict) -> None:
+        item = self.conversation.get(event["item_id"])
+        truncate(item, event["content_index"], event["audio_end_ms"])
+        await self.send({"type": "conversation.item.truncated", "item_id": item.id,
+                         "content_index": event["content_index"], "audio_end_ms": event["audio_end_ms"]})
+
+    async def _on_response_create(self, event: dict) -> None:
+        if self.settings.kind != "realtime":
+            raise ProtocolError("transcription sessions do not create responses", code="invalid_session_type")
+        if self.response is not None:
+            raise ProtocolError(f"conversation already has an active response {self.response.id}",
+                                code="conversation_already_has_active_response")
+        spec = event.get("response") or {}
+        if spec.get("input") is not None or spec.get("tools"):
+            raise ProtocolError("response.input and response.tools are not supported by this server",
+                                code="unsupported_feature", param="response.input")
+        self._start_response(spec)
+
+    async def _on_response_cancel(self, event: dict) -> None:
+        wanted = event.get("response_id")
+        if self.response is None or (wanted and wanted != self.response.id):
+            raise ProtocolError("there is no active response to cancel" if not wanted else
+                                f"response {wanted!r} is not active", code="response_cancel_not_active",
+                                param="response_id" if wanted else None)
+        await self._cancel_response("client_cancelled")
+
+    # -- turns -------------------------------------------------------------------------------------
+    def _take(self, end: int, start: int | None = None) -> np.ndarray:
+        """Remove the buffer's samples before absolute index `end`; returns those from `start` on."""
+        audio = np.concatenate(self.buffer) if self.buffer else np.zeros(0, np.float32)
+        cut = max(0, min(end - self.buffer_start, audio.size))
+        begin = 0 if start is None else max(0, min(start - self.buffer_start, cut))
+        taken, rest = audio[begin:cut], audio[cut:]
+        self.buffer, self.buffer_start = ([rest] if rest.size else []), self.buffer_start + cut
+        return taken
+
+    async def _commit(self, audio: np.ndarray, item_id: str) -> None:
+        previous = self.conversation.last_id
+        item = Item(item_id, "user", [Part("input_audio", audio=audio)])
+        self.conversation.add(item)
+        await self.send({"type": "input_audio_buffer.committed", "item_id": item.id, "previous_item_id": previous})
+        await self._announce(item, previous)
+        self._spawn(self._transcribe(item))
+        if self.settings.create_response and self.response is None:
+            self._start_response({})
+
+    async def _announce(self, item: Item, previous: str | None) -> None:
+        await self.send({"type": "conversation.item.added", "item": item.wire(), "previous_item_id": previous})
+        await self.send({"type": "conversation.item.done", "item": item.wire(), "previous_item_id": previous})
+
+    async def _transcribe(self, item: Item) -> None:
+        """Transcribe the item's audio parts (the ASR stage) and report them; the item is then usable."""
+        try:
+            for index, part in enumerate(item.parts):
+                if part.kind != "input_audio" or part.text:
+                    continue
+                try:
+                    result = await transcribe(self.triton, self.pipeline.asr, part.audio,
+                                              self.settings.transcription_language, self.settings.transcription_prompt)
+                except APIError as exc:
+                    if self.settings.transcribe:
+                        await self.send({"type": "conversation.item.input_audio_transcription.failed",
+                                         "item_id": item.id, "content_index": index,
+                                         "error": {"type": "transcription_error", "code": exc.code,
+                                                   "message": exc.message, "param": None}})
+                    continue
+                part.text, seconds = result["text"], part.audio.size / STAGE_RATE
+                part.audio = None  # the transcript is what later turns use; do not keep every turn's audio
+                if self.settings.transcribe:
+                    for segment in result.get("segments") or []:
+                        await self.send({"type": "conversation.item.input_audio_transcription.delta", "item_id": item.id,
+                                         "content_index": index, "delta": segment["text"] + " "})
+                    await self.send({"type": "conversation.item.input_audio_transcription.completed",
+                                     "item_id": item.id, "content_index": index, "transcript": part.text,
+                                     "usage": {"type": "duration", "seconds": round(seconds, 3)}})
+        finally:
+            item.transcribed.set()
+
+    # -- VAD ---------------------------------------------------------------------------------------
+    def _configure_vad(self) -> None:
+        if self.settings.vad is None or self.pipeline.vad is None:
+            return
+        self.vad = VADSequence(self.triton, self.pipeline.vad, self.settings.vad)
+        self.vad_origin = self.appended
+        self.vad_queue, self.speech_start, self.speech_item_id = [], None, None
+        self.vad_task = asyncio.create_task(self._feed_vad(self.vad))
+
+    async def _stop_vad(self) -> None:
+        if self.vad_task is not None:
+            self.vad_task.cancel()
+            await asyncio.gather(self.vad_task, return_exceptions=True)
+        if self.vad is not None:
+            await self.vad.close()
+        self.vad = self.vad_task = None
+
+    async def _feed_vad(self, vad: VADSequence) -> None:
+        """Sends queued audio to the VAD model (everything queued since the last call in one request)."""
+        scored = 0
+        while True:
+            await self.vad_wakeup.wait()
+            self.vad_wakeup.clear()
+            if not self.vad_queue:
+                continue
+            chunk, self.vad_queue = np.concatenate(self.vad_queue), []
+            try:
+                found = await vad.feed(chunk)
+            except APIError as exc:
+                await self.error(ProtocolError(f"voice activity detection failed: {exc.message}", code="vad_error",
+                                               type="server_error"))
+                # start a new sequence with the next chunk (the model may have dropped this one)
+                self.vad_origin, scored = self.vad_origin + scored + chunk.size, 0
+                vad.restart()
+                continue
+            scored += chunk.size
+            for turn in found:
+                await self._on_turn(turn)
+            if self.speech_start is None:  # nobody speaks: keep only what a prefix padding may need
+                keep = self.vad_origin + scored - vad.options["prefix_padding_ms"] * STAGE_RATE // 1000 - STAGE_RATE
+                if keep > self.buffer_start:
+                    self._take(keep)
+
+    async def _on_turn(self, turn: dict) -> None:
+        ms = lambda sample: int((self.vad_origin + sample) * 1000 // STAGE_RATE)  # noqa: E731
+        if turn["type"] == "speech_started":
+            self.speech_start = self.vad_origin + turn["audio_start"]
+            self.speech_item_id = new_id("item")
+            await self.send({"type": "input_audio_buffer.speech_started", "audio_start_ms": ms(turn["audio_start"]),
+                             "item_id": self.speech_item_id})
+            if self.response is not None and self.settings.interrupt_response:
+                await self._cancel_response("turn_detected")
+        elif turn["type"] == "speech_stopped" and self.speech_item_id is not None:
+            item_id, start = self.speech_item_id, self.speech_start
+            self.speech_item_id = self.speech_start = None
+            await self.send({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": ms(turn["audio_end"]),
+                             "item_id": item_id})
+            audio = self._take(self.vad_origin + turn["sample"], start)
+            if audio.size * 1000 >= MIN_COMMIT_MS * STAGE_RATE:
+                await self._commit(audio, item_id)
+
+    # -- responses ---------------------------------------------------------------------------------
+    def _start_response(self, spec: dict) -> None:
+        response = Response(spec, self.settings)
+        self.response = response
+        response.task = asyncio.create_task(self._respond(response))
+
+    async def _cancel_response(self, reason: str) -> None:
+        response = self.response
+        if response is None or response.task is None:
+            return
+        response.reason = reason
+        response.task.cancel()
+        await asyncio.gather(response.task, return_exceptions=True)
+
+    async def _respond(self, response: Response) -> None:
+        """Runs one response and always ends it with response.done (completed, cancelled or failed)."""
+        status, details = "completed", None
+        await self.send({"type": "response.created", "response": response.wire("in_progress")})
+        output = _Output(self, response)
+        try:
+            items = list(self.conversation.items)
+            await asyncio.gather(*(item.transcribed.wait() for item in items))
+            body = {"messages": self.conversation.messages(response.instructions, items),
+                    "modalities": ["audio" if response.audio_out else "text"], "voice": response.voice,
+                    "max_tokens": response.max_tokens}
+            async for event, audio in pipeline_stream.events(self.triton, self.pipeline.entry, body,
+                                                             f"{self.request_id}-{response.id}"):
+                await output.event(event, audio)
+            await output.finish()
+            if output.finish_reason == "length":
+                status, details = "incomplete", {"type": "incomplete", "reason": "max_output_tokens"}
+        except asyncio.CancelledError:
+            status, details = "cancelled", {"type": "cancelled", "reason": response.reason}
+        except APIError as exc:
+            status = "failed"
+            details = {"type": "failed", "error": {"type": exc.type, "code": exc.code or "pipeline_error"}}
+            await self.error(ProtocolError(exc.message, code=exc.code or "pipeline_error", param=exc.param,
+                                           type=exc.type))
+        except Exception as exc:  # noqa: BLE001 - the session survives our own bugs too; the client is told
+            log.exception("realtime response %s failed", response.id)
+            status, details = "failed", {"type": "failed", "error": {"type": "server_error", "code": "internal_error"}}
+            await self.error(ProtocolError(f"internal error: {type(exc).__name__}: {exc}", code="internal_error",
+                                           type="server_error"))
+        finally:
+            if response.item is not None:
+                response.item.status = "completed" if status == "completed" else "incomplete"
+            self.response = None
+            await self.send({"type": "response.done", "response": response.wire(status, details)})
+
+
+class _Output:
+    """Maps one response's pipeline events onto the output item, its content part and the delta events."""
+
+    def __init__(self, session: RealtimeSession, response: Response):
+        self.session, self.response = session, response
+        settings = session.settings
+        self.encoder = OutputEncoder(settings.output_format, settings.output_rate)
+        self.part = Part("output_audio" if response.audio_out else "output_text")
+        self.finish_reason = None
+        self.ids = {"response_id": response.id, "output_index": 0}
+
+    async def _open(self) -> None:
+        if self.response.item is not None:
+            return
+        item = Item(new_id("item"), "assistant", [self.part], status="in_progress")
+        self.response.item = item
+        self.ids["item_id"] = item.id
+        previous = None
+        if self.response.in_conversation:
+            previous = self.session.conversation.add(item)
+        send = self.session.send
+        await send({"type": "response.output_item.added", "response_id": self.response.id, "output_index": 0,
+                    "item": item.wire()})
+        if self.response.in_conversation:
+            await send({"type": "conversation.item.added", "item": item.wire(), "previous_item_id": previous})
+        await send({"type": "response.content_part.added", **self.ids, "content_index": 0, "part": self._part_wire()})
+
+    def _part_wire(self) -> dict:
+        if self.part.kind == "output_audio":
+            return {"type": "audio", "transcript": self.part.text}
+        return {"type": "text", "text": self.part.text}
+
+    async def event(self, event: dict, audio: np.ndarray | None) -> None:
+        kind, send = event.get("type"), self.session.send
+        if kind == "done":
+            self.finish_reason = event.get("finish_reason")
+            usage = event.get("usage") or {}
+            prompt, completion = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
+            self.response.usage = {"total_tokens": prompt + completion, "input_tokens": prompt, "output_tokens": completion,
+                                   "input_token_details": {"text_tokens": prompt, "audio_tokens": 0, "cached_tokens": 0},
+                                   "output_token_details": {"text_tokens": completion, "audio_tokens": 0}}
+        elif kind == "text.delta" and event.get("text") and not self.response.audio_out:
+            await self._open()
+            self.part.text += event["text"]
+            await send({"type": "response.output_text.delta", **self.ids, "content_index": 0, "delta": event["text"]})
+        elif kind == "audio.delta" and audio is not None and self.response.audio_out:
+            await self._open()
+            data = self.encoder.encode(audio, int(event.get("sample_rate", 24000)))
+            words = (event.get("transcript") or "").strip()
+            delta = (" " if self.part.text and words else "") + words
+            self.part.text += delta
+            self.part.spoken.append((words, self.encoder.duration_ms(data)))
+            if delta:
+                await send({"type": "response.output_audio_transcript.delta", **self.ids, "content_index": 0,
+                            "delta": delta})
+            await send({"type": "response.output_audio.delta", **self.ids, "content_index": 0,
+                        "delta": base64.b64encode(data).decode()})
+
+    async def finish(self) -> None:
+        await self._open()
+        item, send = self.response.item, self.session.send
+        item.status = "completed"
+        if self.part.kind == "output_audio":
+            await send({"type": "response.output_audio.done", **self.ids, "content_index": 0})
+            await send({"type": "response.output_audio_transcript.done", **self.ids, "content_index": 0,
+                        "transcript": self.part.text})
+        else:
+            await send({"type": "response.output_text.done", **self.ids, "content_index": 0, "text": self.part.text})
+        await send({"type": "response.content_part.done", **self.ids, "content_index": 0, "part": self._part_wire()})
+        await send({"type": "response.output_item.done", "response_id": self.response.id, "output_index": 0,
+                    "item": item.wire()})
+        if self.response.in_conversation:
+            with contextlib.suppress(ProtocolError):
+                index = self.session.conversation.index(item.id)
+                previous = self.session.conversation.items[index - 1].id if index else None
+                await send({"type": "conversation.item.done", "item": item.wire(), "previous_item_id": previous})

@@ -1,0 +1,101 @@
+"""Edge validation, before any route work: the request body's size (BodyLimitMiddleware) and its
+text (require_valid_text).
+
+Every string of a JSON request body (values and keys, at any depth, extension fields included) must
+be encodable Unicode before anything reaches a tokenizer, phonemizer or encoder.
+
+JSON may spell a lone UTF-16 surrogate ("\\ud800"); Python's json module turns it into a str that
+no UTF-8 encoder accepts, so it would fail deep inside a stage. Multipart form fields, query
+strings and paths cannot carry one (Starlette decodes them as UTF-8 or Latin-1).
+"""
+from __future__ import annotations
+
+
+from fastapi import Request
+from starlette.requests import HTTPConnection
+from starlette.exceptions import HTTPException
+
+from omni_frontend.errors import APIError, bad_request
+
+
+class BodyLimitMiddleware:
+    """Pure ASGI middleware: a request body over `max_bytes` gets 413 in the OpenAI envelope (with
+    `Connection: close`) without being parsed. A declared Content-Length is refused before the body
+    is read; a chunked body is counted as it arrives and refused when it passes the limit (the
+    HTTPException reaches the app's handler, which renders the same envelope). Starlette's own
+    limiter answers a declared length with plain text, hence this one."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+        self.message = f"request body exceeds the {max_bytes} byte limit (--max-body-bytes)"
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or []).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            error = APIError(413, self.message, code="request_too_large", headers={"connection": "close"})
+            return await error.response()(scope, receive, send)
+        seen = 0
+
+        async def counting_receive():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise HTTPException(413, self.message, headers={"connection": "close"})
+            return message
+
+        await self.app(scope, counting_receive, send)
+
+
+def invalid_text(value) -> tuple[str, int] | None:
+    """(JSON path, character index) of the first string in `value` that is not encodable Unicode
+    (a lone surrogate), or None. `value` is parsed JSON (dict / list / scalars); iterative, so any
+    nesting depth is fine. Paths look like `messages[0].content[1].text`."""
+    stack = [("", value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, str):
+            index = _bad_index(item)
+            if index is not None:
+                return path or "body", index
+        elif isinstance(item, dict):
+            for key, child in reversed(list(item.items())):
+                index = _bad_index(key)
+                if index is not None:
+                    return (f"{path}.{key!a}" if path else f"{key!a}"), index
+                stack.append((f"{path}.{key}" if path else key, child))
+        elif isinstance(item, list):
+            stack.extend((f"{path}[{i}]", child) for i, child in reversed(list(enumerate(item))))
+    return None
+
+
+def _bad_index(text: str) -> int | None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
+
+
+async def require_valid_text(connection: HTTPConnection) -> None:
+    """App-wide FastAPI dependency: 400 (code `invalid_unicode`, param = the field's path) when the
+    JSON body holds a string that is not valid Unicode. It reads the body FastAPI has already parsed
+    (Starlette caches it), so nothing is parsed twice; non-JSON bodies are left to their routes, and
+    WebSocket routes (no body; their events are checked by the route) pass through."""
+    if not isinstance(connection, Request) or connection.method not in ("POST", "PUT", "PATCH") \
+            or "json" not in connection.headers.get("content-type", ""):
+        return
+    request = connection
+    try:
+        body = await request.json()
+    except (ValueError, UnicodeDecodeError):
+        return  # FastAPI reports invalid JSON itself
+    found = invalid_text(body)
+    if found:
+        param, index = found
+        raise bad_request(f"{param} is not valid Unicode: it holds a lone UTF-16 surrogate at character {index} "
+                          "(send text as UTF-8, or escape characters outside the BMP as surrogate pairs)",
+                          param=param, code="invalid_unicode")

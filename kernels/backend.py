@@ -1,0 +1,157 @@
+"""Which implementation runs: compiled Triton on CUDA, Triton's interpreter on CPU (tests), or the reference.
+
+Every public op in `omni_kernels` calls `select(op, *tensors)` and gets one of
+  "triton"       the kernel compiled for the GPU (CUDA tensors, kernels enabled, Triton importable);
+  "interpreter"  the same kernel run by Triton's interpreter on CPU tensors (kernels enabled and
+                 `OMNI_KERNELS_INTERPRET=1` or `TRITON_INTERPRET=1` set when the op is called);
+  "reference"    the op's PyTorch reference (kernels disabled, Triton missing, or CPU tensors otherwise).
+`last_backend(op)` says which one the last call of `op` used (tests assert on it).
+
+The switch `set_enabled(False)` is the engine's deploy option to turn the kernels off; its initial value
+comes from the environment variable `OMNI_KERNELS` ("0" turns them off; default on).
+
+Triton fixes its mode (compile for the GPU, or interpret) when it is first imported: its own library
+functions (`tl.sum`, `tl.sigmoid`, ...) are decorated then, from `TRITON_INTERPRET`. On a machine without
+CUDA only the interpreter can run, so if Triton is not imported yet this module imports it in interpreter
+mode there (a process-local Triton setting; the environment is restored); with CUDA it imports it
+normally. The kernels here are decorated in whichever mode Triton is in (`INTERPRETED`).
+`TRITON_INTERPRET=0` keeps the compiling mode on CUDA-less machines (for compiling kernels ahead of time,
+`scripts/inspect_kernels`).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+import torch
+
+BACKENDS = ("triton", "interpreter", "reference")
+
+
+def _import_triton():
+    """Import Triton in interpreter mode on CUDA-less machines (see the module doc); None if missing."""
+    if "triton" not in sys.modules and not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "0":
+        previous = os.environ.get("TRITON_INTERPRET")
+        os.environ["TRITON_INTERPRET"] = "1"
+        try:
+            import triton
+
+            triton.knobs.runtime.interpret = True  # Triton reads it again later (e.g. on first launch)
+        except ImportError:
+            return None
+        finally:
+            if previous is None:
+                os.environ.pop("TRITON_INTERPRET", None)
+            else:
+                os.environ["TRITON_INTERPRET"] = previous
+        return triton
+    try:
+        import triton
+    except ImportError:
+        return None
+    return triton
+
+
+triton = _import_triton()
+HAVE_TRITON = triton is not None
+if HAVE_TRITON:
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    INTERPRETED = isinstance(tl.sum, InterpretedFunction)  # the mode Triton's own library was decorated in
+else:  # pragma: no cover - exercised on machines without Triton
+    INTERPRETED = False
+
+    class _Unavailable:
+        """Stands in for `triton.language` so kernel signatures (`X: tl.constexpr`) still evaluate."""
+
+        def __getattr__(self, name):
+            return None
+
+    tl = _Unavailable()
+
+_enabled = os.environ.get("OMNI_KERNELS", "1") != "0"
+_last: dict[str, str] = {}
+_lock = threading.Lock()
+
+
+def set_enabled(flag: bool) -> None:
+    """Turn the Triton kernels on or off for the whole process (off: every op runs its PyTorch reference)."""
+    global _enabled
+    _enabled = bool(flag)
+
+
+def enabled() -> bool:
+    """Whether the Triton kernels may run (they still need Triton and CUDA tensors, or the interpreter)."""
+    return _enabled
+
+
+def interpret_requested() -> bool:
+    """Whether CPU tensors should go through Triton's interpreter (`OMNI_KERNELS_INTERPRET=1` or
+    `TRITON_INTERPRET=1`, read at call time)."""
+    return os.environ.get("OMNI_KERNELS_INTERPRET") == "1" or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def select(op: str, *tensors: torch.Tensor) -> str:
+    """The backend for one call of `op` on `tensors` (all on one device); recorded for `last_backend`."""
+    on_cuda = all(t.is_cuda for t in tensors)
+    if not (_enabled and HAVE_TRITON):
+        backend = "reference"
+    elif on_cuda and not INTERPRETED:
+        backend = "triton"
+    elif INTERPRETED and (on_cuda or interpret_requested()):
+        backend = "interpreter"
+    else:
+        backend = "reference"
+    with _lock:
+        _last[op] = backend
+    return backend
+
+
+def last_backend(op: str) -> str | None:
+    """The backend ("triton", "interpreter" or "reference") of the last call of `op`; None before any call."""
+    return _last.get(op)
+
+
+def kernel(fn):
+    """`triton.jit` for kernels, in Triton's import-time mode (see the module doc)."""
+    if not HAVE_TRITON:
+        return fn
+    return InterpretedFunction(fn) if INTERPRETED else JITFunction(fn)
+
+
+def helper(fn):
+    """`triton.jit` for helpers called inside kernels. Interpreted kernels call the plain function: Triton's
+    language is already patched for the running kernel, and a nested InterpretedFunction would re-patch it
+    on every call (most of the interpreter's time)."""
+    if not HAVE_TRITON or INTERPRETED:
+        return fn
+    return JITFunction(fn)
+
+
+_ROUND_BF16_FIRST = tl.constexpr(INTERPRETED) if HAVE_TRITON else False
+
+
+@helper
+def round_to(x, dtype: tl.constexpr):
+    """fp32 -> dtype, rounding to nearest even. Compiled, this is `x.to(dtype)`. Triton 3.6's interpreter
+    truncates fp32 -> bf16, so there x is first rounded to 8 significant bits in fp32 (Veltkamp's split:
+    c = x * (2**16 + 1); x = c - (c - x)), which the truncation then keeps exactly."""
+    if _ROUND_BF16_FIRST:
+        if dtype == tl.bfloat16:
+            c = x * 65537.0
+            x = c - (c - x)
+    return x.to(dtype)
+
+
+@helper
+def rounded(x, dtype: tl.constexpr):
+    """fp32 x rounded to dtype and back to fp32: where the unfused PyTorch code rounds an intermediate."""
+    return round_to(x, dtype).to(tl.float32)
+
+
+# Triton 3.6's interpreter multiplies bf16 tiles as raw bits (wrong results), so interpreted GEMMs upcast
+# their tiles to fp32 (exact for bf16/fp16) before `tl.dot`; compiled GEMMs feed bf16 to the tensor cores.
+DOT_IN_FP32 = INTERPRETED

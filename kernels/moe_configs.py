@@ -1,0 +1,69 @@
+"""Block sizes of the fused-MoE kernels, per token-count bucket (the table `scripts/bench_kernels --tune-moe`
+measures candidates for; edit it with the winners it prints).
+
+BLOCK_M is shared by both grouped GEMMs because it is the alignment of the expert-sorted token layout.
+Decode (1-64 tokens, at most a few rows per expert): BLOCK_M 16 (the smallest MMA tile), narrow BLOCK_N so
+that ~8 experts x (N / BLOCK_N) programs cover the 132 SMs, long BLOCK_K (contiguous weight rows, 16-byte
+loads) and deep pipelining: these launches only stream expert weights. Prefill (up to 8k tokens):
+wgmma-sized 64/128-row tiles, grouped launch order (GROUP_M) so the blocks of one expert reuse its weights
+from L2. The thinker's (H=2048, I=768) and the talker's (H=1024, I=384) decode buckets are tuned on the H200;
+the other buckets are first guesses.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmConfig:
+    """Tile of one grouped GEMM: BLOCK_N output columns (per gate/up half for gate_up), BLOCK_K reduction
+    step, GROUP_M row blocks launched together, and Triton's num_warps / num_stages."""
+    BLOCK_N: int
+    BLOCK_K: int
+    GROUP_M: int = 1
+    num_warps: int = 4
+    num_stages: int = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeConfig:
+    BLOCK_M: int
+    gate_up: GemmConfig
+    down: GemmConfig
+
+
+# Per expert shape (hidden H, intermediate I): (largest token count of the bucket, config), the first bucket
+# whose bound is >= T is used. Shapes without a table of their own use DEFAULT_CONFIGS.
+DEFAULT_CONFIGS: list[tuple[int, MoeConfig]] = [
+    (16, MoeConfig(16, GemmConfig(32, 128, 1, 4, 5), GemmConfig(64, 128, 1, 4, 4))),
+    (64, MoeConfig(16, GemmConfig(32, 128, 1, 4, 5), GemmConfig(64, 128, 1, 4, 4))),
+    (256, MoeConfig(32, GemmConfig(64, 64, 4, 4, 4), GemmConfig(64, 64, 4, 4, 4))),
+    (1024, MoeConfig(64, GemmConfig(64, 64, 8, 4, 4), GemmConfig(128, 64, 8, 4, 4))),
+    (1 << 62, MoeConfig(128, GemmConfig(64, 64, 8, 8, 4), GemmConfig(128, 64, 8, 8, 4))),
+]
+THINKER, TALKER = (2048, 768), (1024, 384)   # Qwen3-Omni-30B-A3B: thinker top-8, talker top-6 (128 experts)
+# Decode buckets (1, 4, 16 tokens) tuned on an H200 (`scripts/bench_kernels --tune-moe --tokens 1,4,16`,
+# 2026-12-01, bench/results/tune_h200_run3.json): narrow 32-column tiles, 128-wide K steps, 4 stages, and
+# 2 warps for the down GEMM from 4 tokens on. The winners beat the first guesses by at most 8%: at these
+# sizes the GEMMs already stream the experts' weights at 70-95% of the copy bandwidth.
+_BN32 = GemmConfig(32, 128, 1, 4, 4)
+_BN32_2W = GemmConfig(32, 128, 1, 2, 4)
+MOE_CONFIGS: dict[tuple[int, int], list[tuple[int, MoeConfig]]] = {
+    THINKER: [(1, MoeConfig(16, _BN32, GemmConfig(64, 128, 1, 4, 4))),
+              (4, MoeConfig(16, _BN32, _BN32_2W)),
+              (16, MoeConfig(16, _BN32, _BN32_2W)),
+              *DEFAULT_CONFIGS[1:]],
+    TALKER: [(1, MoeConfig(16, _BN32, _BN32)),
+             (4, MoeConfig(16, _BN32, _BN32_2W)),
+             (16, MoeConfig(16, GemmConfig(64, 128, 1, 4, 4), _BN32_2W)),
+             *DEFAULT_CONFIGS[1:]],
+}
+
+
+def moe_config(num_tokens: int, hidden: int | None = None, inter: int | None = None) -> MoeConfig:
+    """The table's config for `num_tokens` tokens of experts with hidden size `hidden` and intermediate size
+    `inter` (the shape's own table when it has one, else DEFAULT_CONFIGS)."""
+    for bound, config in MOE_CONFIGS.get((hidden, inter), DEFAULT_CONFIGS):
+        if num_tokens <= bound:
+            return config
+    raise AssertionError("the last bucket is unbounded")

@@ -1,0 +1,139 @@
+"""Where the static-cache decoders call the `omni_kernels` Triton kernels instead of transformers modules.
+
+Each function takes the transformers module whose weights it uses and the activations. On CUDA
+tensors, with `omni_kernels` enabled (`omni_kernels.set_enabled`, the deploy option `kernels`), it
+calls the fused kernel (RMSNorm with the residual add, plain RoPE of q and k in one launch, the whole
+decode attention — q/k norms, RoPE, cache write, grouped-query attention — in one launch, the fused MoE,
+SiLU-and-mul after one gate+up GEMM); otherwise it calls the module itself, so the CPU path is
+transformers' own arithmetic (and the static engine's tokens equal the library's).
+"""
+from __future__ import annotations
+
+import torch
+
+try:
+    import omni_kernels
+except ImportError:  # pragma: no cover - the package is part of this repository
+    omni_kernels = None
+
+_KERNELS = ("rms_norm", "fused_moe", "silu_and_mul", "apply_mrope", "decode_attention", "enabled")
+FUSED = "omni_fused_weight"   # attribute holding the concatenated weight of fused projections
+
+
+def available() -> bool:
+    """True when `omni_kernels` provides the kernels used here."""
+    return omni_kernels is not None and all(hasattr(omni_kernels, name) for name in _KERNELS)
+
+
+def active(x: torch.Tensor) -> bool:
+    """True when `x` is a CUDA tensor and the kernels are available and enabled."""
+    return x.is_cuda and available() and bool(omni_kernels.enabled())
+
+
+_fused_attention = True
+
+
+def set_fused_attention(flag: bool) -> None:
+    """Use the one-launch decode attention (`decode_attention`) while the kernels are active (default); False
+    keeps the other kernels and runs attention as norms + RoPE + cache writes + SDPA (benchmark A/B)."""
+    global _fused_attention
+    _fused_attention = bool(flag)
+
+
+def attention_active(x: torch.Tensor) -> bool:
+    """True when a decode step on `x` should use `decode_attention`."""
+    return _fused_attention and active(x)
+
+
+def set_enabled(flag: bool) -> bool:
+    """Turn the kernels on or off (no-op without them); returns whether they are active for CUDA tensors now."""
+    if available():
+        omni_kernels.set_enabled(flag)
+        return bool(omni_kernels.enabled())
+    return False
+
+
+def rms_norm(norm: torch.nn.Module, x: torch.Tensor, residual: torch.Tensor | None = None):
+    """`norm(x)` for a transformers RMSNorm module (`weight`, `variance_epsilon`); with `residual`,
+    returns `(norm(x + residual), x + residual)` (the decoder's add-then-norm)."""
+    if active(x):
+        return omni_kernels.rms_norm(x, norm.weight, norm.variance_epsilon, residual=residual)
+    if residual is None:
+        return norm(x)
+    x = x + residual
+    return norm(x), x
+
+
+@torch.no_grad()
+def fuse_linears(owner: torch.nn.Module, linears: list[torch.nn.Linear]) -> bool:
+    """Concatenate the weights of bias-free linears that read the same input (q/k/v, gate/up) into one
+    tensor stored as `owner.omni_fused_weight`, and make each linear's weight a view of it: one GEMM
+    instead of several, no extra memory, and the modules (transformers' own prefill) keep working.
+    Returns False (nothing changed) for linears with biases or different dtypes/devices."""
+    if hasattr(owner, FUSED):
+        return True
+    weights = [linear.weight for linear in linears]
+    if any(linear.bias is not None for linear in linears) or len({(w.dtype, w.device) for w in weights}) != 1:
+        return False
+    fused = torch.cat(weights)
+    start = 0
+    for linear, weight in zip(linears, weights):
+        linear.weight = torch.nn.Parameter(fused[start:start + weight.shape[0]], requires_grad=False)
+        start += weight.shape[0]
+    setattr(owner, FUSED, fused)
+    return True
+
+
+def rope(q: torch.Tensor, k: torch.Tensor, cos_half: torch.Tensor, sin_half: torch.Tensor):
+    """Plain (1-D) RoPE of q [B, Hq, D] and k [B, Hk, D] with per-row tables cos/sin [B, D/2] in the
+    activations' dtype (transformers' rotate-half form; mRoPE with equal section positions is the same)."""
+    if active(q):
+        return omni_kernels.apply_mrope(q, k, cos_half, sin_half, mrope_section=None)
+    cos, sin = torch.cat((cos_half, cos_half), -1)[:, None], torch.cat((sin_half, sin_half), -1)[:, None]
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def decode_attention(attn: torch.nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_half: torch.Tensor,
+                     sin_half: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                     written: torch.Tensor, columns: int) -> torch.Tensor:
+    """One decode token per row through a Qwen3 attention module's q/k norms, RoPE (per-row tables [B, D/2])
+    and grouped-query attention over a static cache [slots, Hk, L, D] (row b = slot b, its new key/value
+    written at column `written[b]`, columns 0..written[b] attended): `omni_kernels.decode_attention`, one
+    launch. q [B, Hq, D], k/v [B, Hk, D]; returns [B, Hq, D] (before o_proj). Only called when `attention_active`."""
+    return omni_kernels.decode_attention(q, k, v, attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.variance_epsilon,
+                                         cos_half, sin_half, key_cache, value_cache, written, columns, attn.scaling)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def dense_mlp(mlp: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """`down(silu(gate(h)) * up(h))` of a transformers gated MLP: one gate+up GEMM and the fused
+    silu-and-mul when its projections were fused (`fuse_linears`) and the kernels are active."""
+    fused = getattr(mlp, FUSED, None)
+    if fused is None or not active(h):
+        return mlp(h)
+    return mlp.down_proj(omni_kernels.silu_and_mul(torch.nn.functional.linear(h, fused)))
+
+
+def moe(mlp: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """The feed-forward block of a decoder layer for tokens h [T, H] -> [T, H].
+
+    Sparse blocks (`gate` router + `experts` with `gate_up_proj` [E, 2I, H] / `down_proj` [E, H, I], and the
+    talker's optional `shared_expert` with its sigmoid gate) run as one fused MoE when the kernels are
+    active; otherwise (and for dense MLPs) the module itself runs.
+    """
+    experts = getattr(mlp, "experts", None)
+    if experts is None:
+        return dense_mlp(mlp, h)
+    if not active(h):
+        return mlp(h[:, None, :])[:, 0]
+    gate = mlp.gate
+    routed = omni_kernels.fused_moe(h, torch.nn.functional.linear(h, gate.weight), experts.gate_up_proj,
+                                    experts.down_proj, gate.top_k, renormalize=gate.norm_topk_prob)
+    shared = getattr(mlp, "shared_expert", None)
+    if shared is not None:
+        routed = routed + torch.sigmoid(mlp.shared_expert_gate(h)) * dense_mlp(shared, h)
+    return routed

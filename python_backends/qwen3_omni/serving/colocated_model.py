@@ -1,0 +1,172 @@
+"""qwen3_omni, co-located layout: the client-facing Qwen3-Omni model with all three engines in this process.
+
+The stage layout runs the thinker, talker and code2wav as separate Triton models (separate stub processes)
+wired by the BLS orchestrator (`omni_model`). On one GPU those processes time-slice the device: CUDA runs
+kernels of different processes one context at a time (without MPS), so a served thinker step costs its own
+time plus a talker frame (docs/gpu.md, H200 run 2). Here the engines share one process: the thinker's
+engine thread, the talker thread and the code2wav thread each run on their own CUDA stream
+(`LocalOmniPipeline`), so their kernels overlap, and tokens, hidden states and frames cross between them as
+in-process objects instead of BLS responses (no per-token JSON, IPC or DLPack hand-offs between stages).
+
+Same tensors and events as the orchestrator (REQUEST / INPUT_AUDIO in; EVENT JSON + AUDIO out, see
+`omni_model`), so clients and the frontend see no difference; a deploy file selects it with
+`layout: colocated` (omni_frontend.deploy) and serves it under the name qwen3_omni. Settings: shared
+`checkpoint`, `kernels`, `threads`, `default_voice`; each engine's as `<stage>.<key>` with the stage
+models' keys (`thinker.engine`, `thinker.max_len`, `talker.max_frames`, `code2wav.chunk_frames`, ...).
+
+Per request one coroutine reads the engines' events from a mailbox (one event-loop wake-up per batch of
+events, text deltas of one batch merged into one event), runs the text stream (detokenizing, stop strings),
+hands the accepted tokens to the talker, and streams text and audio events; a cancelled or failed request
+is aborted in every engine.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import torch
+from transformers import AutoTokenizer, WhisperFeatureExtractor
+
+from omni_backends.qwen3_omni.code2wav import SAMPLE_RATE, Code2WavStreamer
+from omni_backends.qwen3_omni.loading import load_code2wav, load_config, load_talker, load_thinker
+from omni_backends.qwen3_omni.pipeline import LocalOmniPipeline
+from omni_backends.qwen3_omni.serving import protocol as p
+from omni_backends.qwen3_omni.serving import turn as turns
+from omni_backends.qwen3_omni.talker import Talker
+from omni_backends.qwen3_omni.thinker import Thinker, ThinkerToken
+from omni_backends.serving import events, model_config
+from omni_backends.serving.decoupled import AsyncDecoupledModel
+
+CANCEL_POLL_S = 0.05
+
+
+class Mailbox:
+    """Events from engine threads to one request coroutine: `put` from any thread; `get(timeout)` waits up to
+    `timeout` seconds and returns every event queued so far, in order (an empty list on timeout). The event
+    loop is woken once per batch, not once per event."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop, self._lock = loop, threading.Lock()
+        self._items: list = []
+        self._ready = asyncio.Event()
+        self._woken = False
+
+    def put(self, item) -> None:
+        with self._lock:
+            self._items.append(item)
+            wake, self._woken = not self._woken, True
+        if wake:
+            self._loop.call_soon_threadsafe(self._ready.set)
+
+    async def get(self, timeout: float) -> list:
+        try:
+            await asyncio.wait_for(self._ready.wait(), timeout)
+        except TimeoutError:
+            pass
+        with self._lock:
+            items, self._items = self._items, []
+            self._woken = False
+            self._ready.clear()
+        return items
+
+
+class TritonPythonModel(AsyncDecoupledModel):
+    def setup(self, args: dict) -> None:
+        settings = {stage: p.stage_parameters(self.parameters, stage) for stage in ("thinker", "talker", "code2wav")}
+        setups = {stage: p.stage_setup(args, params, self.model_name) for stage, params in settings.items()}
+        path, device = setups["thinker"].path, setups["thinker"].device
+        config = load_config(path)
+        thinker_params, talker_params, code2wav_params = settings["thinker"], settings["talker"], settings["code2wav"]
+        thinker = Thinker(load_thinker(path, config, device, setups["thinker"].dtype), config,
+                          AutoTokenizer.from_pretrained(path), WhisperFeatureExtractor.from_pretrained(path),
+                          max_running=model_config.int_parameter(thinker_params, "max_running", 32),
+                          options=setups["thinker"].options,
+                          stream=torch.cuda.Stream(device) if device != "cpu" else None)
+        tts_ids = [config.tts_bos_token_id, config.tts_eos_token_id, config.tts_pad_token_id]
+        with torch.inference_mode():   # the thinker's own rows: no second read of the embedding table
+            tts_embeds = thinker.embed_tokens(torch.tensor(tts_ids, device=device))
+        talker = Talker(load_talker(path, config, device, setups["talker"].dtype), config, tts_embeds,
+                        options=setups["talker"].options,
+                        max_running=model_config.int_parameter(talker_params, "max_running", 32))
+        code2wav = Code2WavStreamer(
+            load_code2wav(path, config, device, setups["code2wav"].dtype),
+            chunk_frames=model_config.int_parameter(code2wav_params, "chunk_frames", 25),
+            first_chunk_frames=model_config.int_parameter(code2wav_params, "first_chunk_frames", 5),
+            left_context_frames=model_config.int_parameter(code2wav_params, "left_context_frames", 25))
+        thinker.warmup()
+        talker.warmup()
+        self.pipeline = LocalOmniPipeline(thinker, talker, code2wav)
+        self.voices = talker.voices
+        self.default_voice = self.parameters.get("default_voice") or self.voices[0]
+        self.default_max_tokens = model_config.int_parameter(thinker_params, "max_tokens", 256)
+        self.max_frames = model_config.int_parameter(talker_params, "max_frames", 4095)
+        self._next_id = 0
+
+    def teardown(self) -> None:
+        self.pipeline.close()
+
+    async def handle(self, ctx):
+        body = ctx.body()
+        if events.wants_voices(body):
+            yield events.voices_event(self.voices, self.default_voice), None
+            return
+        modalities, voice = turns.validate(body, self.voices, self.default_voice)
+        pipeline = self.pipeline
+        inputs, params, text = turns.thinker_request(pipeline.thinker, body, ctx.input(p.INPUT_AUDIO),
+                                                     self.default_max_tokens)
+        talker_params = None if voice is None else turns.talker_sampling(
+            pipeline.talker, turns.talker_fields(body, voice), self.max_frames)
+        turn, send_text = turns.Turn(body, voice), "text" in modalities
+        mailbox = Mailbox(asyncio.get_running_loop())
+        self._next_id += 1
+        rid = f"{ctx.request_id or 'req'}#{self._next_id}"
+        pipeline.submit(rid, inputs, params, mailbox.put, voice=voice, talker_params=talker_params)
+        text_open, speech_open = True, voice is not None
+        try:
+            while text_open or speech_open:
+                batch = await mailbox.get(CANCEL_POLL_S)
+                ctx.check()
+                pending = []   # text of this batch not yet sent
+                for event in batch:
+                    if isinstance(event, ThinkerToken):
+                        if text_open:
+                            text_open = self._on_token(rid, event, text, turn, pending)
+                        continue
+                    if event.error is not None:
+                        raise RuntimeError(event.error)
+                    turn.frames += event.codes.shape[-1]
+                    speech_open = not event.finished
+                    if event.pcm.size:
+                        if pending and send_text:
+                            yield {"type": "text.delta", "text": "".join(pending)}, None
+                        pending = []
+                        yield {"type": "audio.delta", "sample_rate": SAMPLE_RATE,
+                               "transcript": turn.take_transcript()}, event.pcm
+                if pending and send_text:
+                    yield {"type": "text.delta", "text": "".join(pending)}, None
+            if voice and any(turn.unspoken):   # text written after the last audio chunk (or past max_frames)
+                yield {"type": "audio.delta", "sample_rate": SAMPLE_RATE, "transcript": turn.take_transcript()}, None
+            yield turn.done_event(), None
+        finally:
+            pipeline.abort(rid)   # no-op once finished; a cancelled or failed turn stops every engine
+
+    def _on_token(self, rid: str, token: ThinkerToken, text, turn: turns.Turn, pending: list) -> bool:
+        """Account one thinker token, give it to the talker; returns whether the text goes on."""
+        if token.finish_reason == "error":
+            raise RuntimeError(f"thinker: {token.error}")
+        if token.token_id is not None:
+            turn.token_ids.append(token.token_id)
+        delta = text.step(token)
+        ended = delta is not None and delta.finished
+        self.pipeline.speak(rid, token, final=ended)
+        if delta is not None and delta.text:
+            pending.append(delta.text)
+            if turn.voice is not None:
+                turn.unspoken.append(delta.text)
+        if not ended:
+            return True
+        turn.finish_reason = delta.finish_reason
+        turn.usage = {"prompt_tokens": delta.usage.prompt_tokens, "completion_tokens": delta.usage.completion_tokens}
+        if not token.finished:   # a stop string ended the text: the thinker stops here
+            self.pipeline.stop(rid)
+        return False

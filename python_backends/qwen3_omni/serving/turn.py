@@ -1,0 +1,114 @@
+"""One Qwen3-Omni chat turn as the Triton models read it from the pipeline REQUEST JSON (no Triton imports):
+validation, the thinker's prompt / sampling / text stream, the talker's fields and sampling, and the
+turn's usage for the final event. Shared by the stage models (`thinker_model`, `talker_model`), the BLS
+orchestrator (`omni_model`) and the co-located stage (`colocated_model`).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from omni_backends.chat_request import audio_clips, text_chars
+from omni_backends.engine import SamplingParams, TextStream
+from omni_backends.engine.limits import check_prompt_chars
+from omni_backends.engine.sampling import check_context_length, request_sampling_params
+from omni_backends.errors import RequestError
+from omni_backends.qwen3_omni.prompt import ThinkerInputs
+from omni_backends.qwen3_omni.serving.protocol import TALKER_FIELDS
+
+MODALITIES = ("text", "audio")
+
+
+def validate(body: dict, voices: Sequence[str], default_voice: str) -> tuple[list[str], str | None]:
+    """(modalities, voice or None for text only) of a REQUEST. Raises RequestError (HTTP 400) for empty
+    messages, max_tokens <= 0, an unknown modality, or an unknown voice (the message lists `voices`)."""
+    messages, max_tokens = body.get("messages"), body.get("max_tokens")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("messages must be a non-empty list", param="messages")
+    if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens <= 0):
+        raise RequestError(f"max_tokens must be a positive integer, got {max_tokens!r}", param="max_tokens")
+    modalities = body.get("modalities") or list(MODALITIES)
+    if not isinstance(modalities, list) or not set(modalities) <= set(MODALITIES):
+        raise RequestError(f"modalities must be a non-empty subset of {list(MODALITIES)}", param="modalities")
+    if "audio" not in modalities:
+        return modalities, None
+    voice = str(body.get("voice") or default_voice).lower()
+    if voice not in voices:
+        raise RequestError(f"unknown voice {body.get('voice')!r}; valid voices: {', '.join(voices)}", param="voice")
+    return modalities, voice
+
+
+def thinker_request(thinker, body: dict, input_audio: np.ndarray | None,
+                    default_max_tokens: int) -> tuple[ThinkerInputs, SamplingParams, TextStream]:
+    """The thinker's inputs, sampling parameters and text stream of one REQUEST (`thinker`: a `Thinker`).
+
+    Sampling (`request_sampling_params`): temperature (0 or null: greedy), top_p, top_k (-1/0: off),
+    max_tokens (null: `default_max_tokens`), min_tokens (vLLM's extension: `<|im_end|>` is suppressed before
+    that many tokens), seed, presence_penalty, frequency_penalty, repetition_penalty; stop strings end the
+    text. A prompt too long for the context is refused from its length before it is tokenized. Raises
+    RequestError naming a bad field (or a prompt that does not fit)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("messages must be a non-empty list", param="messages")
+    params = request_sampling_params(body, thinker.sampling_params(max_tokens=default_max_tokens, temperature=0.0))
+    check_prompt_chars(text_chars(messages), params.max_tokens, thinker.context_length, thinker.longest_token)
+    inputs = thinker.prompts.build(messages, audio_clips(messages, input_audio))
+    check_context_length(len(inputs.input_ids), params.max_tokens, thinker.context_length)
+    stop = body.get("stop") or []
+    text = TextStream(thinker.prompts.tokenizer, len(inputs.input_ids), [stop] if isinstance(stop, str) else stop)
+    return inputs, params, text
+
+
+def talker_fields(body: dict, voice: str) -> dict:
+    """The talker's settings of a REQUEST: its `talker_*` extension fields, the voice and the seed (the
+    TALKER_PARAMS JSON of the stage layout)."""
+    return {**{k: body.get(f"talker_{k}") for k in TALKER_FIELDS}, "voice": voice, "seed": body.get("seed")}
+
+
+def talker_sampling(talker, fields: dict, default_max_frames: int) -> SamplingParams:
+    """`Talker.sampling_params` from `talker_fields` (null fields: generate()'s talker defaults; top_k -1: off;
+    max_frames: `default_max_frames`, also its upper bound). Raises RequestError naming the talker_* field."""
+    values = {k: fields[k] for k in TALKER_FIELDS if fields.get(k) is not None}
+    if values.get("top_k") == -1:
+        values["top_k"] = 0
+    frames = values.setdefault("max_frames", default_max_frames)
+    if not isinstance(frames, int) or isinstance(frames, bool) or not 1 <= frames <= default_max_frames:
+        raise RequestError(f"talker_max_frames must be an integer in [1, {default_max_frames}], got {frames!r}",
+                           param="talker_max_frames")
+    try:
+        return talker.sampling_params(**values, seed=fields.get("seed"))
+    except (TypeError, ValueError) as exc:
+        field = next((k for k in values if str(exc).startswith(k)), None)
+        raise RequestError(f"invalid talker sampling parameter: {exc}",
+                           param=None if field is None else f"talker_{field}") from None
+
+
+class Turn:
+    """What a turn accumulates for its final event: generated token ids, the thinker's finish reason and
+    usage, and the codec frames spoken; and the thinker text not yet sent as an audio event's transcript."""
+
+    def __init__(self, body: dict, voice: str | None):
+        self.body, self.voice = body, voice
+        self.token_ids: list[int] = []
+        self.finish_reason: str | None = None
+        self.usage: dict = {}
+        self.frames = 0
+        self.unspoken: list[str] = []
+
+    def take_transcript(self) -> str:
+        """The thinker text written since the previous audio event (the next audio event's transcript)."""
+        text, self.unspoken = "".join(self.unspoken), []
+        return text
+
+    def done_event(self) -> dict:
+        """{"type": "done", "finish_reason", "usage": {"prompt_tokens", "completion_tokens" (text tokens +
+        codec frames), "completion_tokens_details": {"text_tokens", "audio_tokens"}}} (+ "token_ids" when
+        the request asked for them with "return_token_ids")."""
+        text_tokens = self.usage.get("completion_tokens", len(self.token_ids))
+        usage = {"prompt_tokens": self.usage.get("prompt_tokens", 0), "completion_tokens": text_tokens + self.frames,
+                 "completion_tokens_details": {"text_tokens": text_tokens, "audio_tokens": self.frames}}
+        event = {"type": "done", "finish_reason": self.finish_reason, "usage": usage}
+        if self.body.get("return_token_ids"):
+            event["token_ids"] = self.token_ids
+        return event

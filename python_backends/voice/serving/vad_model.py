@@ -1,0 +1,108 @@
+"""voice_vad: Silero VAD as a sequence-batched stateful stage (one sequence per realtime session).
+
+Contract (Triton sequence batching, `oldest` strategy: every request names its sequence by correlation
+id; the first carries START, the last END; requests of different sequences are batched):
+  AUDIO   FP32  [1, samples]  the next chunk of the session's audio, mono 16 kHz in [-1, 1] (any length,
+                              also 0; samples short of a 32 ms window wait for the next chunk)
+  OPTIONS BYTES [1, 1]        optional JSON {"threshold", "prefix_padding_ms", "silence_duration_ms"};
+                              kept for the sequence until changed (defaults 0.5 / 300 / 500)
+  PROBS   FP32  [1, windows]  speech probability of each 512-sample window scored by this request
+  EVENTS  BYTES [1, 1]        JSON list of turn events in order: {"type": "speech_started", "audio_start",
+                              "sample"} / {"type": "speech_stopped", "audio_end", "sample"}; sample offsets
+                              count 16 kHz samples from the sequence's first sample
+A request of a sequence that was never started (no START) or bad OPTIONS gets an OpenAI-envelope
+error (400). State is dropped at END, at a new START for the same id, and after `idle_timeout_s`
+without requests. Logic: omni_backends.voice.vad.
+"""
+from __future__ import annotations
+
+import time
+import traceback
+
+import triton_python_backend_utils as pb_utils
+
+from omni_backends.errors import RequestError
+from omni_backends.serving import events, model_config
+from omni_backends.serving.metrics import StageMetrics
+from omni_backends.voice.vad import SileroVAD, VADOptions, VADStream
+
+
+def _scalar(request, name: str):
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return None if tensor is None else tensor.as_numpy().reshape(-1)[0]
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict) -> None:
+        self.model_name, self.model_config, self.parameters = model_config.load(args)
+        self.metrics = StageMetrics(self.model_name)
+        self.vad = SileroVAD(threads=model_config.int_parameter(self.parameters, "threads", 1))
+        self.idle_timeout_s = model_config.int_parameter(self.parameters, "idle_timeout_s", 3600)
+        self.streams: dict[int, tuple[VADStream, float]] = {}  # correlation id -> (stream, last request time)
+
+    def execute(self, requests):
+        now = time.monotonic()
+        for corrid in [c for c, (_, seen) in self.streams.items() if now - seen > self.idle_timeout_s]:
+            del self.streams[corrid]
+        responses: list = [None] * len(requests)
+        batch: list[tuple[int, VADStream, bool]] = []  # (request index, stream, ends)
+        for index, request in enumerate(requests):
+            self.metrics.started()
+            try:
+                batch.append((index, *self._prepare(request, now)))
+            except RequestError as exc:
+                responses[index] = pb_utils.InferenceResponse(error=pb_utils.TritonError(exc.envelope()))
+                self.metrics.finished("rejected")
+        # The oldest strategy puts at most one request of a sequence in a batch; process the rare repeat in
+        # rounds anyway so that each stream sees its chunks in order.
+        while batch:
+            seen, this_round, later = set(), [], []
+            for item in batch:
+                (later if id(item[1]) in seen else this_round).append(item)
+                seen.add(id(item[1]))
+            self._score(this_round, responses)
+            batch = later
+        return responses
+
+    def _prepare(self, request, now: float) -> tuple[VADStream, bool]:
+        corrid = int(_scalar(request, "CORRID"))
+        start, end = bool(_scalar(request, "START")), bool(_scalar(request, "END"))
+        options = pb_utils.get_input_tensor_by_name(request, "OPTIONS")
+        parsed = None
+        if options is not None:
+            try:
+                parsed = VADOptions.from_json(events.read_json(options.as_numpy()))
+            except (ValueError, TypeError, AttributeError) as exc:
+                if isinstance(exc, RequestError):
+                    raise
+                raise RequestError(f"OPTIONS must be a JSON object: {exc}", param="OPTIONS") from None
+        if start:
+            stream = VADStream(parsed or VADOptions())
+        elif corrid in self.streams:
+            stream = self.streams[corrid][0]
+            if parsed is not None:
+                stream.options = parsed
+        else:
+            raise RequestError(f"sequence {corrid} is not started (send START first)", code="sequence_not_started")
+        stream.feed(pb_utils.get_input_tensor_by_name(request, "AUDIO").as_numpy().reshape(-1))
+        if end:
+            self.streams.pop(corrid, None)
+        else:
+            self.streams[corrid] = (stream, now)
+        return stream, end
+
+    def _score(self, batch: list[tuple[int, VADStream, bool]], responses: list) -> None:
+        try:
+            results = self.vad.process([stream for _, stream, _ in batch])
+        except Exception as exc:  # noqa: BLE001 - every request of the batch gets the error, the model keeps serving
+            pb_utils.Logger.log_error(f"{self.model_name}: {traceback.format_exc()}")
+            for index, _, _ in batch:
+                responses[index] = pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError(f"{self.model_name}: {type(exc).__name__}: {exc}"))
+                self.metrics.finished("error")
+            return
+        for (index, _, _), (probs, found) in zip(batch, results):
+            responses[index] = pb_utils.InferenceResponse([
+                pb_utils.Tensor("PROBS", probs[None, :]),
+                pb_utils.Tensor("EVENTS", events.json_tensor(found)[None, :])])
+            self.metrics.finished("ok")

@@ -1,0 +1,1 @@
+"""Triton adapters of the Wan stages (`protocol` lists their tensors)."""

@@ -1,0 +1,373 @@
+#!/usr/bin/env python
+"""Measure the Qwen3-Omni decode engines in-process against the memory-bandwidth floor (prints, writes JSON).
+
+    python scripts/bench_engine.py --checkpoint qwen3_omni_30b_a3b_random --device cuda --json var/bench/engine.json
+
+  bandwidth  device-to-device copy of 2 GiB: (bytes read + written) / time, the HBM ceiling of this run
+  thinker    decode step of the static engine (`StaticDecoder`) at batch 1, 4, 16: CUDA graphs vs eager,
+             omni_kernels on vs off (when available); the floor = (active weight bytes + KV bytes of the
+             step) / measured bandwidth; greedy tokens of a fixed prompt with kernels on and off
+  talker     frame time = talker decode step + the 15-step code predictor, static engine (graphs) vs
+             transformers' forward with a DynamicCache (the "dynamic" engine), batch 1 and 16
+  overlap    thinker steps and talker frames at once on two threads / CUDA streams (the co-located
+             layout) vs one after the other on one stream, batch 1 and 16 (CUDA only)
+Timings are medians of CUDA-event timed calls after warm-up; each call includes its host work (input
+copies, graph launch), as in serving. The random preset is prepared when missing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def timed_ms(fn, repeats: int, warmup: int = 3) -> float:
+    """Median milliseconds of fn() over `repeats` calls (CUDA events on CUDA, perf_counter on CPU)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if torch.cuda.is_available():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def bandwidth(device: str) -> float:
+    """Bytes/s of a device-to-device copy (read + write counted)."""
+    if not device.startswith("cuda"):
+        return float("nan")
+    src = torch.empty(2**30, dtype=torch.float16, device=device).normal_()
+    dst = torch.empty_like(src)
+    ms = timed_ms(lambda: dst.copy_(src), 20)
+    return 2 * src.numel() * src.element_size() / (ms / 1e3)
+
+
+def head_dim(text_config) -> int:
+    return getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads
+
+
+def active_bytes(text_config, element_size: int = 2) -> int:
+    """Weight bytes one decode token reads: embedding row, per layer attention + norms + router + top-k
+    experts, final norm, lm_head."""
+    h, d = text_config.hidden_size, head_dim(text_config)
+    heads, kv = text_config.num_attention_heads, text_config.num_key_value_heads
+    attn = h * heads * d + 2 * h * kv * d + heads * d * h + 2 * d
+    moe = text_config.num_experts * h + text_config.num_experts_per_tok * 3 * h * text_config.moe_intermediate_size
+    per_layer = attn + moe + 2 * h
+    return element_size * (h + text_config.num_hidden_layers * per_layer + h + text_config.vocab_size * h)
+
+
+def kv_bytes(text_config, length: int, element_size: int = 2) -> int:
+    return element_size * 2 * text_config.num_hidden_layers * text_config.num_key_value_heads * length * \
+        head_dim(text_config)
+
+
+def fill_slots(decoder, model_forward, prompt_embeds: torch.Tensor, count: int, cache_config) -> None:
+    """Prefill one prompt with the library forward and place `count` copies of its KV in the decoder."""
+    from transformers.cache_utils import DynamicCache
+
+    from omni_backends.engine.kv_batch import cache_layers
+
+    cache = DynamicCache(config=cache_config)
+    model_forward(prompt_embeds, cache)
+    for i in range(count):
+        decoder.add(f"r{i}", cache_layers(cache))
+
+
+def bench_thinker(path, config, device, args, bw: float) -> dict:
+    from transformers.cache_utils import DynamicCache
+
+    from omni_backends.engine import fused
+    from omni_backends.engine.runner import cache_kwargs, text_mrope_position_ids
+    from omni_backends.qwen3_omni.decoder import StaticDecoder
+    from omni_backends.qwen3_omni.loading import load_thinker
+
+    model = load_thinker(path, config, device)
+    text_model = getattr(model.model, "language_model", model.model)
+    text = config.thinker_config.text_config
+    embed = model.get_input_embeddings()
+    prompt = torch.randint(0, min(1000, text.vocab_size), (args.prompt_tokens,), device=device)
+
+    def forward(ids, cache):
+        positions = text_mrope_position_ids(torch.arange(ids.shape[-1], device=device)[None])
+        return model(input_ids=ids[None], position_ids=positions, use_cache=True, **cache_kwargs(model, cache))
+
+    modes = [("off", False, True)] + ([("on", True, True), ("on_unfused_attention", True, False)]
+                                      if fused.available() else [])
+    result = {"active_weight_bytes": active_bytes(text), "modes": {}}
+    for name, kernels, fused_attention in modes:
+        fused.set_enabled(kernels)
+        fused.set_fused_attention(fused_attention)
+        for graphs in ((True, False) if fused_attention else (True,)):
+            label = f"kernels_{name}" + ("" if graphs else "_eager")
+            decoder = StaticDecoder(text_model, head=lambda h: (model.lm_head(h).float(),), slots=max(args.batches),
+                                    max_len=args.prompt_tokens + 2 * args.steps + 64, graphs=graphs, name=label)
+            entry = {}
+            for batch in (args.batches if graphs else [1]):
+                fill_slots(decoder, forward, prompt, batch, text)
+                step = [args.prompt_tokens]
+                token = torch.zeros(batch, dtype=torch.long, device=device)
+
+                def one():
+                    decoder.step(embed(token), [step[0]] * batch)
+                    step[0] += 1
+                ms = timed_ms(one, args.steps if graphs else 4, warmup=3)
+                length = step[0]
+                floor_ms = (active_bytes(text) + batch * kv_bytes(text, length)) / bw * 1e3
+                entry[f"batch_{batch}"] = {"ms_per_step": ms, "floor_ms": floor_ms, "x_floor": ms / floor_ms,
+                                           "tokens_per_s": batch * 1e3 / ms}
+                decoder.remove([f"r{i}" for i in range(batch)])
+            if graphs:   # greedy tokens of the fixed prompt, batch 1
+                fill_slots(decoder, forward, prompt, 1, text)
+                ids, nxt = [], int(forward(prompt, DynamicCache(config=text)).logits[0, -1].argmax())
+                for i in range(32):
+                    ids.append(nxt)
+                    (logits,) = decoder.step(embed(torch.tensor([nxt], device=device)), [args.prompt_tokens + i])
+                    nxt = int(logits[0].argmax())
+                decoder.remove(["r0"])
+                entry["greedy_tokens"] = ids
+                entry["graphs"] = decoder.graphs.stats().__dict__
+            result["modes"][label] = entry
+            del decoder
+            torch.cuda.empty_cache() if device.startswith("cuda") else None
+            print(f"thinker {label}: " + ", ".join(f"{k} {v['ms_per_step']:.2f} ms ({v['x_floor']:.2f}x floor)"
+                                                   for k, v in entry.items() if k.startswith("batch")), flush=True)
+    if "kernels_on" in result["modes"]:
+        on, off = result["modes"]["kernels_on"]["greedy_tokens"], result["modes"]["kernels_off"]["greedy_tokens"]
+        result["greedy_equal_kernels_on_off"] = on == off
+        result["greedy_common_prefix"] = next((i for i, (a, b) in enumerate(zip(on, off)) if a != b), len(on))
+    fused.set_enabled(True)
+    fused.set_fused_attention(True)
+    del model
+    return result
+
+
+def bench_talker(path, config, device, args) -> dict:
+    from transformers.cache_utils import DynamicCache
+
+    from omni_backends.engine import fused
+    from omni_backends.engine.runner import cache_kwargs
+    from omni_backends.qwen3_omni.loading import load_talker
+    from omni_backends.qwen3_omni.talker_static import CodePredictorFrames, TalkerDecode
+
+    talker = load_talker(path, config, device)
+    tc = config.talker_config
+    hidden_size = tc.text_config.hidden_size
+    prompt = torch.randn(40, hidden_size, device=device, dtype=talker.dtype) * 0.02
+
+    def forward(embeds, cache):
+        n = embeds.shape[0]
+        positions = torch.arange(n, device=device).view(1, 1, n).expand(3, 1, n)
+        return talker(inputs_embeds=embeds[None], position_ids=positions, use_cache=True, output_hidden_states=True,
+                      generation_step=0, **cache_kwargs(talker, cache))
+
+    result = {"modes": {}}
+    modes = [("off", False, True)] + ([("on", True, True), ("on_unfused_attention", True, False)]
+                                      if fused.available() else [])
+    for name, kernels, fused_attention in modes:
+        fused.set_enabled(kernels)
+        fused.set_fused_attention(fused_attention)
+        decode = TalkerDecode(talker, slots=max(args.batches), max_len=40 + args.steps + 16)
+        frames = CodePredictorFrames(talker, max_batch=max(args.batches))
+        entry = {}
+        for batch in args.batches:
+            fill_slots(decode.decoder, forward, prompt, batch, tc.text_config)
+            position = [40]
+            embeds = torch.zeros(batch, hidden_size, device=device, dtype=talker.dtype)
+            code0 = torch.zeros(batch, dtype=torch.long)
+
+            def one():
+                hidden, _ = decode.decoder.step(embeds, [position[0]] * batch)
+                frames(hidden, code0, [True] * batch, [None] * batch)
+                position[0] += 1
+            ms = timed_ms(one, min(args.steps, 8 + 16), warmup=3)
+            predictor = timed_ms(lambda: frames(embeds, code0, [True] * batch, [None] * batch), 16)
+            entry[f"batch_{batch}"] = {"frame_ms": ms, "code_predictor_ms": predictor,
+                                       "frames_per_s": batch * 1e3 / ms}
+            decode.decoder.remove([f"r{i}" for i in range(batch)])
+        entry["graphs"] = {"talker": decode.decoder.graphs.stats().__dict__, "predictor": frames.graphs.stats().__dict__}
+        result["modes"][f"static_kernels_{name}"] = entry
+        print(f"talker static kernels {name}: " + ", ".join(
+            f"{k} {v['frame_ms']:.2f} ms/frame (predictor {v['code_predictor_ms']:.2f})"
+            for k, v in entry.items() if k.startswith("batch")), flush=True)
+        del decode, frames
+    fused.set_enabled(True)
+    fused.set_fused_attention(True)
+    # "before": transformers' forward with a DynamicCache, as the dynamic engine runs a frame.
+    predictor = talker.code_predictor
+    entry = {}
+    for batch in (1,):
+        cache = DynamicCache(config=tc.text_config)
+        forward(prompt, cache)
+
+        def one():
+            out = talker(inputs_embeds=prompt[:1][None], use_cache=True, output_hidden_states=True, generation_step=0,
+                         position_ids=torch.full((3, 1, 1), cache.get_seq_length(), device=device),
+                         **cache_kwargs(talker, cache))
+            hidden = out.hidden_states[0][-1][:, -1]
+            embeds = torch.stack([hidden, talker.get_input_embeddings()(torch.zeros(1, dtype=torch.long,
+                                                                                     device=device))], 1)
+            inner = DynamicCache(config=predictor.config)
+            for group in range(1, tc.num_code_groups):
+                h = predictor.model(inputs_embeds=embeds, use_cache=True,
+                                    **cache_kwargs(predictor.model, inner)).last_hidden_state[:, -1]
+                code = predictor.lm_head[group - 1](h).argmax(-1)
+                embeds = predictor.get_input_embeddings()[group - 1](code)[:, None]
+            int(code[0])
+        entry[f"batch_{batch}"] = {"frame_ms": timed_ms(one, 6, warmup=2)}
+    result["modes"]["dynamic"] = entry
+    print(f"talker dynamic (transformers forward): batch_1 {entry['batch_1']['frame_ms']:.2f} ms/frame", flush=True)
+    del talker
+    return result
+
+
+def bench_overlap(path, config, device, args) -> dict:
+    """Thinker decode steps and talker frames at the same time, each engine on its own thread and CUDA stream
+    (the co-located layout), against each alone and against both on one stream (what two stage processes
+    time-slicing the GPU approach). Per batch size: ms per thinker step and per talker frame alone, and ms per
+    (step + frame) pair run serially vs concurrently."""
+    import threading
+
+
+    from omni_backends.engine.runner import cache_kwargs, text_mrope_position_ids
+    from omni_backends.qwen3_omni.decoder import StaticDecoder
+    from omni_backends.qwen3_omni.loading import load_talker, load_thinker
+    from omni_backends.qwen3_omni.talker_static import CodePredictorFrames, TalkerDecode
+
+    thinker = load_thinker(path, config, device)
+    talker = load_talker(path, config, device)
+    text = config.thinker_config.text_config
+    tc = config.talker_config
+    text_model = getattr(thinker.model, "language_model", thinker.model)
+    embed = thinker.get_input_embeddings()
+    steps = args.steps
+    decoder = StaticDecoder(text_model, head=lambda h: (thinker.lm_head(h).float(),), slots=max(args.batches),
+                            max_len=args.prompt_tokens + 4 * steps + 64, name="overlap-thinker")
+    decode = TalkerDecode(talker, slots=max(args.batches), max_len=40 + 4 * steps + 16)
+    frames = CodePredictorFrames(talker, max_batch=max(args.batches))
+    prompt = torch.randint(0, 1000, (args.prompt_tokens,), device=device)
+    talker_prompt = torch.randn(40, tc.text_config.hidden_size, device=device, dtype=talker.dtype) * 0.02
+
+    def thinker_forward(ids, cache):
+        positions = text_mrope_position_ids(torch.arange(ids.shape[-1], device=device)[None])
+        return thinker(input_ids=ids[None], position_ids=positions, use_cache=True, **cache_kwargs(thinker, cache))
+
+    def talker_forward(embeds, cache):
+        n = embeds.shape[0]
+        positions = torch.arange(n, device=device).view(1, 1, n).expand(3, 1, n)
+        return talker(inputs_embeds=embeds[None], position_ids=positions, use_cache=True, output_hidden_states=True,
+                      generation_step=0, **cache_kwargs(talker, cache))
+
+    streams = [torch.cuda.Stream(device), torch.cuda.Stream(device, priority=-1)]
+    result = {}
+    for batch in args.batches:
+        fill_slots(decoder, thinker_forward, prompt, batch, text)
+        fill_slots(decode.decoder, talker_forward, talker_prompt, batch, tc.text_config)
+        position = {"thinker": args.prompt_tokens, "talker": 40}
+        tokens = torch.zeros(batch, dtype=torch.long, device=device)
+        embeds = torch.zeros(batch, tc.text_config.hidden_size, device=device, dtype=talker.dtype)
+        code0 = torch.zeros(batch, dtype=torch.long)
+
+        def thinker_step():
+            (logits,) = decoder.step(embed(tokens), [position["thinker"]] * batch)
+            logits.argmax(-1).tolist()   # the engine's one host synchronisation per step
+            position["thinker"] += 1
+
+        def talker_frame():
+            hidden, _ = decode.decoder.step(embeds, [position["talker"]] * batch)
+            codes, _ = frames(hidden, code0, [True] * batch, [None] * batch)
+            codes.cpu()
+            position["talker"] += 1
+
+        def loop(fn, stream, n):
+            with torch.cuda.stream(stream), torch.inference_mode():
+                for _ in range(n):
+                    fn()
+
+        def wall_ms(work) -> float:
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            work()
+            torch.cuda.synchronize()
+            return (time.perf_counter() - start) * 1e3
+
+        loop(thinker_step, streams[0], 3)
+        loop(talker_frame, streams[1], 3)
+        alone = {"thinker_step_ms": wall_ms(lambda: loop(thinker_step, streams[0], steps)) / steps,
+                 "talker_frame_ms": wall_ms(lambda: loop(talker_frame, streams[1], steps)) / steps}
+        serial = wall_ms(lambda: loop(lambda: (thinker_step(), talker_frame()), streams[0], steps)) / steps
+
+        def concurrent():
+            threads = [threading.Thread(target=loop, args=(fn, stream, steps))
+                       for fn, stream in ((thinker_step, streams[0]), (talker_frame, streams[1]))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        both = wall_ms(concurrent) / steps
+        result[f"batch_{batch}"] = {**alone, "serial_pair_ms": serial, "concurrent_pair_ms": both,
+                                    "overlap_gain": serial / both}
+        decoder.remove([f"r{i}" for i in range(batch)])
+        decode.decoder.remove([f"r{i}" for i in range(batch)])
+        print(f"overlap batch_{batch}: thinker step {alone['thinker_step_ms']:.2f} ms, talker frame "
+              f"{alone['talker_frame_ms']:.2f} ms alone; step + frame serial {serial:.2f} ms, concurrent "
+              f"(two threads, two streams) {both:.2f} ms ({serial / both:.2f}x)", flush=True)
+    del thinker, talker, decoder, decode, frames
+    torch.cuda.empty_cache()
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", default="qwen3_omni_30b_a3b_random", help="preset name or directory")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--steps", type=int, default=64, help="timed decode steps per batch size")
+    parser.add_argument("--prompt-tokens", type=int, default=32)
+    parser.add_argument("--parts", default="thinker,talker,overlap")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args(argv)
+    from omni_backends import prepare
+    from omni_backends.paths import model_home
+    from omni_backends.qwen3_omni.loading import load_config
+
+    path = Path(args.checkpoint)
+    if not path.is_absolute():
+        if args.checkpoint in prepare.PREPARERS and prepare.main([args.checkpoint]) != 0:
+            return 1
+        path = model_home() / path
+    config = load_config(path)
+    bw = bandwidth(args.device)
+    results = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+               "torch": torch.__version__, "checkpoint": str(path), "bandwidth_bytes_per_s": bw}
+    print(f"device-to-device copy: {bw / 1e12:.2f} TB/s", flush=True)
+    with torch.inference_mode():
+        if "thinker" in args.parts:
+            results["thinker"] = bench_thinker(path, config, args.device, args, bw)
+        if "talker" in args.parts:
+            results["talker"] = bench_talker(path, config, args.device, args)
+        if "overlap" in args.parts and args.device.startswith("cuda"):
+            results["overlap"] = bench_overlap(path, config, args.device, args)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(results, indent=1))
+        print(f"results written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

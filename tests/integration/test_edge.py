@@ -1,0 +1,182 @@
+"""Reliability at the edge, through the real launcher, tritonserver and frontend with real clients:
+invalid text, size limits, unsupported fields, client aborts (499), overload (429 + Retry-After,
+queued streams), the frontend's latency histograms. Framework behaviour runs on the mock pipelines;
+the overload test runs the real voice pipeline."""
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import time
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import soundfile
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.harness import wait_for
+
+pytestmark = pytest.mark.integration
+JSON = {"content-type": "application/json"}
+ENVELOPE = {"message", "type", "param", "code"}
+
+
+def _frontend_metric(server, name: str, **labels) -> float:
+    """Sum of the frontend's samples `name` whose labels include `labels` (0 when absent)."""
+    text = httpx.get(f"{server.base_url}/metrics", timeout=10).text
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/chat/completions", b'{"model":"mock","messages":[{"role":"user","content":"\\ud800 hi"}]}',
+     "messages[0].content"),
+    ("/v1/chat/completions", b'{"model":"mock","messages":[{"role":"user","content":[{"type":"text","text":"a\\udfff"}]}]}',
+     "messages[0].content[0].text"),
+    ("/v1/chat/completions", b'{"model":"\\ud800","messages":[{"role":"user","content":"hi"}]}', "model"),
+    ("/v1/chat/completions", b'{"model":"mock","stop":["x\\ud800"],"messages":[{"role":"user","content":"hi"}]}',
+     "stop[0]"),
+    ("/v1/chat/completions", b'{"model":"mock","messages":[{"role":"user","content":"hi"}],"ext":{"\\udc00":1}}',
+     "ext.'\\udc00'"),
+    ("/v1/audio/speech", b'{"model":"mock-speech","input":"hello \\udc00 world","voice":"alloy"}', "input"),
+    ("/v1/audio/speech", b'{"model":"mock-speech","input":"hello","voice":"\\ud83d"}', "voice"),
+])
+def test_invalid_unicode_anywhere_is_a_400_and_keep_alive_survives(mock_server, path, body, param):
+    with httpx.Client(base_url=mock_server.base_url, timeout=30) as client:
+        for _ in range(2):   # the same connection keeps working after the error
+            response = client.post(path, content=body, headers=JSON)
+            assert response.status_code == 400, response.text
+            error = response.json()["error"]
+            assert set(error) == ENVELOPE and error["code"] == "invalid_unicode" and error["param"] == param
+        assert client.get("/v1/models").status_code == 200
+
+
+def test_size_limits_answer_before_any_model_work(mock_server):
+    """Body bytes (413, unparsed), characters, messages: each refused in the envelope; the server
+    then serves the next request on the same connection."""
+    before = _frontend_metric(mock_server, "omni_frontend_e2e_seconds_count", pipeline="mock")
+    with httpx.Client(base_url=mock_server.base_url, timeout=60) as client:
+        huge = b'{"model": "mock", "messages": [{"role": "user", "content": "' + b"a " * (17 * 1024 * 1024) + b'"}]}'
+        too_big = client.post("/v1/chat/completions", content=huge, headers=JSON)
+        assert too_big.status_code == 413 and too_big.json()["error"]["code"] == "request_too_large"
+        assert too_big.headers["connection"] == "close"
+        for body, param, code in [
+            ({"messages": [{"role": "user", "content": "a " * 70_000}]}, "messages[0].content", "text_too_long"),
+            ({"messages": [{"role": "user", "content": "hi"}] * 513}, "messages", "too_many_messages"),
+            ({"messages": [{"role": "user", "content": "hi"}], "stop": ["s"] * 17}, "stop", None),
+        ]:
+            response = client.post("/v1/chat/completions", json={"model": "mock", **body})
+            assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text
+            assert response.json()["error"]["code"] == code
+        ok = client.post("/v1/chat/completions", json={"model": "mock", "messages": [{"role": "user", "content": "x"}]})
+        assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"] == "tok0tok1tok2"
+    assert _frontend_metric(mock_server, "omni_frontend_e2e_seconds_count", pipeline="mock") == before + 1
+
+
+@pytest.mark.parametrize("kwargs, param", [
+    ({"tools": [{"type": "function", "function": {"name": "now", "parameters": {"type": "object"}}}],
+      "tool_choice": "required"}, "tools"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"logprobs": True, "top_logprobs": 3}, "logprobs"),
+    ({"n": 2}, "n"),
+    ({"audio": {"voice": "", "format": "wav"}, "modalities": ["text", "audio"]}, "audio.voice"),
+])
+def test_unsupported_or_invalid_chat_fields_are_rejected_not_dropped(mock_server, kwargs, param):
+    client = openai.OpenAI(base_url=f"{mock_server.base_url}/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="mock", messages=[{"role": "user", "content": "hi"}], **kwargs)
+    assert info.value.body["param"] == param
+
+
+def _wav(samples: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    soundfile.write(buf, samples, 16000, format="WAV", subtype="FLOAT")
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("form, param", [({"include[]": "logprobs"}, "include"),
+                                         ({"known_speaker_names[]": "agent"}, "known_speaker_names"),
+                                         ({"chunking_strategy": '{"type": "server_vad"}'}, "chunking_strategy"),
+                                         ({"language": "english!"}, "language"),
+                                         ({"file": np.full(1600, np.nan, np.float32)}, "file")])
+def test_bad_or_unsupported_transcription_fields_are_rejected(mock_server, form, param):
+    audio = _wav(form.pop("file", np.zeros(1600, np.float32)))
+    response = httpx.post(f"{mock_server.base_url}/v1/audio/transcriptions", timeout=30,
+                          files={"file": ("a.wav", audio, "audio/wav")}, data={"model": "mock-asr", **form})
+    assert response.status_code == 400 and response.json()["error"]["param"] == param
+    ok = httpx.post(f"{mock_server.base_url}/v1/audio/transcriptions", timeout=30, data={"model": "mock-asr"},
+                    files={"file": ("a.wav", _wav(np.zeros(1600, np.float32)), "audio/wav")})
+    assert ok.status_code == 200 and ok.json()["text"] == "1600 samples"
+
+
+def test_speech_instructions_are_rejected_and_voices_of_a_voiceless_pipeline_are_404(mock_server):
+    response = httpx.post(f"{mock_server.base_url}/v1/audio/speech", timeout=30, json={
+        "model": "mock-speech", "input": "hello", "voice": "alloy", "instructions": "whisper it"})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "instructions"
+    missing = httpx.get(f"{mock_server.base_url}/v1/audio/voices", params={"model": "mock"}, timeout=30)
+    assert missing.status_code == 404 and missing.json()["error"]["param"] == "model"
+
+
+def test_client_that_leaves_is_499_not_a_server_error(mock_server):
+    """Non-streamed and streamed requests abandoned by their clients: counted and logged as 499,
+    no traceback, the model is cancelled."""
+    def status_counts() -> dict[str, float]:
+        text = httpx.get(f"{mock_server.base_url}/metrics").text
+        return {s.labels["status"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
+                if s.name == "omni_frontend_requests_total" and s.labels["route"] == "/v1/chat/completions"}
+
+    before = status_counts()
+    body = {"model": "mock", "messages": [{"role": "user", "content": "hi"}], "repeat": 1000, "delay_ms": 20}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{mock_server.base_url}/v1/chat/completions", json=body, timeout=httpx.Timeout(5, read=0.5))
+    with httpx.stream("POST", f"{mock_server.base_url}/v1/chat/completions", json={**body, "stream": True},
+                      timeout=30) as response:
+        next(line for line in response.iter_lines() if "tok1" in line)   # leave mid-stream
+    assert wait_for(lambda: status_counts().get("499", 0) - before.get("499", 0) == 2, 5.0), status_counts()
+    after = status_counts()
+    assert all(after.get(s, 0) == before.get(s, 0) for s in after if s.startswith("5"))
+    assert " -> 499 " in mock_server.log() and "Traceback" not in mock_server.log()
+
+
+def test_queued_streams_get_their_head_at_once_and_the_rest_get_429(mock_server):
+    """12 concurrent streams on a pipeline with 4 slots and 4 queue places: 4 stream at once, 4
+    queued ones receive the 200 head and their first chunk at once and finish later, 4 are refused
+    with 429 + Retry-After in the envelope; the admission gauges return to 0."""
+    body = {"model": "mock", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+            "repeat": 10, "delay_ms": 100}
+
+    async def one(client: httpx.AsyncClient):
+        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            if response.status_code != 200:
+                return response.status_code, response.headers.get("retry-after"), json.loads(await response.aread()), None
+            lines, first_chunk_at = [], None
+            async for line in response.aiter_lines():
+                if line.startswith("data: "):
+                    first_chunk_at = first_chunk_at or time.monotonic()
+                    lines.append(line[6:])
+            return 200, first_chunk_at, lines, time.monotonic()
+
+    async def run():
+        async with httpx.AsyncClient(base_url=mock_server.base_url, timeout=60,
+                                     limits=httpx.Limits(max_connections=20)) as client:
+            return await asyncio.gather(*(one(client) for _ in range(12)))
+
+    results = asyncio.run(run())
+    refused = [r for r in results if r[0] == 429]
+    served = [r for r in results if r[0] == 200]
+    assert len(refused) == 4 and len(served) == 8, [r[0] for r in results]
+    for _, retry_after, body_json, _ in refused:
+        assert int(retry_after) >= 1 and body_json["error"]["code"] == "pipeline_overloaded"
+        assert set(body_json["error"]) == ENVELOPE and body_json["error"]["type"] == "rate_limit_error"
+    for _, first_chunk_at, lines, _ in served:
+        assert lines[-1] == "[DONE]" and "".join(
+            json.loads(line)["choices"][0]["delta"].get("content") or "" for line in lines[:-1]) == "".join(
+            f"tok{i}" for i in range(10))
+    # every queued stream had its first chunk before the first running stream had finished
+    first_done = min(done for *_, done in served)
+    assert sorted(first for _, first, _, _ in served)[-1] < first_done
+    assert wait_for(lambda: _frontend_metric(mock_server, "omni_frontend_inflight_requests", pipeline="mock") == 0
+                    and _frontend_metric(mock_server, "omni_frontend_queued_requests", pipeline="mock") == 0, 5)
+    assert _frontend_metric(mock_server, "omni_frontend_queue_wait_seconds_count", pipeline="mock") >= 4

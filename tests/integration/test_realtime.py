@@ -1,0 +1,432 @@
+"""/v1/realtime (OpenAI Realtime GA events) on the real voice pipeline with the Silero VAD stage, driven by
+the official `openai` SDK's realtime client and a raw WebSocket client for misbehaviour."""
+from __future__ import annotations
+
+import asyncio
+import base64
+import functools
+import json
+import time
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import websockets
+import websockets.sync.client
+
+from tests.harness import metric_value, wait_for
+
+pytestmark = pytest.mark.integration
+QUESTION = "What is the capital of France?"
+RATE = 24000
+CHUNK = RATE // 10 * 2  # 100 ms of PCM16 at 24 kHz, in bytes
+STAGES = ("voice", "voice_llm", "voice_tts", "voice_asr", "voice_vad")
+NO_VAD = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
+
+
+def speech(server, text: str, silence_before_s: float = 0.5, silence_after_s: float = 1.5) -> bytes:
+    """`text` spoken by the server's own TTS (/v1/audio/speech, PCM16 24 kHz) between stretches of silence."""
+    pad = lambda s: b"\0\0" * int(s * RATE)  # noqa: E731
+    return pad(silence_before_s) + _spoken(server.base_url, text) + pad(silence_after_s)
+
+
+@functools.lru_cache(maxsize=8)
+def _spoken(base_url: str, text: str) -> bytes:
+    response = httpx.post(f"{base_url}/v1/audio/speech", timeout=120,
+                          json={"model": "tts-1", "voice": "alloy", "input": text, "response_format": "pcm"})
+    assert response.status_code == 200, response.text
+    return response.content
+
+
+def transcribe(server, pcm16: bytes, rate: int = RATE) -> str:
+    import io
+
+    import soundfile as sf
+
+    wav = io.BytesIO()
+    sf.write(wav, np.frombuffer(pcm16, "<i2"), rate, format="WAV", subtype="PCM_16")
+    response = httpx.post(f"{server.base_url}/v1/audio/transcriptions", timeout=120,
+                          files={"file": ("reply.wav", wav.getvalue(), "audio/wav")}, data={"model": "whisper-1"})
+    return response.json()["text"]
+
+
+async def append_paced(conn, pcm16: bytes, chunk: int = CHUNK, pace_s: float = 0.1) -> float:
+    """Append in 100 ms chunks at real-time pace; returns the perf_counter time of the last append."""
+    for start in range(0, len(pcm16), chunk):
+        await conn.input_audio_buffer.append(audio=base64.b64encode(pcm16[start:start + chunk]).decode())
+        await asyncio.sleep(pace_s)
+    return time.perf_counter()
+
+
+async def until(conn, kind: str, events: list | None = None, timeout_s: float = 120):
+    """Read events (recording them) until one of type `kind`; returns it."""
+    async def read():
+        async for event in conn:
+            if events is not None:
+                events.append((time.perf_counter(), event))
+            if event.type == "error" and kind != "error":
+                raise AssertionError(f"error event: {event.error}")
+            if event.type == kind:
+                return event
+        raise AssertionError(f"connection closed before {kind}")
+    return await asyncio.wait_for(read(), timeout_s)
+
+
+def connect(server):
+    client = openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
+    return client.realtime.connect(model="voice")
+
+
+async def text_turn(conn, text: str) -> str:
+    await conn.conversation.item.create(item={"type": "message", "role": "user",
+                                              "content": [{"type": "input_text", "text": text}]})
+    await conn.response.create()
+    done = await until(conn, "response.done")
+    assert done.response.status == "completed"
+    return done.response.output[0].content[0].text
+
+
+def inflight_back_to_zero(server, timeout_s: float = 60.0) -> bool:
+    """Every stage idle again (a stateless stage such as voice_tts finishes the chunk it is synthesising)."""
+    return wait_for(lambda: all(metric_value(server.metrics_url, "omni_inflight_requests", model=m) == 0 for m in STAGES),
+                    timeout_s, 0.05)
+
+
+def test_spoken_turn_with_server_vad(voice_server):
+    """The SDK streams the spoken question in real-time-paced 100 ms chunks; server VAD ends the turn,
+    the audio is transcribed, and the spoken answer itself, transcribed back, says Paris."""
+    question = speech(voice_server, QUESTION)
+
+    async def run():
+        async with connect(voice_server) as conn:
+            created = await until(conn, "session.created")
+            assert created.session.audio.input.turn_detection.type == "server_vad"
+            events = []
+            sender = asyncio.create_task(append_paced(conn, question))
+            done = await until(conn, "response.done", events)
+            await sender
+            return created, events, done
+
+    created, events, done = asyncio.run(run())
+    kinds = [e.type for _, e in events]
+    order = ["input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped", "input_audio_buffer.committed",
+             "response.created", "response.output_item.added", "response.content_part.added",
+             "response.output_audio.delta", "response.output_audio.done", "response.output_audio_transcript.done",
+             "response.content_part.done", "response.output_item.done", "response.done"]
+    assert [kinds.index(k) for k in order] == sorted(kinds.index(k) for k in order), kinds
+    started = next(e for _, e in events if e.type == "input_audio_buffer.speech_started")
+    stopped = next(e for _, e in events if e.type == "input_audio_buffer.speech_stopped")
+    assert 200 <= started.audio_start_ms <= 700 and stopped.audio_end_ms > started.audio_start_ms + 1000
+    heard = next(e for _, e in events if e.type == "conversation.item.input_audio_transcription.completed")
+    assert heard.item_id == started.item_id and "capital of france" in heard.transcript.lower()
+    assert done.response.status == "completed" and done.response.usage.output_tokens > 0
+    reply = b"".join(base64.b64decode(e.delta) for _, e in events if e.type == "response.output_audio.delta")
+    assert len(reply) / 2 / RATE > 1.0 and np.abs(np.frombuffer(reply, "<i2")).max() > 1000
+    transcript = next(e for _, e in events if e.type == "response.output_audio_transcript.done").transcript
+    assert "paris" in transcript.lower() and "paris" in transcribe(voice_server, reply).lower()
+    assert done.response.output[0].content[0].transcript == transcript
+
+
+def test_text_turn_and_multi_turn_memory(voice_server):
+    async def run():
+        async with connect(voice_server) as conn:
+            await until(conn, "session.created")
+            await conn.session.update(session={**NO_VAD, "output_modalities": ["text"],
+                                               "instructions": "You are a helpful assistant. Answer in one short sentence."})
+            await until(conn, "session.updated")
+            answers = [await text_turn(conn, q) for q in (QUESTION, "And what is the capital of Italy?",
+                                                          "Which two cities did we talk about?")]
+        async with connect(voice_server) as fresh:  # the same last question without the history
+            await until(fresh, "session.created")
+            await fresh.session.update(session={**NO_VAD, "output_modalities": ["text"],
+                                                "instructions": "You are a helpful assistant. Answer in one short sentence."})
+            control = await text_turn(fresh, "Which two cities did we talk about?")
+            # response.cancel from the client: the response still ends with response.done
+            await fresh.conversation.item.create(item={"type": "message", "role": "user", "content": [
+                {"type": "input_text", "text": "Write a very long story about a dragon."}]})
+            await fresh.response.create(response={"max_output_tokens": 400})
+            created = await until(fresh, "response.created")
+            await fresh.response.cancel()
+            cancelled = await until(fresh, "response.done")
+        return answers, control, created, cancelled
+
+    answers, control, created, cancelled = asyncio.run(run())
+    assert cancelled.response.id == created.response.id and cancelled.response.status == "cancelled"
+    assert cancelled.response.status_details.reason == "client_cancelled"
+    assert "Paris" in answers[0] and "Rome" in answers[1]
+    assert "Paris" in answers[2] and "Rome" in answers[2], answers
+    assert "Paris" not in control and "Rome" not in control, control
+
+
+def test_barge_in_cancels_the_response_end_to_end(voice_server):
+    """Speech appended while the reply plays cancels it: response.done(cancelled, turn_detected) and every
+    stage's in-flight count back to 0; then the client truncates the item to what it played."""
+    interruption = speech(voice_server, "Stop, please tell me something else.", 0.0, 1.0)
+    onset = np.flatnonzero(np.abs(np.frombuffer(interruption, "<i2")) > 600)[0] * 2 // CHUNK  # chunk with speech
+
+    async def run():
+        async with connect(voice_server) as conn:
+            await until(conn, "session.created")
+            # create_response off: the interruption is not answered, so the stages go idle after the cancel
+            await conn.session.update(session={"type": "realtime", "max_output_tokens": 400,
+                                               "audio": {"input": {"turn_detection": {"create_response": False}}}})
+            await until(conn, "session.updated")
+            await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [
+                {"type": "input_text", "text": "Tell me a very long story about a dragon who lives in a castle."}]})
+            await conn.response.create()
+            events = []
+            reader = asyncio.create_task(until(conn, "response.done", events))
+            while not any(e.type == "response.output_audio.delta" for _, e in events):
+                await asyncio.sleep(0.02)
+            spoke_at = None
+            for index, start in enumerate(range(0, len(interruption), CHUNK)):
+                if reader.done():
+                    break
+                await conn.input_audio_buffer.append(audio=base64.b64encode(interruption[start:start + CHUNK]).decode())
+                spoke_at = spoke_at or (time.perf_counter() if index >= onset else None)
+                await asyncio.sleep(0.1)
+            done = await reader
+            # the client heard half of the first spoken chunk: truncate the cancelled item to it
+            item = done.response.output[0]
+            first = next(e for _, e in events if e.type == "response.output_audio.delta")
+            heard_ms = len(base64.b64decode(first.delta)) // 2 * 1000 // RATE // 2
+            await conn.conversation.item.truncate(item_id=item.id, content_index=0, audio_end_ms=heard_ms)
+            truncated = await until(conn, "conversation.item.truncated")
+            await conn.conversation.item.retrieve(item_id=item.id)
+            retrieved = await until(conn, "conversation.item.retrieved")
+            await conn.conversation.item.truncate(item_id=item.id, content_index=0, audio_end_ms=10**7)
+            too_far = await until(conn, "error")
+            return events, spoke_at, done, (item, heard_ms, truncated, retrieved, too_far)
+
+    events, spoke_at, done, (item, heard_ms, truncated, retrieved, too_far) = asyncio.run(run())
+    assert done.response.status == "cancelled" and done.response.status_details.reason == "turn_detected"
+    started_at = next(t for t, e in events if e.type == "input_audio_buffer.speech_started")
+    done_at = next(t for t, e in events if e.type == "response.done")
+    print(f"\nbarge-in: speech onset appended -> response.done(cancelled) {done_at - spoke_at:.3f} s "
+          f"(speech_started -> response.done {done_at - started_at:.3f} s)")
+    # the cancel needs no model time: only the VAD must see the speech (issue 11: within 500 ms)
+    assert started_at <= done_at and done_at - spoke_at < 0.5
+    assert inflight_back_to_zero(voice_server)
+    # conversation.item.truncate: the transcript keeps only the words that were heard
+    full, cut = item.content[0].transcript, retrieved.item.content[0].transcript
+    assert item.status == "incomplete" and truncated.audio_end_ms == heard_ms
+    assert 0 < len(cut.split()) < len(full.split()) and full.startswith(cut), (full, cut)
+    assert too_far.error.param == "audio_end_ms"
+
+
+def test_realtime_rejects_misbehaving_clients_and_keeps_serving(voice_server):
+    url = voice_server.base_url.replace("http", "ws") + "/v1/realtime?model=voice"
+    big = base64.b64encode(b"\0" * (10 * 1024 * 1024 + 2)).decode()
+    cases = [
+        ("{not json", "invalid_json"),
+        (json.dumps({"type": "response.audio.delta"}), "unknown_event"),
+        (json.dumps({"type": "input_audio_buffer.append", "audio": "***"}), "invalid_base64"),
+        (json.dumps({"type": "input_audio_buffer.append", "audio": big}), "audio_too_large"),
+        (json.dumps({"type": "input_audio_buffer.commit"}), "input_audio_buffer_commit_empty"),
+        (json.dumps({"type": "response.cancel"}), "response_cancel_not_active"),
+        (json.dumps({"type": "session.update", "session": {"audio": {"input": {"format": {"type": "audio/pcm",
+                                                                                         "rate": 44100}}}}}),
+         "unsupported_audio_format"),
+        (json.dumps({"type": "session.update", "session": {"audio": {"input": {"turn_detection": {"threshold": 3}}}}}),
+         "invalid_value"),
+        (json.dumps({"type": "conversation.item.truncate", "item_id": "nope", "content_index": 0, "audio_end_ms": 5}),
+         "item_not_found"),
+        (json.dumps({"type": "input_audio_buffer.append"}), "invalid_value"),
+    ]
+    with websockets.sync.client.connect(url, max_size=None) as ws:
+        assert json.loads(ws.recv())["type"] == "session.created"
+        for message, code in cases:
+            ws.send(message)
+            event = json.loads(ws.recv(timeout=30))
+            assert event["type"] == "error" and event["error"]["code"] == code, (message[:80], event)
+        ws.send(b"\x00binary")
+        assert json.loads(ws.recv(timeout=30))["error"]["code"] == "invalid_json"
+        # still serving this session: a valid update is applied
+        ws.send(json.dumps({"type": "session.update", "event_id": "evt_1",
+                            "session": {"audio": {"input": {"turn_detection": {"silence_duration_ms": 700}}}}}))
+        updated = json.loads(ws.recv(timeout=30))
+        detection = updated["session"]["audio"]["input"]["turn_detection"]
+        assert updated["type"] == "session.updated" and detection["silence_duration_ms"] == 700
+        assert detection["threshold"] == 0.5 and detection["prefix_padding_ms"] == 300  # deep merge kept the rest
+    # unknown model: an error event, then the socket closes with 1008
+    with websockets.sync.client.connect(url.replace("model=voice", "model=nope")) as ws:
+        assert json.loads(ws.recv())["error"]["code"] == "model_not_found"
+        with pytest.raises(websockets.exceptions.ConnectionClosed) as closed:
+            ws.recv(timeout=10)
+        assert closed.value.rcvd.code == 1008
+    # a client that vanishes mid-response without a close frame: its Triton request is cancelled
+    with websockets.sync.client.connect(url) as ws:
+        ws.recv()
+        ws.send(json.dumps({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
+            {"type": "input_text", "text": "Write a very long story about a dragon."}]}}))
+        ws.send(json.dumps({"type": "response.create", "response": {"max_output_tokens": 400,
+                                                                    "output_modalities": ["text"]}}))
+        while json.loads(ws.recv(timeout=60))["type"] != "response.output_text.delta":
+            pass
+        ws.socket.close()  # gone without a close frame
+    assert inflight_back_to_zero(voice_server)
+    assert httpx.get(f"{voice_server.base_url}/health").status_code == 200
+
+
+def test_session_update_merges_and_vad_can_be_turned_off(voice_server):
+    async def run():
+        async with connect(voice_server) as conn:
+            await until(conn, "session.created")
+            await conn.session.update(session={"type": "realtime", "audio": {"input": {"turn_detection": {
+                "type": "server_vad", "threshold": 0.6}}, "output": {"voice": "echo"}}})
+            partial = (await until(conn, "session.updated")).session
+            await conn.session.update(session={"type": "realtime", "instructions": "Be brief."})
+            kept = (await until(conn, "session.updated")).session
+            await conn.session.update(session={"type": "realtime", "audio": {"input": {"turn_detection": None}}})
+            off = (await until(conn, "session.updated")).session
+            await conn.input_audio_buffer.append(audio=base64.b64encode(speech(voice_server, QUESTION)).decode())
+            await conn.input_audio_buffer.commit()
+            events = []
+            await until(conn, "conversation.item.input_audio_transcription.completed", events)
+            # a user audio item created directly is transcribed too
+            await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [
+                {"type": "input_audio", "audio": base64.b64encode(speech(voice_server, QUESTION)).decode()}]})
+            added = await until(conn, "conversation.item.added")
+            created = await until(conn, "conversation.item.input_audio_transcription.completed")
+            return partial, kept, off, events, added, created
+
+    partial, kept, off, events, added, created = asyncio.run(run())
+    assert created.item_id == added.item.id and "capital of france" in created.transcript.lower()
+    detection = partial.audio.input.turn_detection
+    assert detection.threshold == 0.6 and detection.silence_duration_ms == 500 and detection.prefix_padding_ms == 300
+    assert kept.audio.input.turn_detection.threshold == 0.6 and kept.audio.output.voice == "echo"
+    assert kept.instructions == "Be brief." and off.audio.input.turn_detection is None
+    kinds = [e.type for _, e in events]
+    assert "input_audio_buffer.speech_started" not in kinds and kinds[0] == "input_audio_buffer.committed"
+
+
+@pytest.mark.parametrize("fmt, rate", [({"type": "audio/pcm", "rate": 16000}, 16000),
+                                       ({"type": "audio/pcm", "rate": 8000}, 8000), ({"type": "audio/pcmu"}, 8000)])
+def test_transcription_session_input_formats(voice_server, fmt, rate):
+    """type "transcription" sessions: VAD + transcription events, no responses; input at 16 / 8 kHz PCM and
+    G.711 μ-law is resampled for the stages."""
+    import av
+
+    pcm = np.frombuffer(speech(voice_server, QUESTION, 0.3, 1.2), "<i2")
+    resampler = av.AudioResampler(format="s16", layout="mono", rate=rate)
+    frame = av.AudioFrame.from_ndarray(pcm[None, :], format="s16", layout="mono")
+    frame.sample_rate = RATE
+    audio = np.concatenate([f.to_ndarray().reshape(-1) for f in resampler.resample(frame) + resampler.resample(None)])
+    if fmt["type"] == "audio/pcmu":
+        encoder = av.CodecContext.create("pcm_mulaw", "w")
+        encoder.sample_rate, encoder.layout, encoder.format = rate, "mono", "s16"
+        frame = av.AudioFrame.from_ndarray(audio[None, :], format="s16", layout="mono")
+        frame.sample_rate = rate
+        data = b"".join(bytes(p) for p in encoder.encode(frame) + encoder.encode(None))
+    else:
+        data = audio.astype("<i2").tobytes()
+
+    async def run():
+        async with connect(voice_server) as conn:
+            await until(conn, "session.created")
+            await conn.session.update(session={"type": "transcription", "audio": {"input": {"format": fmt}}})
+            updated = (await until(conn, "session.updated")).session
+            events = []
+            width = 1 if fmt["type"] == "audio/pcmu" else 2  # bytes per sample: appends carry whole samples
+            chunk = len(data) // (len(pcm) // (RATE // 10)) // width * width  # 100 ms
+            sender = asyncio.create_task(append_paced(conn, data, chunk=chunk, pace_s=0.005))
+            completed = await until(conn, "conversation.item.input_audio_transcription.completed", events)
+            await sender
+            await asyncio.sleep(0.5)
+            await conn.response.create()
+            refused = await until(conn, "error", events)
+            return updated, events, completed, refused
+
+    updated, events, completed, refused = asyncio.run(run())
+    assert updated.type == "transcription"
+    kinds = [e.type for _, e in events]
+    assert kinds[:3] == ["input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
+                         "input_audio_buffer.committed"]
+    assert "capital of france" in completed.transcript.lower() and completed.usage.seconds > 1.0
+    assert "response.created" not in kinds and refused.error.code == "invalid_session_type"
+
+
+def test_eight_concurrent_sessions(voice_server):
+    """8 sessions at once, each streaming the spoken question through server VAD: every one is transcribed
+    and answered, and the VAD stage sees the sessions' requests batched together."""
+    question = speech(voice_server, QUESTION, 0.3, 1.2)
+
+    async def one(index):
+        async with connect(voice_server) as conn:
+            await until(conn, "session.created")
+            await conn.session.update(session={"type": "realtime", "output_modalities": ["text"],
+                                               "max_output_tokens": 24})
+            await until(conn, "session.updated")
+            events = []
+            sender = asyncio.create_task(append_paced(conn, question, pace_s=0.05))
+            done = await until(conn, "response.done", events, timeout_s=300)
+            await sender
+            heard = next(e.transcript for _, e in events if e.type == "conversation.item.input_audio_transcription.completed")
+            return heard, done
+
+    async def run():
+        return await asyncio.gather(*(one(i) for i in range(8)))
+
+    before = metric_value(voice_server.metrics_url, "nv_inference_exec_count_total", model="voice_vad", version="1") or 0
+    requests_before = metric_value(voice_server.metrics_url, "nv_inference_count_total", model="voice_vad", version="1") or 0
+    results = asyncio.run(run())
+    for heard, done in results:
+        assert "capital of france" in heard.lower() and done.response.status in ("completed", "incomplete")
+        assert "Paris" in done.response.output[0].content[0].text
+    executions = metric_value(voice_server.metrics_url, "nv_inference_exec_count_total", model="voice_vad", version="1") - before
+    inferences = metric_value(voice_server.metrics_url, "nv_inference_count_total", model="voice_vad", version="1") - requests_before
+    print(f"\nvoice_vad: {inferences:.0f} requests in {executions:.0f} executions")
+    assert executions < inferences  # requests of different sessions shared executions
+    assert inflight_back_to_zero(voice_server)
+
+
+def test_livekit_agents_realtime_model_holds_a_text_turn(voice_server):
+    """LiveKit Agents' OpenAI Realtime client (livekit-plugins-openai), pointed at our URL, parses what we
+    send: a text turn through its own session.update, conversation sync and generate_reply.
+    (LiveKit Agents installs with our pins, so it is in the dev extra; pipecat-ai 1.14 pins soundfile~=0.13
+    against our 0.14 and pulls numba, so it would need a venv of its own.)"""
+    from livekit.agents import llm
+    from livekit.plugins.openai.realtime import RealtimeModel
+
+    async def run():
+        model = RealtimeModel(model="voice", base_url=f"{voice_server.base_url}/v1", api_key="unused",
+                              modalities=["text"])
+        session = model.session()
+        errors = []
+        session.on("error", errors.append)
+        try:
+            context = llm.ChatContext()
+            context.add_message(role="user", content=QUESTION)
+            await session.update_chat_ctx(context)
+            generation = await asyncio.wait_for(session.generate_reply(), 60)
+            text = ""
+            async for message in generation.message_stream:
+                async for delta in message.text_stream:
+                    text += delta
+            return text, errors
+        finally:
+            await session.aclose()
+            await model.aclose()
+
+    text, errors = asyncio.run(run())
+    assert "Paris" in text and errors == []
+
+
+def test_bench_realtime_workload(voice_server, tmp_path):
+    """scripts/bench --workload realtime: one spoken turn and the VAD CPU phase, JSON consistent with itself."""
+    from omni_bench.cli import main
+
+    out = tmp_path / "realtime.json"
+    code = main(["--workload", "realtime", "--base-url", voice_server.base_url, "--num-prompts", "1", "--num-warmups", "0",
+                 "--max-tokens", "12", "--barge-ins", "0", "--vad-sessions", "1", "--vad-seconds", "3",
+                 "--result-json", str(out)])
+    result = json.loads(out.read_text())
+    assert code == 0 and result["failed"] == 0 and result["config"]["workload"] == "realtime"
+    turn = result["turns"][0]
+    assert turn["status"] in ("completed", "incomplete") and turn["transcript"]
+    assert abs(turn["speech_end_to_first_audio_s"] - turn["speech_end_to_stopped_s"] - turn["stopped_to_first_audio_s"]) < 1e-6
+    assert 0.4 < turn["speech_end_to_stopped_s"] < 5  # at least most of silence_duration_ms (500 ms)
+    assert result["summary"]["speech_end_to_first_audio_s"]["n"] == 1 and turn["chat_audio_ttfp_s"] > 0
+    vad = result["vad_cost"]
+    assert vad["sessions"] == 1 and 0 < vad["core_fraction_per_session"] < 1

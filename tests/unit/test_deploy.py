@@ -1,0 +1,92 @@
+"""Deploy files (deploy/*.yaml) -> rendered model repositories; bad files give one line naming the key."""
+from pathlib import Path
+
+import pytest
+
+from omni_frontend import deploy
+
+pytestmark = pytest.mark.unit
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _write(tmp_path, text: str) -> Path:
+    path = tmp_path / "d.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_h200_deploy_renders_gpu_stages(tmp_path):
+    deployment = deploy.load(ROOT / "deploy" / "qwen3_omni_h200.yaml", environ={"OMNI_LAYOUT": "stages"})
+    assert deployment.pipeline == "qwen3_omni" and deployment.checkpoint == "qwen3_omni_30b_a3b_random"
+    out = deploy.render(deployment, tmp_path / "repo")
+    assert sorted(p.name for p in out.iterdir()) == sorted(deployment.models)
+    thinker = (out / "qwen3_omni_thinker" / "config.pbtxt").read_text()
+    assert "instance_group [ { count: 1 kind: KIND_GPU gpus: [ 0 ] } ]" in thinker and "KIND_CPU" not in thinker
+    for key, value in (("engine", "static"), ("dtype", "bfloat16"), ("kernels", "true"), ("gpu_tensors", "true"),
+                       ("checkpoint", "qwen3_omni_30b_a3b_random"), ("max_len", "4096")):
+        assert f'parameters {{ key: "{key}" value {{ string_value: "{value}" }} }}' in thinker
+    assert thinker.count('key: "checkpoint"') == 1   # replaced in place, not appended twice
+    talker = (out / "qwen3_omni_talker" / "config.pbtxt").read_text()
+    assert 'key: "FORCE_CPU_ONLY_INPUT_TENSORS" value { string_value: "no" }' in talker
+    assert "max_batch_size: 32" in talker and 'key: "gpu_tensors"' not in talker
+    assert (out / "qwen3_omni_thinker" / "1" / "model.py").is_file()
+    # the checked-in repository stays the CPU default
+    assert "KIND_CPU" in (ROOT / "model_repository" / "qwen3_omni_thinker" / "config.pbtxt").read_text()
+
+
+def test_colocated_layout_renders_one_model_with_every_stage_setting(tmp_path):
+    deployment = deploy.load(ROOT / "deploy" / "qwen3_omni_h200.yaml", environ={})   # the file's default layout
+    assert deployment.layout == "colocated" and deployment.models == ["qwen3_omni"]
+    out = deploy.render(deployment, tmp_path / "repo")
+    assert [p.name for p in out.iterdir()] == ["qwen3_omni"]
+    config = (out / "qwen3_omni" / "config.pbtxt").read_text()
+    assert "instance_group [ { count: 1 kind: KIND_GPU gpus: [ 0 ] } ]" in config and "\nname:" not in config
+    for key, value in (("checkpoint", "qwen3_omni_30b_a3b_random"), ("kernels", "true"), ("default_voice", "ethan"),
+                       ("thinker.engine", "static"), ("thinker.max_len", "4096"), ("thinker.dtype", "bfloat16"),
+                       ("talker.max_len", "4608"), ("talker.max_frames", "4095"), ("code2wav.first_chunk_frames", "3")):
+        assert f'parameters {{ key: "{key}" value {{ string_value: "{value}" }} }}' in config
+    assert config.count('key: "code2wav.first_chunk_frames"') == 1   # the template's default replaced in place
+    assert "gpu_tensors" not in config and "FORCE_CPU_ONLY_INPUT_TENSORS" not in config
+    assert "colocated_model" in (out / "qwen3_omni" / "1" / "model.py").read_text()
+
+
+def test_placeholders_are_filled_from_the_environment(tmp_path):
+    path = _write(tmp_path, "pipeline: qwen3_omni\ncheckpoint: ${CKPT}\nkernels: ${K:-false}\n"
+                            "stages: {thinker: {device: 'cuda:${GPU:-1}', instances: 2}}\n")
+    deployment = deploy.load(path, environ={"CKPT": "/models/q"})
+    spec = deployment.stages["thinker"]
+    assert (spec.kind, spec.gpus, spec.instances) == ("KIND_GPU", (1,), 2)
+    assert spec.parameters["checkpoint"] == "/models/q" and spec.parameters["kernels"] == "false"
+    assert deployment.stages["code2wav"].kind == "KIND_CPU" and "kernels" not in deployment.stages["code2wav"].parameters
+
+
+@pytest.mark.parametrize("text, message", [
+    ("pipeline: qwen3_omni\nstages: {thinker: {devise: cpu}}\n", "stages.thinker.devise: unknown key"),
+    ("pipeline: qwen3_omni\ncheckpint: x\n", "checkpint: unknown key"),
+    ("pipeline: qwen3_omni\nstages: {talker2: {}}\n", "stages.talker2: unknown key"),
+    ("pipeline: qwen3_omni\ncheckpoint: ${NOPE}\n", "checkpoint: placeholder ${NOPE} is not set"),
+    ("pipeline: qwen3_omni\nstages: {thinker: {device: gpu0}}\n", "stages.thinker.device: must be 'cpu' or 'cuda:N'"),
+    ("pipeline: qwen3_omni\nstages: {thinker: {max_len: lots}}\n", "stages.thinker.max_len: must be an integer"),
+    ("pipeline: qwen3_omni\nstages: {thinker: {engine: turbo}}\n", "stages.thinker.engine: must be one of"),
+    ("pipeline: qwen3_omni\nstages: {talker: {instances: 0}}\n", "stages.talker.instances: must be >= 1"),
+    ("pipeline: qwen3_omni\nkernels: sometimes\n", "kernels: must be true or false"),
+    ("pipeline: voice2\n", "pipeline: must be one of"),
+    ("pipeline: qwen3_omni\nlayout: mixed\n", "layout: must be one of stages, colocated"),
+    ("pipeline: qwen3_omni\nlayout: colocated\nstages: {thinker: {device: 'cuda:0'}}\n",
+     "layout: colocated runs every stage in one process, so every stage needs the same device (thinker: cuda:0"),
+    ("- just a list\n", "must be a mapping"),
+])
+def test_bad_deploy_files_name_the_key(tmp_path, text, message):
+    path = _write(tmp_path, text)
+    with pytest.raises(deploy.DeployError) as info:
+        deploy.load(path, environ={})
+    assert message in str(info.value) and str(path) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_serve_reports_a_bad_deploy_file_in_one_line(tmp_path, capsys):
+    from omni_frontend.serve import main
+
+    path = _write(tmp_path, "pipeline: qwen3_omni\nstages: {thinker: {devise: cpu}}\n")
+    assert main(["--deploy", str(path), "--no-prepare"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "stages.thinker.devise: unknown key" in err and len(err.splitlines()) == 1

@@ -1,0 +1,135 @@
+"""The frontend's edge machinery without Triton: admission gates, the catch-all 500 and the body
+limit, served by a real uvicorn over real sockets (keep-alive behaviour is the point)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+
+import httpx
+import pytest
+import uvicorn
+
+from omni_frontend.admission import Gate
+from omni_frontend.app import create_app
+from omni_frontend.config import FrontendConfig, RequestLimits
+from omni_frontend.errors import APIError
+from omni_frontend.observability import FrontendMetrics
+from omni_frontend.tritonserver import free_port
+
+pytestmark = pytest.mark.unit
+
+
+def test_gate_runs_queues_then_refuses_with_retry_after():
+    async def scenario():
+        metrics = FrontendMetrics()
+        gate = Gate("p", max_inflight=2, max_queue=1, metrics=metrics)
+        a, b = gate.enter(), gate.enter()
+        queued = gate.enter()
+        assert not a.queued and not b.queued and queued.queued
+        with pytest.raises(APIError) as info:
+            gate.enter()
+        assert info.value.status == 429 and info.value.headers == {"retry-after": "1"}
+        assert info.value.code == "pipeline_overloaded"
+        waiter = asyncio.ensure_future(queued.wait())
+        await asyncio.sleep(0)
+        assert not waiter.done()
+        a.release()
+        a.release()   # idempotent
+        await asyncio.wait_for(waiter, 1)
+        assert gate.running == 2 and not gate.waiting   # the slot passed to the waiter
+        assert metrics.queued.labels("p")._value.get() == 0 and metrics.inflight.labels("p")._value.get() == 2
+        b.release()
+        queued.release()
+        assert gate.running == 0 and metrics.rejected.labels("p")._value.get() == 1
+        assert gate.mean_run_s is not None
+
+    asyncio.run(scenario())
+
+
+def test_a_cancelled_waiter_gives_up_its_place_and_slots_never_leak():
+    async def scenario():
+        gate = Gate("p", max_inflight=1, max_queue=2)
+        running, first, second = gate.enter(), gate.enter(), gate.enter()
+        first_wait = asyncio.ensure_future(first.wait())
+        second_wait = asyncio.ensure_future(second.wait())
+        await asyncio.sleep(0)
+        first_wait.cancel()          # the client of the first queued request left
+        first.release()
+        running.release()            # the slot skips the cancelled waiter
+        await asyncio.wait_for(second_wait, 1)
+        assert gate.running == 1 and not gate.waiting
+        # a waiter that was handed the slot but released before it resumed frees the slot
+        third = gate.enter()
+        second.release()
+        third.release()
+        assert gate.running == 0 and not gate.waiting
+        never_waited = gate.enter()
+        never_waited.release()
+        assert gate.running == 0
+
+    asyncio.run(scenario())
+
+
+def test_queue_wait_is_bounded_and_a_long_expected_wait_is_refused_at_once():
+    async def scenario():
+        gate = Gate("p", max_inflight=1, max_queue=4, max_wait_s=0.2)
+        running, queued = gate.enter(), gate.enter()
+        with pytest.raises(APIError) as info:
+            await queued.wait()          # nobody frees the slot within 0.2 s
+        assert (info.value.status, info.value.code) == (429, "queue_timeout") and "retry-after" in info.value.headers
+        queued.release()
+        assert not gate.waiting
+        gate.mean_run_s = 10.0           # recent requests took 10 s: a queued one would wait ~10 s > 0.2 s
+        with pytest.raises(APIError) as info:
+            gate.enter()
+        assert info.value.code == "pipeline_overloaded" and info.value.headers == {"retry-after": "10"}
+        running.release()
+        assert gate.running == 0
+
+    asyncio.run(scenario())
+
+
+@pytest.fixture(scope="module")
+def edge_app_url():
+    """A real uvicorn serving the app (no Triton needed for these routes) plus a route with a bug."""
+    app = create_app(FrontendConfig(triton_url="127.0.0.1:1", pipelines=[], limits=RequestLimits(max_body_bytes=1000)))
+
+    @app.get("/test-bug")
+    async def _bug():
+        raise RuntimeError("a bug")
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+
+
+def test_unhandled_error_is_a_500_envelope_that_closes_the_connection_cleanly(edge_app_url, caplog):
+    with caplog.at_level(logging.ERROR, logger="omni_frontend"), httpx.Client(base_url=edge_app_url) as client:
+        for _ in range(3):
+            failed = client.get("/test-bug")
+            assert failed.status_code == 500 and failed.headers["connection"] == "close"
+            assert failed.json()["error"]["code"] == "internal_error" and "a bug" in failed.json()["error"]["message"]
+            assert client.get("/v1/models").status_code == 200   # the next request is not reset
+    assert sum("unhandled error in GET /test-bug" in r.getMessage() for r in caplog.records) == 3
+
+
+def test_body_limit_gives_413_envelope_for_declared_and_chunked_bodies(edge_app_url):
+    big = b'{"model": "x", "messages": [{"role": "user", "content": "' + b"a" * 5000 + b'"}]}'
+    with httpx.Client(base_url=edge_app_url) as client:
+        declared = client.post("/v1/chat/completions", content=big, headers={"content-type": "application/json"})
+        chunked = client.post("/v1/chat/completions", content=iter([big[:600], big[600:]]),
+                              headers={"content-type": "application/json"})
+        for response in (declared, chunked):
+            assert response.status_code == 413 and response.headers["connection"] == "close"
+            assert response.json()["error"]["code"] == "request_too_large"
+            assert "1000 byte limit" in response.json()["error"]["message"]
+        assert client.get("/v1/models").status_code == 200

@@ -1,0 +1,55 @@
+"""Image codecs and the URL store of the image routes (no server)."""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from omni_frontend import images
+from omni_frontend.image_store import ImageStore
+
+pytestmark = pytest.mark.unit
+
+PIXELS = np.random.default_rng(0).integers(0, 256, (24, 40, 3), dtype=np.uint8)
+
+
+@pytest.mark.parametrize("fmt, pil_format", [("png", "PNG"), ("jpeg", "JPEG"), ("webp", "WEBP")])
+def test_encode_writes_the_format_and_size(fmt, pil_format):
+    image = Image.open(io.BytesIO(images.encode(PIXELS, fmt, 30)))
+    assert image.format == pil_format and image.size == (40, 24)
+
+
+def test_png_is_lossless_and_compression_shrinks_jpeg():
+    assert np.array_equal(images.decode(images.encode(PIXELS, "png"))[0], PIXELS)
+    assert len(images.encode(PIXELS, "jpeg", 90)) < len(images.encode(PIXELS, "jpeg", 0))
+
+
+def test_decode_returns_alpha_and_rejects_non_images():
+    rgba = np.dstack([PIXELS, np.full((24, 40), 7, np.uint8)])
+    out = io.BytesIO()
+    Image.fromarray(rgba, "RGBA").save(out, "PNG")
+    rgb, alpha = images.decode(out.getvalue())
+    assert np.array_equal(rgb, PIXELS) and alpha is not None and (alpha == 7).all()
+    assert images.decode(images.encode(PIXELS, "png"))[1] is None
+    with pytest.raises(images.ImageDecodeError):
+        images.decode(b"not an image")
+
+
+def test_stack_pads_and_records_sizes():
+    padded, sizes = images.stack([PIXELS, PIXELS[:10, :5]])
+    assert padded.shape == (2, 24, 40, 3) and sizes.tolist() == [[24, 40], [10, 5]]
+    assert np.array_equal(padded[1, :10, :5], PIXELS[:10, :5]) and not padded[1, 10:].any()
+
+
+def test_store_serves_until_expiry_and_drops_the_oldest():
+    store = ImageStore(ttl_s=60, max_items=2)
+    first, _ = store.put(b"a", "image/png")
+    second, expires = store.put(b"b", "image/webp")
+    assert store.get(second) == (b"b", "image/webp") and expires > 0
+    store.put(b"c", "image/png")
+    assert store.get(first) is None and store.get("unknown") is None
+    expired = ImageStore(ttl_s=0)
+    key, _ = expired.put(b"x", "image/png")
+    assert expired.get(key) is None

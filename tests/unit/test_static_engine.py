@@ -1,0 +1,210 @@
+"""The GPU engine on CPU: static KV cache + graph-step decoders give the dynamic (transformers) engine's
+tokens and codec frames; CUDA-graph wrapper falls back cleanly; chunked prefill keeps other streams going;
+batched sampling equals per-row sampling; the random full-size preset's layout."""
+import copy
+import threading
+
+import pytest
+import torch
+
+from omni_backends.engine import EngineLoop, Prompt, SamplingParams, make_generator, sample_next_token
+from omni_backends.engine.graphs import StepGraphs, batch_bucket, power_of_two_buckets
+from omni_backends.engine.options import EngineOptions
+from omni_backends.engine.sampling import sample_rows
+from omni_backends.engine.static_kv import StaticKVCache
+from omni_backends.engine.static_runner import StaticRunner
+from omni_backends.engine.runner import text_mrope_position_ids
+from omni_backends.qwen3_omni.decoder import StaticDecoder
+from omni_backends.qwen3_omni.loading import load_tts_embeds
+from omni_backends.qwen3_omni.pipeline import LocalOmniPipeline, OmniRequest
+
+pytestmark = pytest.mark.unit
+
+PROMPTS = ["Hello, who are you?", "Tell me a story about the sea and the sun, please.", "Hi"]
+
+
+def _run(stages, ckpt, options, talker_sample=False, seed=None):
+    pipe = LocalOmniPipeline.from_stages(stages, load_tts_embeds(ckpt, stages.config), options=options,
+                                         max_running=4)
+    try:
+        requests = [OmniRequest(f"r{i}", [{"role": "user", "content": text}],
+                                pipe.thinker.sampling_params(max_tokens=10 + 4 * i, temperature=0.0),
+                                pipe.talker.sampling_params(do_sample=talker_sample, repetition_penalty=1.0,
+                                                            max_frames=14, seed=seed))
+                    for i, text in enumerate(PROMPTS)]
+        return pipe.run(requests)
+    finally:
+        pipe.close()
+
+
+@pytest.mark.parametrize("prefill_chunk", [5, 512])   # chunked prefill / one batched prefill of whole prompts
+def test_static_engine_gives_the_dynamic_engines_tokens_and_frames(qwen3_omni_stages, qwen3_omni_ckpt, prefill_chunk):
+    dynamic = _run(qwen3_omni_stages, qwen3_omni_ckpt, EngineOptions())
+    static = _run(qwen3_omni_stages, qwen3_omni_ckpt, EngineOptions(engine="static", max_len=128,
+                                                                     prefill_chunk=prefill_chunk))
+    for rid, expected in dynamic.items():
+        assert static[rid].token_ids == expected.token_ids and len(expected.token_ids) >= 10
+        assert torch.equal(static[rid].codes, expected.codes) and expected.codes.shape[-1] >= 10
+        assert static[rid].audio.shape == expected.audio.shape
+
+
+def test_static_talker_sampling_is_reproducible_with_a_seed(qwen3_omni_stages, qwen3_omni_ckpt):
+    options = EngineOptions(engine="static", max_len=128)
+    first, second = (_run(qwen3_omni_stages, qwen3_omni_ckpt, options, talker_sample=True, seed=7) for _ in range(2))
+    assert all(torch.equal(first[rid].codes, second[rid].codes) for rid in first)
+    assert all(first[rid].codes.shape[-1] >= 1 for rid in first)
+
+
+def test_step_graphs_fall_back_to_eager_on_cpu():
+    calls = []
+
+    def step(x):
+        calls.append(x.shape)
+        return (x * 2,)
+
+    graphs = StepGraphs(step, name="t")
+    out = graphs.run((1, 8), {"x": torch.ones(2, 3)})
+    assert torch.equal(out[0], torch.full((2, 3), 2.0)) and calls == [(2, 3)]
+    assert graphs.stats().eager == 1 and graphs.stats().captured == 0 and not graphs.captured((1, 8))
+    disabled = StepGraphs(step, enabled=False)
+    assert torch.equal(disabled.run("k", {"x": torch.zeros(1)})[0], torch.zeros(1)) and disabled.stats().eager == 1
+    assert power_of_two_buckets(24) == (1, 2, 4, 8, 16, 24) and batch_bucket(5, (1, 2, 4, 8)) == 8
+    with pytest.raises(ValueError, match="largest bucket"):
+        batch_bucket(9, (1, 2, 4, 8))
+
+
+def test_static_kv_cache_keeps_slots_compact():
+    cache = StaticKVCache(layers=2, slots=3, max_len=8, kv_heads=1, head_dim=2, dtype=torch.float32, device="cpu")
+    layers = lambda n, v: [(torch.full((1, 1, n, 2), v), torch.full((1, 1, n, 2), -v))] * 2   # noqa: E731
+    for rid, n, v in (("a", 2, 1.0), ("b", 3, 2.0), ("c", 1, 3.0)):
+        cache.add(rid, layers(n, v))
+    with pytest.raises(ValueError, match="no free KV slot"):
+        cache.add("d", layers(1, 4.0))
+    cache.remove(["a"])                      # the last slot ("c") moves into the hole
+    assert cache.request_ids == ["c", "b"] and cache.lengths() == [1, 3]
+    assert torch.equal(cache.keys[1][0, 0, :1], torch.full((1, 2), 3.0))
+    cache.advance([True, False])
+    assert cache.lengths() == [2, 3] and cache.step_columns(2) == 4
+    with pytest.raises(ValueError, match="exceeds the KV cache length"):
+        cache.add("e", layers(9, 5.0))
+    with pytest.raises(ValueError, match="already holds"):
+        cache.add("b", layers(1, 5.0))
+
+
+def test_chunked_prefill_lets_running_streams_decode(qwen3_omni_stages):
+    model = qwen3_omni_stages.thinker
+    text_model = getattr(model.model, "language_model", model.model)
+    decoder = StaticDecoder(text_model, head=lambda h: (model.lm_head(h).float(),), slots=2, max_len=96)
+    runner = StaticRunner(model, decoder, model.get_input_embeddings(), position_ids_fn=text_mrope_position_ids,
+                          prefill_chunk=4)
+    loop = EngineLoop(runner, max_running=2, name="t")
+    events, long_started = [], threading.Event()
+
+    def record(rid, out):
+        events.append(rid)
+        if rid == "short" and len([e for e in events if e == "short"]) == 2:
+            long_started.set()
+
+    try:
+        loop.submit("short", Prompt(input_ids=torch.arange(3, 6)), SamplingParams(max_tokens=40, do_sample=False), record)
+        assert long_started.wait(60)
+        loop.submit("long", Prompt(input_ids=torch.arange(10, 34)), SamplingParams(max_tokens=2, do_sample=False),
+                    record)
+        while len(events) < 42:
+            threading.Event().wait(0.05)
+    finally:
+        loop.shutdown(10)
+    before_long = events[:events.index("long")].count("short")
+    assert before_long >= 2 + 5   # the 24-token prompt took >= 6 iterations of 4 tokens; "short" decoded in each
+
+
+def test_sample_rows_equals_sample_next_token_per_row():
+    torch.manual_seed(0)
+    logits = torch.randn(4, 50)
+    params = [SamplingParams(do_sample=False, stop_token_ids=(3,), min_tokens=2, suppress_token_ids=(7, 8)),
+              SamplingParams(do_sample=True, temperature=0.7, top_k=10, top_p=0.9, seed=5),
+              SamplingParams(do_sample=False, repetition_penalty=1.3),
+              SamplingParams(temperature=0.0)]
+    seen = [None, None, torch.tensor([int(logits[2].argmax()), 1]), None]
+    expected = [sample_next_token(logits[i], p, seen[i], 1, make_generator(p.seed)) for i, p in enumerate(params)]
+    assert sample_rows(logits, params, seen, [1] * 4, [make_generator(p.seed) for p in params]) == expected
+
+
+def test_engine_options_name_the_bad_parameter():
+    assert EngineOptions.from_parameters({"engine": "static", "cuda_graphs": "false", "max_len": "64"}) == \
+        EngineOptions(engine="static", cuda_graphs=False, max_len=64)
+    with pytest.raises(ValueError, match="'max_len' must be an integer"):
+        EngineOptions.from_parameters({"max_len": "many"})
+    with pytest.raises(ValueError, match="'cuda_graphs' must be true or false"):
+        EngineOptions.from_parameters({"cuda_graphs": "maybe"})
+    with pytest.raises(ValueError, match="engine must be one of"):
+        EngineOptions.from_parameters({"engine": "fast"})
+
+
+def test_random_full_size_preset_layout(tmp_path):
+    from omni_backends.qwen3_omni import random_weights as rw
+    from omni_backends.qwen3_omni.loading import THINKER_EMBED_KEY, load_config, load_talker, load_thinker
+    from omni_backends.qwen3_omni.tiny_tokenizer import build_tokenizer
+
+    config = copy.deepcopy(rw.REAL_CONFIG)   # the real layout and token ids, shrunk sizes
+    small = dict(num_hidden_layers=1, num_experts=4, hidden_size=32, moe_intermediate_size=8, num_attention_heads=2,
+                 num_key_value_heads=1, head_dim=16)
+    config["thinker_config"]["text_config"].update(small)
+    config["talker_config"]["text_config"].update(small, shared_expert_intermediate_size=16)
+    config["talker_config"].update(thinker_hidden_size=32, accept_hidden_layer=1)
+    config["talker_config"]["code_predictor_config"].update(num_hidden_layers=1, hidden_size=32, intermediate_size=32,
+                                                            num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+    config["thinker_config"]["audio_config"].update(encoder_layers=1, d_model=16, encoder_attention_heads=2,
+                                                    encoder_ffn_dim=16, output_dim=32)
+    config["thinker_config"]["vision_config"].update(depth=1, hidden_size=16, intermediate_size=16, num_heads=2,
+                                                     out_hidden_size=32, deepstack_visual_indexes=[0])
+    path = rw.write_random_checkpoint(tmp_path / "random", config)
+    assert rw.is_random(path) and not list(path.glob("*.safetensors"))
+    omni = load_config(path)
+    tok = build_tokenizer(layout="qwen3_omni")
+    for name in ("im_start_token_id", "im_end_token_id", "tts_pad_token_id", "user_token_id", "assistant_token_id"):
+        assert tok.convert_tokens_to_ids(tok.convert_ids_to_tokens(getattr(omni, name))) == getattr(omni, name)
+    assert tok.convert_tokens_to_ids("<|audio_pad|>") == omni.thinker_config.audio_token_id == 151675
+    thinker, talker = load_thinker(path, omni), load_talker(path, omni)
+    assert talker.model.layers[0].mlp.gate.weight.std() > 0.01           # routers are random, not zero
+    ids = [omni.tts_bos_token_id, omni.tts_eos_token_id, omni.tts_pad_token_id]
+    assert torch.equal(load_tts_embeds(path, omni), thinker.get_input_embeddings().weight[ids])
+    assert torch.equal(load_thinker(path, omni).lm_head.weight, thinker.lm_head.weight)    # deterministic
+    assert THINKER_EMBED_KEY.startswith("thinker.")
+
+
+def test_static_talker_prefills_a_burst_of_requests_in_one_forward(qwen3_omni_stages, qwen3_omni_ckpt):
+    """Requests that start together go through one right-padded talker prefill forward (static engine) and
+    speak exactly as when each is prefilled alone (dynamic engine)."""
+    from omni_backends.qwen3_omni.prompt import PromptBuilder
+    from omni_backends.qwen3_omni.talker import Talker, TalkerPrompt
+
+    stages = qwen3_omni_stages
+    prompts = PromptBuilder(stages.tokenizer, stages.feature_extractor,
+                            stages.config.thinker_config.audio_config.n_window)
+    embed = stages.thinker.get_input_embeddings()
+    tts = load_tts_embeds(qwen3_omni_ckpt, stages.config)
+
+    def speak(options):
+        talker = Talker(copy.deepcopy(stages.talker), stages.config, tts, options=options, max_running=4)
+        forwards = []
+        talker.model.register_forward_hook(lambda module, args, out: forwards.append(1))
+        with torch.no_grad():
+            for i, text in enumerate(PROMPTS):
+                ids = prompts.build([{"role": "user", "content": text}]).input_ids
+                talker.add_request(f"r{i}", TalkerPrompt(ids, embed(ids), torch.zeros(0, embed.embedding_dim)),
+                                   "ethan", talker.sampling_params(do_sample=False, max_frames=6))
+                talker.push_text(f"r{i}", embed(torch.arange(100 + i, 108 + 2 * i)), final=True)
+            talker.step()
+            prefill_forwards = len(forwards)
+            codes = {rid: [] for rid in ("r0", "r1", "r2")}
+            while len(talker):
+                for rid, out in talker.step().items():
+                    codes[rid].append(out.codes)
+        return prefill_forwards, {rid: torch.cat(c, -1) for rid, c in codes.items()}
+
+    static_forwards, static = speak(EngineOptions(engine="static", max_len=64))
+    dynamic_forwards, dynamic = speak(EngineOptions())
+    assert static_forwards == 1 and dynamic_forwards == 3 + 3   # one batched prefill; 3 prefills + 3 steps
+    for rid, expected in dynamic.items():
+        assert expected.shape[-1] >= 3 and torch.equal(static[rid], expected)

@@ -1,0 +1,160 @@
+"""The /v1/videos building blocks without a server: the SQLite job store (pagination, expiry, persistence),
+PyAV/Pillow encoding, request resolution against a pipeline's limits, and the runner's restart recovery."""
+from __future__ import annotations
+
+import asyncio
+import io
+import sqlite3
+
+import av
+import numpy as np
+import pytest
+from PIL import Image
+
+from omni_frontend.errors import APIError
+from omni_frontend.routes.videos import VideoCreateRequest, resolve_params
+from omni_frontend.triton_client import TritonClient
+from omni_frontend.tritonserver import free_port
+from omni_frontend.videos import encoding
+from omni_frontend.videos.runner import VideoRunner, progress_percent
+from omni_frontend.videos.store import COMPLETED, FAILED, IN_PROGRESS, QUEUED, VideoStore
+
+pytestmark = pytest.mark.unit
+DESCRIBED = {"defaults": {"size": "128x128", "seconds": "1", "fps": 16, "num_inference_steps": 20,
+                          "guidance_scale": 4.0, "negative_prompt": ""},
+             "limits": {"size_multiple": 16, "frame_step": 4, "max_width": 512, "max_height": 512, "max_frames": 81,
+                        "max_inference_steps": 200, "max_reference_pixels": 1 << 24}, "image_to_video": False}
+
+
+def _job(store: VideoStore, video_id: str, created_at: int = 1000):
+    return store.create(video_id, model="wan", prompt=f"prompt of {video_id}", seconds="1", size="64x64",
+                        params={"seed": 1, "fps": 16, "num_frames": 17, "num_inference_steps": 4}, created_at=created_at)
+
+
+def test_store_lists_newest_first_with_cursor_pagination(tmp_path):
+    store = VideoStore(tmp_path)
+    for i in range(5):
+        _job(store, f"video_{i}")
+    page, more = store.list(limit=2)
+    assert [j.id for j in page] == ["video_4", "video_3"] and more
+    page, more = store.list(limit=2, after="video_3")
+    assert [j.id for j in page] == ["video_2", "video_1"] and more
+    page, more = store.list(limit=2, after="video_1")
+    assert [j.id for j in page] == ["video_0"] and not more
+    assert [j.id for j in store.list(limit=10, order="asc")[0]] == [f"video_{i}" for i in range(5)]
+    with pytest.raises(KeyError):
+        store.list(limit=2, after="video_missing")
+
+
+def test_store_lifecycle_persists_across_connections(tmp_path):
+    store = VideoStore(tmp_path)
+    job = _job(store, "video_a")
+    assert job.to_object()["status"] == QUEUED and job.to_object()["progress"] == 0
+    assert store.start("video_a") and not store.start("video_a")       # queued -> in_progress once
+    store.set_progress("video_a", 40)
+    (store.job_dir("video_a") / "video.mp4").write_bytes(b"mp4")
+    store.complete("video_a", inference_time_s=1.5, ttl_s=60)
+    store.close()
+    reopened = VideoStore(tmp_path)                                     # a restarted server
+    obj = reopened.get("video_a").to_object()
+    assert (obj["status"], obj["progress"], obj["expires_at"] - obj["completed_at"]) == (COMPLETED, 100, 60)
+    assert obj["seed"] == 1 and obj["inference_time_s"] == 1.5
+    assert (reopened.job_dir("video_a") / "video.mp4").read_bytes() == b"mp4"
+    assert sqlite3.connect(tmp_path / "videos.db").execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_store_expiry_removes_rows_and_files(tmp_path):
+    store = VideoStore(tmp_path)
+    for name in ("video_old", "video_new", "video_failed"):
+        _job(store, name)
+        store.start(name)
+    store.complete("video_old", inference_time_s=1.0, ttl_s=10)
+    store.complete("video_new", inference_time_s=1.0, ttl_s=10_000)
+    store.fail("video_failed", "boom", "it broke", ttl_s=10)
+    expires = store.get("video_old").expires_at
+    assert store.delete_expired(now=expires - 1) == []
+    assert sorted(store.delete_expired(now=expires)) == ["video_failed", "video_old"]
+    assert store.get("video_old") is None and not store.job_dir("video_old").exists()
+    assert store.get("video_new").status == COMPLETED and store.job_dir("video_new").exists()
+
+
+def _frames(count=9, height=32, width=48) -> np.ndarray:
+    y, x = np.mgrid[0:height, 0:width]
+    return np.stack([np.stack([x * 4 + t * 8, y * 6, np.full_like(x, 128)], -1)   # smooth moving ramps
+                     for t in range(count)]).astype(np.uint8)
+
+
+def test_encoding_writes_an_mp4_thumbnail_and_spritesheet(tmp_path):
+    frames = _frames()
+    encoding.write_assets(frames, 16, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["spritesheet.jpg", "thumbnail.webp", "video.mp4"]
+    with av.open(str(tmp_path / "video.mp4")) as container:
+        stream = container.streams.video[0]
+        decoded = np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
+        assert (stream.codec_context.name, stream.average_rate, container.format.name.split(",")[0]) == ("h264", 16, "mov")
+    assert decoded.shape == frames.shape and np.abs(decoded.astype(int) - frames).mean() < 4
+    thumbnail = Image.open(tmp_path / "thumbnail.webp")
+    assert np.array_equal(np.asarray(thumbnail.convert("RGB")), frames[0])
+    assert Image.open(tmp_path / "spritesheet.jpg").size == (3 * 48, 3 * 32)      # 9 frames -> 3 x 3
+    with pytest.raises(ValueError):
+        encoding.write_mp4(frames[:, :31], 16, tmp_path / "odd.mp4")
+    png = io.BytesIO()
+    Image.fromarray(frames[0]).save(png, "PNG")
+    assert np.array_equal(encoding.decode_image(png.getvalue(), max_pixels=10_000), frames[0])
+    for bad, pixels in ((b"not an image", 10_000), (png.getvalue(), 100)):
+        with pytest.raises(ValueError):
+            encoding.decode_image(bad, max_pixels=pixels)
+
+
+@pytest.mark.parametrize("fields, expected", [
+    ({}, {"width": 128, "height": 128, "num_frames": 17, "fps": 16, "num_inference_steps": 20, "seconds": "1"}),
+    ({"seconds": "4", "fps": 8, "size": "64x32"}, {"width": 64, "height": 32, "num_frames": 33, "seconds": "4"}),
+    ({"seconds": 2.5}, {"num_frames": 41, "seconds": "2.5"}),
+    ({"num_frames": 21}, {"num_frames": 21, "seconds": "1.25"}),
+])
+def test_resolve_params_fills_defaults_and_rounds_frames_to_4k_plus_1(fields, expected):
+    params, seconds, size = resolve_params(VideoCreateRequest(prompt="a cat", **fields), DESCRIBED)
+    found = {**params, "seconds": seconds}
+    assert {k: found[k] for k in expected} == expected
+    assert size == f"{params['width']}x{params['height']}" and 0 <= params["seed"] < 2**31
+
+
+@pytest.mark.parametrize("fields, param", [({"size": "100x100"}, "size"), ({"size": "1024x1024"}, "size"),
+                                           ({"seconds": "-1"}, "seconds"), ({"seconds": "6"}, "seconds"),
+                                           ({"num_frames": 8}, "num_frames"), ({"num_inference_steps": 201},
+                                                                               "num_inference_steps")])
+def test_resolve_params_rejects_what_the_model_cannot_do(fields, param):
+    with pytest.raises(APIError) as err:
+        resolve_params(VideoCreateRequest(prompt="a cat", **fields), DESCRIBED)
+    assert err.value.status == 400 and err.value.param == param
+
+
+def test_progress_reaches_100_only_when_the_video_is_done():
+    assert [progress_percent(s, 4) for s in range(5)] == [0, 20, 40, 60, 80]
+    assert progress_percent(200, 200) == 99
+
+
+def test_runner_restart_fails_interrupted_jobs_and_runs_queued_ones(tmp_path):
+    """In-progress jobs of a server that died come back failed; queued ones are taken up again (here the
+    pipeline is unreachable, so running it fails with a 503 error, which shows it was run)."""
+    store = VideoStore(tmp_path)
+    for name in ("video_running", "video_waiting"):
+        _job(store, name)
+    store.start("video_running")
+
+    async def restart():
+        triton = TritonClient(f"127.0.0.1:{free_port()}", timeout_s=5)
+        runner = VideoRunner(store, triton, {"wan": "wan"}, max_queued=4, max_running=1, ttl_s=None)
+        await runner.start()
+        for _ in range(200):
+            if store.get("video_waiting").status == FAILED:
+                break
+            await asyncio.sleep(0.05)
+        await runner.stop()
+        await triton.close()
+
+    asyncio.run(restart())
+    running, waiting = store.get("video_running"), store.get("video_waiting")
+    assert running.status == FAILED and running.error["code"] == "server_restarted"
+    assert waiting.status == FAILED and waiting.error["code"] == "triton_unavailable", waiting.error
+    assert store.count(IN_PROGRESS) == store.count(QUEUED) == 0
