@@ -209,8 +209,9 @@ def test_api_key_dead_stage_recovery_and_clean_shutdown(tmp_path):
 
 
 def test_sleep_and_wake_unload_and_reload_models(mock_server):
-    """mock and relay share mock_stream: sleeping relay unloads only mock_relay; sleeping mock too then
-    unloads mock_stream; waking relay loads both back."""
+    """mock, relay and mock-speech share mock_stream: sleeping relay unloads only mock_relay; sleeping mock
+    keeps mock_stream while mock-speech is awake, sleeping mock-speech then unloads it; waking relay loads
+    both back. mock-asr's model is never touched."""
     base = mock_server.base_url
     admin = f"{base}/v1/admin/pipelines"
 
@@ -222,28 +223,30 @@ def test_sleep_and_wake_unload_and_reload_models(mock_server):
         return {m["id"]: m["state"] for m in httpx.get(f"{base}/v1/models").json()["data"]}
 
     try:
-        assert _live_stubs(mock_server) == ["mock_relay", "mock_stream"]
+        assert _live_stubs(mock_server) == ["mock_asr", "mock_relay", "mock_stream"]
         slept = httpx.post(f"{admin}/relay/sleep", timeout=120).json()
         assert (slept["state"], slept["unloaded"], slept["kept"]) == ("sleeping", ["mock_relay"], ["mock_stream"])
-        assert wait_for(lambda: _live_stubs(mock_server) == ["mock_stream"], 30), "the unload did not end the stub"
+        assert wait_for(lambda: _live_stubs(mock_server) == ["mock_asr", "mock_stream"], 30), "the unload did not end the stub"
         asleep = chat("relay")
         assert asleep.status_code == 503 and asleep.json()["error"]["code"] == "pipeline_sleeping"
         assert chat("mock").status_code == 200
-        assert states() == {"mock": "awake", "relay": "sleeping"}
+        assert states() == {"mock": "awake", "relay": "sleeping", "mock-speech": "awake", "mock-asr": "awake"}
         health = httpx.get(f"{base}/health")
         assert health.status_code == 200 and health.json()["sleeping"] == ["relay"]
-        assert httpx.post(f"{admin}/mock/sleep", timeout=120).json()["unloaded"] == ["mock_stream"]
-        assert wait_for(lambda: _live_stubs(mock_server) == [], 30), "the unload did not end the stub"
+        assert httpx.post(f"{admin}/mock/sleep", timeout=120).json()["unloaded"] == []  # mock-speech still uses it
+        assert httpx.post(f"{admin}/mock-speech/sleep", timeout=120).json()["unloaded"] == ["mock_stream"]
+        assert wait_for(lambda: _live_stubs(mock_server) == ["mock_asr"], 30), "the unload did not end the stub"
         woke = httpx.post(f"{admin}/relay/wake", timeout=120).json()
         assert (woke["state"], woke["loaded"]) == ("awake", ["mock_stream", "mock_relay"])
         assert chat("relay").json()["choices"][0]["message"]["content"] == "tok0tok1tok2"
         assert chat("mock").json()["error"]["code"] == "pipeline_sleeping"
         assert httpx.post(f"{admin}/mock/wake", timeout=120).json()["loaded"] == []
+        assert httpx.post(f"{admin}/mock-speech/wake", timeout=120).json()["loaded"] == []
         missing = httpx.post(f"{admin}/nope/sleep")
         assert missing.status_code == 404 and missing.json()["error"]["code"] == "pipeline_not_found"
-        assert [p["state"] for p in httpx.get(admin).json()["data"]] == ["awake", "awake"]
+        assert [p["state"] for p in httpx.get(admin).json()["data"]] == ["awake"] * 4
     finally:
-        for name in ("mock", "relay"):
+        for name in ("mock", "relay", "mock-speech"):
             httpx.post(f"{admin}/{name}/wake", timeout=120)
     assert httpx.get(f"{base}/health").status_code == 200
 

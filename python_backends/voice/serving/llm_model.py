@@ -25,7 +25,7 @@ class TritonPythonModel(EngineStageModel):
         self.chat = ChatLLM(resolve_checkpoint(self.parameters["checkpoint"], self.model_name),
                             threads=model_config.int_parameter(self.parameters, "threads", 0) or None,
                             max_running=model_config.int_parameter(self.parameters, "max_running", 8),
-                            max_prefill_tokens=model_config.int_parameter(self.parameters, "max_prefill_tokens", 128))
+                            prefill_chunk=model_config.int_parameter(self.parameters, "prefill_chunk", 128))
         return self.chat.engine
 
     def make_prompt(self, request):
