@@ -6,6 +6,7 @@ the batch logits, so every request keeps its own parameters and its own random g
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -143,15 +144,40 @@ def masked_scores(scores: torch.Tensor, params: SamplingParams, seen_token_ids: 
                   num_generated: int = 0) -> torch.Tensor:
     """Apply repetition_penalty, suppress_token_ids and min_tokens to one row of float scores [vocab], in place
     (returns it). Only device operations: no host synchronisation on CUDA tensors."""
-    if params.repetition_penalty != 1.0 and seen_token_ids is not None and seen_token_ids.numel():
-        seen = seen_token_ids.to(scores.device)
-        picked = scores[seen]
-        scores[seen] = torch.where(picked > 0, picked / params.repetition_penalty, picked * params.repetition_penalty)
-    if params.suppress_token_ids:
-        scores[list(params.suppress_token_ids)] = -float("inf")
-    if num_generated < params.min_tokens and params.stop_token_ids:
-        scores[list(params.stop_token_ids)] = -float("inf")
+    _mask_rows(scores[None], [params], [seen_token_ids], [num_generated])
     return scores
+
+
+@functools.lru_cache(maxsize=64)
+def _token_index(token_ids: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """int64 [n] of `token_ids` on `device`, made once per (set, device): a suppress list of 1,023 codec ids
+    would otherwise be turned into a tensor and copied to the device for every row of every step."""
+    return torch.tensor(token_ids, dtype=torch.long, device=device)
+
+
+def _mask_rows(scores: torch.Tensor, params: Sequence[SamplingParams], seen_token_ids: Sequence[torch.Tensor | None],
+               num_generated: Sequence[int]) -> None:
+    """`masked_scores` for every row of scores [B, vocab], in place: the repetition penalty per row, then one
+    indexed write of -inf per distinct suppress set and per distinct stop set (rows sharing a set are masked
+    together). Same values as masking row by row (the -inf writes commute with each other and follow the
+    penalty in both)."""
+    for row, (p, seen) in enumerate(zip(params, seen_token_ids)):
+        if p.repetition_penalty != 1.0 and seen is not None and seen.numel():
+            seen = seen.to(scores.device)
+            picked = scores[row, seen]
+            scores[row, seen] = torch.where(picked > 0, picked / p.repetition_penalty, picked * p.repetition_penalty)
+    groups: dict[tuple[int, ...], set[int]] = {}
+    for row, (p, n) in enumerate(zip(params, num_generated)):
+        if p.suppress_token_ids:
+            groups.setdefault(p.suppress_token_ids, set()).add(row)
+        if n < p.min_tokens and p.stop_token_ids:
+            groups.setdefault(p.stop_token_ids, set()).add(row)
+    for token_ids, rows in groups.items():
+        index = _token_index(token_ids, scores.device)
+        if len(rows) == scores.shape[0]:
+            scores[:, index] = -float("inf")
+        else:
+            scores[torch.tensor(sorted(rows), device=scores.device)[:, None], index[None]] = -float("inf")
 
 
 def sample_rows(logits: torch.Tensor, params: Sequence[SamplingParams], seen_token_ids: Sequence[torch.Tensor | None],
@@ -169,8 +195,8 @@ def sample_rows(logits: torch.Tensor, params: Sequence[SamplingParams], seen_tok
     greedy = [i for i, p in enumerate(params) if p.greedy]
     if greedy:
         scores = logits[greedy].float()
-        for row, i in enumerate(greedy):
-            masked_scores(scores[row], params[i], seen_token_ids[i], num_generated[i])
+        _mask_rows(scores, [params[i] for i in greedy], [seen_token_ids[i] for i in greedy],
+                   [num_generated[i] for i in greedy])
         for i, token in zip(greedy, scores.argmax(-1).tolist()):
             tokens[i] = token
     for i, p in enumerate(params):

@@ -125,9 +125,15 @@ def test_sample_rows_equals_sample_next_token_per_row():
               SamplingParams(do_sample=True, temperature=0.7, top_k=10, top_p=0.9, seed=5),
               SamplingParams(do_sample=False, repetition_penalty=1.3),
               SamplingParams(temperature=0.0)]
-    seen = [None, None, torch.tensor([int(logits[2].argmax()), 1]), None]
+    # greedy rows sharing suppress / stop sets (masked together), one whose stop set is another's suppress set
+    top = logits.argsort(-1, descending=True)
+    params += [SamplingParams(do_sample=False, suppress_token_ids=tuple(top[0, :3].tolist())),
+               SamplingParams(do_sample=False, suppress_token_ids=tuple(top[0, :3].tolist())),
+               SamplingParams(do_sample=False, stop_token_ids=tuple(top[0, :3].tolist()), min_tokens=5)]
+    logits = torch.cat([logits, logits[:1].expand(3, -1)])
+    seen = [None, None, torch.tensor([int(logits[2].argmax()), 1]), None, None, None, None]
     expected = [sample_next_token(logits[i], p, seen[i], 1, make_generator(p.seed)) for i, p in enumerate(params)]
-    assert sample_rows(logits, params, seen, [1] * 4, [make_generator(p.seed) for p in params]) == expected
+    assert sample_rows(logits, params, seen, [1] * 7, [make_generator(p.seed) for p in params]) == expected
 
 
 def test_engine_options_name_the_bad_parameter():
