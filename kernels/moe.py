@@ -6,8 +6,7 @@ Qwen3OmniMoeThinkerTextExperts (gate_up_proj [E, 2I, H] gate rows first, SiLU(ga
 [E, H, I], times the routing weight, summed over the token's experts in ascending expert order). The
 talker's routed experts are the same computation with top-6 (its shared expert stays outside).
 
-Launches (all sizes depend on the token count only, so the sequence is CUDA-graph capturable); at decode
-sizes (T <= SLOT_TOKENS, configs with `slot_down`) `moe_slots` does the same work in two (below):
+Launches (all sizes depend on the token count only, so the sequence is CUDA-graph capturable):
  1. route + align: softmax/top-k per token, then the token-slots (slot = token * top_k + j) are sorted by
     expert into segments padded to BLOCK_M rows; a block table gives each BLOCK_M block its expert and
     its number of real rows. Up to 64 tokens this is one program; beyond, three launches (route per chunk
@@ -16,9 +15,6 @@ sizes (T <= SLOT_TOKENS, configs with `slot_down`) `moe_slots` does the same wor
     gate and up halves into two fp32 accumulators; epilogue SiLU(gate) * up -> bf16 [slots, I].
  3. down grouped GEMM: [slots, I] @ W2[e]^T in fp32; epilogue times the routing weight -> bf16 [slots, H].
  4. top-k reduction: each token's top_k slot rows summed in ascending expert order -> [T, H].
-Slot path (`moe_slots`, a token or two): the gate_up kernel runs one program per (slot, BLOCK_N columns) and
-routes its slot in its prologue (steps 1's arithmetic, for one token); `_moe_down_sum_kernel` runs one program
-per (token, BLOCK_N columns) over the token's experts in ascending order, so steps 3 and 4 are one launch.
 The epilogues round to the activation dtype where transformers' unfused code does (each linear's output,
 silu's output, each product, each partial sum), so the kernels' outputs differ from the reference only by
 the GEMMs' fp32 summation order.
@@ -36,7 +32,6 @@ from .moe_configs import GemmConfig, MoeConfig, moe_config
 SINGLE_PROGRAM_TOKENS = 64  # up to this many tokens, routing + alignment is one launch
 ROUTE_CHUNK = 32  # tokens per routing program beyond that
 BLOCK_TABLE_STEP = 32  # block-table entries written per loop step
-SLOT_TOKENS = 2  # up to this many tokens, a config with `slot_down` runs the two-launch slot path (moe_slots)
 
 
 def moe_topk_reference(router_logits: torch.Tensor, top_k: int, renormalize: bool = True):
@@ -239,56 +234,16 @@ def _block_of_program(block_expert_ptr, block_rows_ptr, sorted_ptr, num_blocks, 
     return expert, slot, m_ok, n, n < N
 
 
-@helper
-def _route_slot(logits_ptr, ids_ptr, weights_ptr, s, E, logits_stride, store, TOP_K: tl.constexpr,
-                RENORM: tl.constexpr, BLOCK_E: tl.constexpr):
-    # the expert of slot s = t * TOP_K + j (the token's j-th chosen expert in ascending id order), routed here
-    # with the route kernel's arithmetic; `store`: also write the slot's id and weight (for the down kernel)
-    t = s // TOP_K
-    e = tl.arange(0, BLOCK_E)
-    e_ok = e < E
-    logits = tl.load(logits_ptr + t.to(tl.int64) * logits_stride + e[None, :], mask=e_ok[None, :],
-                     other=0.0).to(tl.float32)
-    logits = tl.where(e_ok[None, :], logits, float("-inf"))
-    probs = tl.exp(logits - tl.max(logits, axis=1)[:, None])
-    probs = probs / tl.sum(probs, axis=1)[:, None]
-    sel = _topk_mask(tl.where(e_ok[None, :], probs, -1.0), e, TOP_K, 1, BLOCK_E)
-    weights = probs
-    if RENORM:
-        weights = probs / tl.sum(tl.where(sel, probs, 0.0), axis=1)[:, None]
-    mine = sel & (tl.cumsum(sel.to(tl.int32), axis=1) - 1 == s - t * TOP_K)
-    expert = tl.sum(tl.sum(tl.where(mine, e[None, :], 0), axis=1), axis=0)
-    weight = tl.sum(tl.sum(tl.where(mine, weights, 0.0), axis=1), axis=0)
-    tl.store(ids_ptr + s, expert, mask=store)
-    tl.store(weights_ptr + s, round_to(weight, weights_ptr.dtype.element_ty), mask=store)
-    return expert
-
-
 @kernel
 def _moe_gate_up_kernel(x_ptr, w_ptr, out_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr, N, K, num_blocks,
-                        x_stride, w_stride_e, w_stride_n, logits_ptr, ids_ptr, weights_ptr, E, logits_stride,
-                        TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr,
-                        DOT_PRECISION: tl.constexpr, SLOTS: tl.constexpr, RENORM: tl.constexpr,
-                        BLOCK_E: tl.constexpr):
-    # out[slot, n] = silu(x[tok] . W13[e, n]) * (x[tok] . W13[e, N + n]) for the slots of one expert block;
-    # SLOTS (decode, few tokens): one slot per program instead, its expert routed in the prologue (no route
-    # launch, no sorted layout: row 0 of the BLOCK_M tile is the slot)
-    if SLOTS:
-        num_n = tl.cdiv(N, BLOCK_N)
-        s = tl.program_id(0) // num_n
-        pid_n = tl.program_id(0) % num_n
-        expert = _route_slot(logits_ptr, ids_ptr, weights_ptr, s, E, logits_stride, pid_n == 0, TOP_K, RENORM,
-                             BLOCK_E)
-        m_ok = tl.arange(0, BLOCK_M) == 0
-        slot = tl.where(m_ok, s, 0).to(tl.int64)
-        n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_ok = n < N
-    else:
-        expert, slot, m_ok, n, n_ok = _block_of_program(block_expert_ptr, block_rows_ptr, sorted_ptr, num_blocks, N,
-                                                        BLOCK_M, BLOCK_N, GROUP_M)
-        if expert < 0:
-            return
+                        x_stride, w_stride_e, w_stride_n, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
+                        DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    # out[slot, n] = silu(x[tok] . W13[e, n]) * (x[tok] . W13[e, N + n]) for the slots of one expert block
+    expert, slot, m_ok, n, n_ok = _block_of_program(block_expert_ptr, block_rows_ptr, sorted_ptr, num_blocks, N,
+                                                    BLOCK_M, BLOCK_N, GROUP_M)
+    if expert < 0:
+        return
     k = tl.arange(0, BLOCK_K)
     a_ptrs = x_ptr + (slot // TOP_K)[:, None] * x_stride + k[None, :]
     g_ptrs = w_ptr + expert.to(tl.int64) * w_stride_e + n[None, :] * w_stride_n + k[:, None]
@@ -365,44 +320,6 @@ def _moe_sum_kernel(y_ptr, out_ptr, T, H, TOP_K: tl.constexpr, BLOCK_T: tl.const
     tl.store(out_ptr + t.to(tl.int64)[:, None] * H + cols[None, :], acc.to(dt), mask=mask)
 
 
-@kernel
-def _moe_down_sum_kernel(a_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, N, K, w_stride_e, w_stride_n,
-                         TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    # out[t, n] = sum over the token's experts j (ascending) of weight_j * (a[t * TOP_K + j] . W2[e_j, n]), with
-    # the roundings of moe_down + moe_sum; ONE loop over (expert, K step) so the weight loads of consecutive
-    # experts stay pipelined; row 0 of the BLOCK_M tile is the slot
-    t = tl.program_id(0)
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = n < N
-    m_ok = tl.arange(0, BLOCK_M) == 0
-    k = tl.arange(0, BLOCK_K)
-    dt = out_ptr.dtype.element_ty
-    k_steps = tl.cdiv(K, BLOCK_K)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for i in range(0, TOP_K * k_steps):
-        j = i // k_steps
-        k0 = (i - j * k_steps) * BLOCK_K
-        slot = t.to(tl.int64) * TOP_K + j
-        expert = tl.load(ids_ptr + slot).to(tl.int64)
-        k_ok = k < K - k0
-        a = tl.load(a_ptr + slot * K + k0 + k[None, :] + tl.zeros([BLOCK_M, 1], tl.int64),
-                    mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        w = tl.load(w_ptr + expert * w_stride_e + n[None, :] * w_stride_n + k0 + k[:, None],
-                    mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-        if DOT_F32:
-            a, w = a.to(tl.float32), w.to(tl.float32)
-        acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
-        last = k0 + BLOCK_K >= K
-        route_w = tl.load(weights_ptr + slot).to(tl.float32)
-        y = round_to(rounded(acc, dt) * route_w, dt).to(tl.float32)
-        total = tl.where(last, rounded(total + y, dt), total)
-        acc = tl.where(last, 0.0, acc)
-    tl.store(out_ptr + t.to(tl.int64) * N + n[None, :] + tl.zeros([BLOCK_M, 1], tl.int64), total.to(dt),
-             mask=m_ok[:, None] & n_ok[None, :])
-
-
 SHARED_MEMORY_BUDGET = 200 * 1024  # of the H100/H200's 227 KB per block
 
 
@@ -425,43 +342,12 @@ def moe_gate_up(hidden: torch.Tensor, w13: torch.Tensor, routing: MoeRouting, co
     inter = w13.shape[1] // 2
     out = torch.empty((T * top_k, inter), dtype=hidden.dtype, device=hidden.device)
     grid = (routing.max_blocks * triton.cdiv(inter, config.BLOCK_N),)
-    ids = routing.topk_ids
     _moe_gate_up_kernel[grid](hidden, w13, out, routing.sorted_slots, routing.block_expert, routing.block_rows, inter,
-                              H, routing.max_blocks, hidden.stride(0), w13.stride(0), w13.stride(1), ids, ids,
-                              ids, 0, 0, TOP_K=top_k, BLOCK_M=routing.block_m, BLOCK_N=config.BLOCK_N,
-                              BLOCK_K=config.BLOCK_K, GROUP_M=config.GROUP_M, EVEN_K=H % config.BLOCK_K == 0,
-                              DOT_F32=DOT_IN_FP32, DOT_PRECISION=_dot_precision(hidden.dtype), SLOTS=False,
-                              RENORM=False, BLOCK_E=1, num_warps=config.num_warps,
+                              H, routing.max_blocks, hidden.stride(0), w13.stride(0), w13.stride(1), TOP_K=top_k,
+                              BLOCK_M=routing.block_m, BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K,
+                              GROUP_M=config.GROUP_M, EVEN_K=H % config.BLOCK_K == 0, DOT_F32=DOT_IN_FP32,
+                              DOT_PRECISION=_dot_precision(hidden.dtype), num_warps=config.num_warps,
                               num_stages=fit_stages(config, routing.block_m, 2, hidden.dtype))
-    return out
-
-
-def moe_slots(hidden: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, top_k: int,
-              renormalize: bool, config: MoeConfig) -> torch.Tensor:
-    """The decode path of `fused_moe` for a few tokens, TWO launches: gate_up with each program routing its own
-    slot (t * top_k + j) in its prologue (writing the slot's expert and weight), then down with the top-k sum
-    fused (one program per token and BLOCK_N columns walks the token's experts in ascending order). Same
-    arithmetic as the four-launch path; used when the config has `slot_down` and T <= `SLOT_TOKENS`."""
-    T, H = hidden.shape
-    E, inter = w13.shape[0], w13.shape[1] // 2
-    gu, dn = config.gate_up, config.slot_down
-    if router_logits.stride(-1) != 1:
-        router_logits = router_logits.contiguous()
-    dev = hidden.device
-    ids = torch.empty(T * top_k, dtype=torch.int32, device=dev)
-    weights = torch.empty(T * top_k, dtype=router_logits.dtype, device=dev)
-    act = torch.empty((T * top_k, inter), dtype=hidden.dtype, device=dev)
-    _moe_gate_up_kernel[(T * top_k * triton.cdiv(inter, gu.BLOCK_N),)](
-        hidden, w13, act, ids, ids, ids, inter, H, 1, hidden.stride(0), w13.stride(0), w13.stride(1), router_logits,
-        ids, weights, E, router_logits.stride(0), TOP_K=top_k, BLOCK_M=16, BLOCK_N=gu.BLOCK_N, BLOCK_K=gu.BLOCK_K,
-        GROUP_M=1, EVEN_K=H % gu.BLOCK_K == 0, DOT_F32=DOT_IN_FP32, DOT_PRECISION=_dot_precision(hidden.dtype),
-        SLOTS=True, RENORM=bool(renormalize), BLOCK_E=triton.next_power_of_2(E), num_warps=gu.num_warps,
-        num_stages=fit_stages(gu, 16, 2, hidden.dtype))
-    out = torch.empty((T, H), dtype=hidden.dtype, device=dev)
-    _moe_down_sum_kernel[(T, triton.cdiv(H, dn.BLOCK_N))](
-        act, w2, out, ids, weights, H, inter, w2.stride(0), w2.stride(1), TOP_K=top_k, BLOCK_M=16,
-        BLOCK_N=dn.BLOCK_N, BLOCK_K=dn.BLOCK_K, DOT_F32=DOT_IN_FP32, DOT_PRECISION=_dot_precision(hidden.dtype),
-        num_warps=dn.num_warps, num_stages=fit_stages(dn, 16, 1, hidden.dtype))
     return out
 
 
@@ -519,8 +405,6 @@ def fused_moe(hidden: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tens
         raise ValueError("fused_moe: expert weights need a contiguous last dim")
     config = config or moe_config(T, H, two_i // 2)
     hidden = hidden if hidden.stride(-1) == 1 else hidden.contiguous()
-    if config.slot_down is not None and T <= SLOT_TOKENS:
-        return moe_slots(hidden, router_logits, w13, w2, top_k, renormalize, config)
     routing = moe_route(router_logits, top_k, renormalize, config.BLOCK_M)
     inter = moe_gate_up(hidden, w13, routing, config.gate_up)
     return moe_sum(moe_down(inter, w2, routing, config.down), top_k)

@@ -27,20 +27,14 @@ class GemmConfig:
 
 @dataclasses.dataclass(frozen=True)
 class MoeConfig:
-    """BLOCK_M of the sorted layout, the two grouped GEMMs' tiles, and `slot_down`: when set (decode buckets),
-    up to `moe.SLOT_TOKENS` tokens run the two-launch slot path, gate_up with this `gate_up` tile and the fused
-    down + top-k sum with the `slot_down` tile (one program per token and BLOCK_N columns: narrow tiles)."""
     BLOCK_M: int
     gate_up: GemmConfig
     down: GemmConfig
-    slot_down: GemmConfig | None = None
 
 
 # Per expert shape (hidden H, intermediate I): (largest token count of the bucket, config), the first bucket
 # whose bound is >= T is used. Shapes without a table of their own use DEFAULT_CONFIGS.
-_SLOT_DOWN = GemmConfig(16, 256, 1, 4, 5)   # decode slot path: 2048 / 16 = 128 programs per token (thinker)
 DEFAULT_CONFIGS: list[tuple[int, MoeConfig]] = [
-    (1, MoeConfig(16, GemmConfig(32, 128, 1, 4, 5), GemmConfig(64, 128, 1, 4, 4), _SLOT_DOWN)),
     (16, MoeConfig(16, GemmConfig(32, 128, 1, 4, 5), GemmConfig(64, 128, 1, 4, 4))),
     (64, MoeConfig(16, GemmConfig(32, 128, 1, 4, 5), GemmConfig(64, 128, 1, 4, 4))),
     (256, MoeConfig(32, GemmConfig(64, 64, 4, 4, 4), GemmConfig(64, 64, 4, 4, 4))),
@@ -55,14 +49,14 @@ THINKER, TALKER = (2048, 768), (1024, 384)   # Qwen3-Omni-30B-A3B: thinker top-8
 _BN32 = GemmConfig(32, 128, 1, 4, 4)
 _BN32_2W = GemmConfig(32, 128, 1, 2, 4)
 MOE_CONFIGS: dict[tuple[int, int], list[tuple[int, MoeConfig]]] = {
-    THINKER: [(1, MoeConfig(16, _BN32, GemmConfig(64, 128, 1, 4, 4), _SLOT_DOWN)),
+    THINKER: [(1, MoeConfig(16, _BN32, GemmConfig(64, 128, 1, 4, 4))),
               (4, MoeConfig(16, _BN32, _BN32_2W)),
               (16, MoeConfig(16, _BN32, _BN32_2W)),
-              *DEFAULT_CONFIGS[2:]],
-    TALKER: [(1, MoeConfig(16, _BN32, _BN32, _SLOT_DOWN)),
+              *DEFAULT_CONFIGS[1:]],
+    TALKER: [(1, MoeConfig(16, _BN32, _BN32)),
              (4, MoeConfig(16, _BN32, _BN32_2W)),
              (16, MoeConfig(16, GemmConfig(64, 128, 1, 4, 4), _BN32_2W)),
-             *DEFAULT_CONFIGS[2:]],
+             *DEFAULT_CONFIGS[1:]],
 }
 
 

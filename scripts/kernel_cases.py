@@ -92,19 +92,11 @@ def distinct_logits(T: int, E: int, dtype, device) -> torch.Tensor:
     return ((ranks - E / 2) / 16).to(dtype)
 
 
-def _slot_down_candidates():
-    from omni_kernels.moe_configs import GemmConfig   # noqa: PLC0415 - needs import_omni_kernels first
-    return [GemmConfig(16, 128, 1, 4, 4), GemmConfig(16, 256, 1, 4, 5), GemmConfig(16, 256, 1, 4, 6),
-            GemmConfig(32, 256, 1, 4, 5), GemmConfig(16, 512, 1, 4, 3)]
-
-
 def cases(ok, tokens: list[int], device: str, dtype=torch.bfloat16, random: bool = True,
           ops: tuple[str, ...] = ("rms_norm", "silu_and_mul", "apply_mrope", "fused_moe", "decode_attention"),
           ) -> list[Case]:
     """Every op at every token count. `random=False` allocates without filling (compile-only use)."""
     out: list[Case] = []
-    global SLOT_DOWN_CANDIDATES
-    SLOT_DOWN_CANDIDATES = _slot_down_candidates()
     es = torch.tensor([], dtype=dtype).element_size()
     weights = {}
     if "fused_moe" in ops:
@@ -162,16 +154,6 @@ def cases(ok, tokens: list[int], device: str, dtype=torch.bfloat16, random: bool
 
                 out.append(Case("fused_moe", f"fused_moe {m.name} E{m.experts} top{m.top_k}", T, ok.fused_moe,
                                 ok.fused_moe_reference, sets, moe_bytes, flops=6 * T * m.top_k * m.hidden * m.inter))
-                if T == 1:   # A/B of the decode slot path: the four-launch path, other slot_down tiles
-                    table = ok.moe_configs.moe_config(T, m.hidden, m.inter)
-                    variants = [("4 launches", dataclasses.replace(table, slot_down=None))] + [
-                        (f"slot_down {c.BLOCK_N}x{c.BLOCK_K} w{c.num_warps} s{c.num_stages}",
-                         dataclasses.replace(table, slot_down=c)) for c in SLOT_DOWN_CANDIDATES
-                        if c != table.slot_down]
-                    for label, config in variants:
-                        out.append(Case("fused_moe", f"fused_moe {m.name} {label}", T,
-                                        lambda *a, config=config: ok.fused_moe(*a, config=config),
-                                        ok.fused_moe_reference, sets, moe_bytes))
     return out
 
 
