@@ -1,16 +1,20 @@
 """FastAPI app factory: OpenAI-compatible routes over Triton gRPC."""
 from __future__ import annotations
 
+import asyncio
 import hmac
 
 from fastapi import Depends, FastAPI
 
 from omni_frontend import admission, errors, observability
+from omni_frontend.availability import Availability
 from omni_frontend.liveness import HeartbeatReader
 from omni_frontend.config import FrontendConfig
 from omni_frontend.image_store import ImageStore
+from omni_frontend.model_control import ModelControl
 from omni_frontend.realtime import route as realtime
-from omni_frontend.routes import chat, images, speech, system, transcriptions, videos
+from omni_frontend.routes import admin, chat, images, speech, system, transcriptions, videos
+from omni_frontend.stage_monitor import CrashedStubs, StageMonitor
 from omni_frontend.triton_client import TritonClient
 from omni_frontend.validation import BodyLimitMiddleware, require_valid_text
 
@@ -33,17 +37,24 @@ class BearerAuthMiddleware:
         await self.app(scope, receive, send)
 
 
-def create_app(config: FrontendConfig) -> FastAPI:
+def create_app(config: FrontendConfig, crashed_stubs: CrashedStubs | None = None) -> FastAPI:
     """The app for `config`; its Triton client opens lazily and closes on shutdown.
 
     Edge checks before any route work: request bodies past `config.limits.max_body_bytes` get 413
     unparsed, and JSON text must be valid Unicode (omni_frontend.validation). Middlewares, outermost
     first: observability (request id, access log, metrics), catch-all 500, body limit, admission
-    slot release, Bearer auth."""
+    slot release, Bearer auth.
+
+    crashed_stubs: the launcher's `TritonServer.crashed_stubs` (stub processes that died), for stage
+    recovery (omni_frontend.stage_monitor); without it only stale heartbeats reveal a dead stage."""
     app = FastAPI(title="Omni-Triton", version="0.1.0", dependencies=[Depends(require_valid_text)])
     app.state.config = config
-    app.state.triton = TritonClient(config.triton_url, config.request_timeout_s)
+    availability = Availability({p.entry: p.models for p in config.pipelines})
+    app.state.triton = TritonClient(config.triton_url, config.request_timeout_s, availability)
     app.state.liveness = HeartbeatReader(config.triton_metrics_url) if config.triton_metrics_url else None
+    app.state.control = ModelControl(app.state.triton, config.pipelines)
+    app.state.monitor = StageMonitor(app.state.control, availability, app.state.liveness, crashed_stubs,
+                                     recover_after_s=config.recover_after_stale_s)
     app.state.metrics = observability.FrontendMetrics()
     app.state.admission = admission.Admission(config.admission, app.state.metrics)
     app.state.images = ImageStore(config.image_url_ttl_s)
@@ -55,12 +66,22 @@ def create_app(config: FrontendConfig) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.limits.max_body_bytes)
     app.add_middleware(errors.CatchAllMiddleware)
     app.add_middleware(observability.ObservabilityMiddleware, metrics=app.state.metrics)  # outermost
-    for module in (system, chat, speech, transcriptions, images, videos, realtime):
+    for module in (system, chat, speech, transcriptions, images, videos, realtime, admin):
         app.include_router(module.router)
     videos.install(app, config, app.state.triton)  # its shutdown runs before the Triton channel closes
 
+    @app.on_event("startup")
+    async def _watch_stages():
+        if config.recover_stages:
+            app.state.monitor_task = asyncio.create_task(app.state.monitor.run())
+
     @app.on_event("shutdown")
     async def _close():
+        task = getattr(app.state, "monitor_task", None)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await app.state.monitor.stop()
         await app.state.triton.close()
         if app.state.liveness is not None:
             await app.state.liveness.close()

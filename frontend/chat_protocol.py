@@ -6,7 +6,8 @@ Pipeline REQUEST JSON (what any Triton client sends to a chat pipeline such as `
         {"type": "text", "text": str} |
         {"type": "input_audio", "offset": int, "samples": int, "sample_rate": 16000}]}],
    "modalities": ["text"] | ["audio"] | ["text", "audio"], "voice": str | null,
-   "temperature", "top_p", "top_k", "max_tokens", "seed", "stop": [str]}
+   "temperature", "top_p", "top_k", "max_tokens", "seed", "presence_penalty", "frequency_penalty",
+   "repetition_penalty", "stop": [str]}
 Input audio travels as float32 mono 16 kHz samples in the INPUT_AUDIO tensor [total_samples];
 each input_audio part points at its slice (offset, samples).
 """
@@ -42,9 +43,6 @@ UNSUPPORTED_FIELDS: dict[str, tuple[tuple, str]] = {
     "top_logprobs": ((None,), "log probabilities are not returned"),
     "logit_bias": ((None, {}), "the samplers take no logit bias"),
     "prediction": ((None,), "predicted outputs are not used"),
-    "frequency_penalty": ((None, 0), "the samplers have no frequency penalty (only 0); a pipeline may document "
-                                     "the extension field repetition_penalty"),
-    "presence_penalty": ((None, 0), "the samplers have no presence penalty (only 0)"),
     "reasoning_effort": ((None,), "no served model reasons"),
     "verbosity": ((None,), "the served models take no verbosity setting"),
     "web_search_options": ((None,), "the server does not search the web"),
@@ -109,6 +107,9 @@ class ChatRequest(BaseModel):
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     seed: int | None = Field(default=None, ge=-2**63, le=2**63 - 1)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)  # vLLM's extension
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -226,5 +227,7 @@ def to_pipeline(req: ChatRequest, limits: RequestLimits | None = None) -> tuple[
     body = {**extra, "messages": messages, "modalities": modalities,
             "voice": req.audio.voice if req.audio else None,
             "temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k,
-            "max_tokens": req.max_completion_tokens or req.max_tokens, "seed": req.seed, "stop": stop}
+            "max_tokens": req.max_completion_tokens or req.max_tokens, "seed": req.seed, "stop": stop,
+            "presence_penalty": req.presence_penalty, "frequency_penalty": req.frequency_penalty,
+            "repetition_penalty": req.repetition_penalty}
     return body, (np.concatenate(clips) if clips else None)

@@ -52,16 +52,20 @@ class AdmissionLimits:
 class FrontendConfig:
     """triton_url: host:port of Triton gRPC; triton_metrics_url: Triton's /metrics (for the stub
     heartbeats /health checks; None skips that check); pipelines: the loaded ones; api_key: require
-    `Authorization: Bearer <key>` on /v1 routes when set; limits: request size limits; admission:
-    in-flight and queue bounds per pipeline; max_image_pixels: largest width x height the image routes
-    accept; image_url_ttl_s: lifetime of a `response_format: "url"` image in seconds. Videos: job store
-    under `data_dir`; at most `max_queued_videos` waiting (429 past it) and `max_running_videos`
-    generating at once; finished videos kept `video_ttl_s` (0: forever)."""
+    `Authorization: Bearer <key>` on /v1 routes when set; recover_stages: restart a stage whose stub
+    died (omni_frontend.stage_monitor), also one whose heartbeat is older than recover_after_stale_s;
+    limits: request size limits; admission: in-flight and queue bounds per pipeline; max_image_pixels:
+    largest width x height the image routes accept; image_url_ttl_s: lifetime of a `response_format:
+    "url"` image in seconds. Videos: job store under `data_dir`; at most `max_queued_videos` waiting
+    (429 past it) and `max_running_videos` generating at once; finished videos kept `video_ttl_s` (0:
+    forever)."""
 
     triton_url: str
     pipelines: list[Pipeline]
     triton_metrics_url: str | None = None
     heartbeat_stale_s: float = 5.0
+    recover_stages: bool = True
+    recover_after_stale_s: float = 30.0
     api_key: str | None = None
     request_timeout_s: float = 600.0
     limits: RequestLimits = dataclasses.field(default_factory=RequestLimits)

@@ -1,7 +1,8 @@
 """Stub liveness from Triton's metrics: every Python model of the repository sets
-`omni_model_heartbeat_seconds{model}` to the current unix time once a second (see
-omni_backends.serving.metrics). Triton keeps a model READY after its stub process died, so
-/health also treats a stale heartbeat as "not ready"."""
+`omni_model_heartbeat_seconds{model}` to the current unix time once a second, and
+`omni_model_healthy{model}` to 0 while one of its worker loops (e.g. an engine loop) restarts after a
+crash (see omni_backends.serving.metrics). Triton keeps a model READY after its stub process died,
+so /health also treats a stale heartbeat, or an unhealthy worker, as "not ready"."""
 from __future__ import annotations
 
 import time
@@ -10,6 +11,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 HEARTBEAT = "omni_model_heartbeat_seconds"
+HEALTHY = "omni_model_healthy"
 
 
 class HeartbeatReader:
@@ -25,16 +27,28 @@ class HeartbeatReader:
         """Models among `models` whose last heartbeat is older than stale_after_s seconds.
         Models that never reported one (e.g. ensembles, which have no stub) are not judged here.
         Raises httpx.HTTPError if the metrics endpoint cannot be read."""
+        beats = (await self._by_model((HEARTBEAT,)))[HEARTBEAT]
+        now = time.time()
+        return [m for m in models if m in beats and now - beats[m] > stale_after_s]
+
+    async def unhealthy_models(self, models: list[str], stale_after_s: float) -> list[str]:
+        """Models among `models` with a stale heartbeat (as `stale_models`) or a worker loop that is
+        restarting (omni_model_healthy 0). Raises httpx.HTTPError if the metrics cannot be read."""
+        values = await self._by_model((HEARTBEAT, HEALTHY))
+        beats, healthy = values[HEARTBEAT], values[HEALTHY]
+        now = time.time()
+        return [m for m in models if (m in beats and now - beats[m] > stale_after_s) or healthy.get(m, 1.0) == 0]
+
+    async def _by_model(self, names: tuple[str, ...]) -> dict[str, dict[str, float]]:
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=2.0)
         text = (await self._client.get(self.metrics_url)).raise_for_status().text
-        beats: dict[str, float] = {}
-        lines = "\n".join(line for line in text.splitlines() if line.startswith(HEARTBEAT))  # skip nv_* metrics
+        lines = "\n".join(line for line in text.splitlines() if line.startswith(names))  # skip nv_* metrics
+        values: dict[str, dict[str, float]] = {name: {} for name in names}
         for family in text_string_to_metric_families(lines):
             for sample in family.samples:
-                beats[sample.labels.get("model", "")] = sample.value
-        now = time.time()
-        return [m for m in models if m in beats and now - beats[m] > stale_after_s]
+                values[family.name][sample.labels.get("model", "")] = sample.value
+        return values
 
     async def close(self) -> None:
         if self._client is not None:

@@ -5,9 +5,10 @@
     python -m omni_frontend.serve --deploy deploy/qwen3_omni_h200.yaml ...   (GPU stages: docs/gpu.md)
 
 Loads only the selected pipelines' models (explicit model control), waits until every model is
-ready, serves the OpenAI API with uvicorn, and on SIGINT/SIGTERM stops both, leaving no child
-process behind. Failures (port in use, missing binary, a model that does not load) print one
-clear line (plus the relevant server-log lines) and exit non-zero.
+ready, serves the OpenAI API with uvicorn, restarts a stage whose stub process dies (model control:
+unload + load, omni_frontend.stage_monitor), and on SIGINT/SIGTERM stops both, leaving no child
+process (alive or defunct) and no /dev/shm file behind. Failures (port in use, missing binary, a
+model that does not load) print one clear line (plus the relevant server-log lines) and exit non-zero.
 """
 from __future__ import annotations
 
@@ -58,6 +59,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="seconds a finished video (and its files) is kept; 0 keeps it forever")
     p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for every model")
     p.add_argument("--no-prepare", action="store_true", help="skip preparing the default model checkpoints")
+    p.add_argument("--no-recover", action="store_true",
+                   help="do not restart a stage whose stub process died (it stays 503 until a restart)")
     p.add_argument("--no-frontend", action="store_true",
                    help="serve Triton only (gRPC/HTTP clients, scripts/bench --transport triton); the frontend's "
                         "packages are then not needed")
@@ -174,7 +177,9 @@ def main(argv: list[str] | None = None) -> int:
                                         triton_metrics_url=server.metrics_url, limits=limits,
                                         admission=admission_limits(args), data_dir=args.data_dir,
                                         max_queued_videos=args.max_queued_videos,
-                                        max_running_videos=args.max_running_videos, video_ttl_s=args.video_ttl))
+                                        max_running_videos=args.max_running_videos, video_ttl_s=args.video_ttl,
+                                        recover_stages=not args.no_recover),
+                         crashed_stubs=server.crashed_stubs)
         uv = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                                            timeout_graceful_shutdown=5))
         threading.Thread(target=_announce, args=(uv, args, server, selected), daemon=True).start()

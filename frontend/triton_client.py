@@ -3,7 +3,9 @@
 Built on grpc.aio and tritonclient's protobufs (tritonclient's own aio client cannot ask for the
 empty FINAL response that ends a decoupled stream). Cancelling the consuming task (for example
 when the HTTP client disconnects) cancels the gRPC call, which Triton turns into
-`is_cancelled() == True` inside the model.
+`is_cancelled() == True` inside the model. Every call is tracked in `availability`: a call through
+a model that is marked down (its stub died) is refused or, in flight, failed at once with 503.
+Also the model-control calls (load, unload, repository index) of explicit model control.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from tritonclient.grpc import InferInput, InferResult, service_pb2, service_pb2_
 from tritonclient.grpc._utils import _get_inference_request
 from tritonclient.utils import np_to_triton_dtype
 
+from omni_frontend.availability import Availability, first_of
 from omni_frontend.errors import APIError, from_triton_message
 
 _CHANNEL_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
@@ -46,10 +49,12 @@ def _outputs(response: service_pb2.ModelInferResponse) -> dict[str, np.ndarray]:
 
 
 class TritonClient:
-    """Connection to one tritonserver's gRPC endpoint (host:port)."""
+    """Connection to one tritonserver's gRPC endpoint (host:port); `availability` (default: every model
+    available) says which models may take calls."""
 
-    def __init__(self, url: str, timeout_s: float = 600.0):
+    def __init__(self, url: str, timeout_s: float = 600.0, availability: Availability | None = None):
         self.url, self.timeout_s = url, timeout_s
+        self.availability = availability or Availability()
         self._channel: grpc.aio.Channel | None = None
         self._stub_instance = None
 
@@ -85,7 +90,7 @@ class TritonClient:
 
         inputs: tensor name -> numpy array (object arrays of bytes for BYTES tensors).
         Raises APIError: the model's error (4xx when the model sent an OpenAI envelope, else 500),
-        503 when Triton is unreachable, 504 after `timeout_s`.
+        503 when Triton is unreachable or a model on the way is down, 504 after `timeout_s`.
         Closing the generator early (or cancelling its task) cancels the request in Triton.
         """
         request = _get_inference_request(
@@ -99,23 +104,28 @@ class TritonClient:
             yield request
             await finished.wait()  # keep our half of the stream open until the FINAL response
 
-        call = self._stub.ModelStreamInfer(requests(), timeout=self.timeout_s)
-        try:
-            async for reply in call:
-                if reply.error_message:
-                    raise from_triton_message(reply.error_message)
-                final = reply.infer_response.parameters["triton_final_response"].bool_param
-                outputs = _outputs(reply.infer_response) if reply.infer_response.outputs else {}
-                if outputs or final:
-                    yield StreamResponse(outputs, final)
-                if final:
-                    return
-        except grpc.aio.AioRpcError as exc:
-            raise _rpc_error(exc) from exc
-        finally:
-            finished.set()
-            if not call.done():
-                call.cancel()
+        with self.availability.track(model) as failure:
+            call = self._stub.ModelStreamInfer(requests(), timeout=self.timeout_s)
+            completed = False  # the request got its FINAL: end the RPC gracefully, do not cancel it
+            try:
+                while (reply := await first_of(call.read(), failure)) is not grpc.aio.EOF:
+                    if reply.error_message:
+                        completed = _is_final(reply) or await _until_final(call)
+                        raise from_triton_message(reply.error_message)
+                    completed = _is_final(reply)
+                    outputs = _outputs(reply.infer_response) if reply.infer_response.outputs else {}
+                    if outputs or completed:
+                        yield StreamResponse(outputs, completed)
+                    if completed:
+                        return
+            except grpc.aio.AioRpcError as exc:
+                raise _rpc_error(exc) from exc
+            finally:
+                finished.set()  # closes our half of the stream
+                if completed:
+                    await _rpc_end(call)
+                if not call.done():
+                    call.cancel()
 
     async def infer(self, model: str, inputs: dict[str, np.ndarray], request_id: str | None = None, *,
                     sequence_id: int = 0, sequence_start: bool = False, sequence_end: bool = False) -> dict[str, np.ndarray]:
@@ -125,11 +135,66 @@ class TritonClient:
             model_name=model, inputs=_infer_inputs(inputs), model_version="", request_id=request_id or uuid.uuid4().hex,
             outputs=None, sequence_id=sequence_id, sequence_start=sequence_start, sequence_end=sequence_end,
             priority=0, timeout=None, parameters=None)
-        try:
-            reply = await self._stub.ModelInfer(request, timeout=self.timeout_s)
-        except grpc.aio.AioRpcError as exc:
-            raise _rpc_error(exc) from exc
+        with self.availability.track(model) as failure:
+            try:
+                reply = await first_of(self._stub.ModelInfer(request, timeout=self.timeout_s), failure)
+            except grpc.aio.AioRpcError as exc:
+                raise _rpc_error(exc) from exc
         return _outputs(reply)
+
+    # -- model control (explicit mode) ----------------------------------------------------------
+    async def load_model(self, model: str, timeout_s: float = 600.0) -> None:
+        """Loads (or reloads: a fresh stub) `model`; returns once it is READY. Raises APIError."""
+        await self._control(self._stub.RepositoryModelLoad(service_pb2.RepositoryModelLoadRequest(model_name=model),
+                                                           timeout=timeout_s))
+
+    async def unload_model(self, model: str) -> None:
+        """Starts unloading `model` (Triton finishes it once the model's requests in flight end). Raises APIError."""
+        await self._control(self._stub.RepositoryModelUnload(
+            service_pb2.RepositoryModelUnloadRequest(model_name=model), timeout=30))
+
+    async def model_states(self) -> dict[str, str]:
+        """{model: state} of the repository index (READY, UNLOADING, UNAVAILABLE, ...)."""
+        reply = await self._control(self._stub.RepositoryIndex(service_pb2.RepositoryIndexRequest(), timeout=10))
+        return {m.name: m.state for m in reply.models}
+
+    @staticmethod
+    async def _control(call):
+        try:
+            return await call
+        except grpc.aio.AioRpcError as exc:
+            raise APIError(503, f"model control failed: {exc.details()}", code="model_control_failed") from exc
+
+
+def _is_final(reply) -> bool:
+    """The reply ends its request (Triton's `triton_final_response` parameter)."""
+    parameter = reply.infer_response.parameters.get("triton_final_response")
+    return parameter is not None and parameter.bool_param
+
+
+async def _until_final(call, timeout_s: float = 5.0) -> bool:
+    """After an error response without FINAL, read on to the request's FINAL before the call is closed
+    (cancelling the stream in between could leave the request in flight in Triton for good, so that
+    its model could never be unloaded). Returns whether the FINAL came within timeout_s."""
+    async def read():
+        while (reply := await call.read()) is not grpc.aio.EOF:
+            if _is_final(reply):
+                return True
+        return False
+
+    try:
+        return await asyncio.wait_for(read(), timeout_s)
+    except (asyncio.TimeoutError, grpc.aio.AioRpcError):
+        return False
+
+
+async def _rpc_end(call, timeout_s: float = 5.0) -> None:
+    """Wait for Triton to end a stream whose request completed and whose request side we closed (a
+    cancel right after the FINAL raced with Triton's own completion of the request)."""
+    try:
+        await asyncio.wait_for(call.code(), timeout_s)
+    except (asyncio.TimeoutError, grpc.aio.AioRpcError):
+        pass
 
 
 def _rpc_error(exc: grpc.aio.AioRpcError) -> APIError:

@@ -5,11 +5,18 @@ The binary comes from the `nvidia-pytriton` wheel (tritonserver 2.51, NGC 24.10)
 stub built for the running interpreter copied next to `libtriton_python.so`; the stub only sees the
 virtualenv's packages when the venv's `bin/` is first on PATH; it links libpython, which must be
 this interpreter's (LD_LIBRARY_PATH = sysconfig LIBDIR); numpy must be < 2.
+
+Every server owns a name under /dev/shm (`TritonServer.shm_name`): the Python backend's shared-memory
+regions (`shm-region-prefix-name`) and our side channel directory (OMNI_SIDECHANNEL_DIR) start with it,
+so `stop()` removes exactly what this server left (a killed stub never removes its region) and
+servers sharing a host never touch each other's files. The launcher is a child subreaper: stub
+processes that died under tritonserver (which never reaps them) are reaped once it stops.
 """
 from __future__ import annotations
 
 import ctypes
 import dataclasses
+import logging
 import os
 import shutil
 import signal
@@ -20,7 +27,18 @@ import sysconfig
 import time
 from pathlib import Path
 
+import psutil
 import tritonclient.grpc as grpcclient
+
+log = logging.getLogger(__name__)
+SHM_ROOT = Path("/dev/shm")
+STUB_BINARY = "triton_python_backend_stub"
+_PR_SET_CHILD_SUBREAPER = 36
+# The Python backend runs every BLS request of a model instance (until the child's first response) and
+# every decoupled response it sends on one thread pool (default 32). An orchestrator with more than 32
+# children waiting (e.g. in an engine's queue) could then not even send the FINAL of a cancelled
+# request, stalling its event loop until the children were served.
+PYTHON_BACKEND_THREADS = 256
 
 
 class LaunchError(RuntimeError):
@@ -113,6 +131,17 @@ class TritonServer:
     ready_timeout_s: float = 300.0
     extra_args: tuple[str, ...] = ()
     process: subprocess.Popen | None = None
+    _stub_models: dict[int, str] = dataclasses.field(default_factory=dict)  # stub pid -> model
+    _reported: set[int] = dataclasses.field(default_factory=set)            # dead stubs already reported
+
+    @property
+    def shm_name(self) -> str:
+        """Prefix of every /dev/shm entry of this server (backend shm regions, side channel dir)."""
+        return shm_name(os.getpid(), self.grpc_port)
+
+    @property
+    def sidechannel_dir(self) -> Path:
+        return SHM_ROOT / f"{self.shm_name}-sidechannel"
 
     @property
     def grpc_url(self) -> str:
@@ -131,7 +160,9 @@ class TritonServer:
                 f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}",
                 f"--metrics-port={self.metrics_port}", "--allow-metrics=true", "--allow-gpu-metrics=false",
                 "--metrics-config=histogram_latencies=true", "--exit-timeout-secs=5",
-                "--strict-readiness=true", "--log-verbose=0"]
+                "--strict-readiness=true", "--log-verbose=0",
+                f"--backend-config=python,shm-region-prefix-name={self.shm_name}-region-",
+                f"--backend-config=python,thread-pool-size={PYTHON_BACKEND_THREADS}"]
         return cmd + list(self.extra_args)
 
     def start(self) -> "TritonServer":
@@ -143,12 +174,13 @@ class TritonServer:
             raise LaunchError(f"model(s) {', '.join(missing)} not found in {', '.join(map(str, self.repositories))}")
         install = TritonInstallation.find()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "wb")
+        _become_subreaper()
+        env = {**install.environment(), "OMNI_SIDECHANNEL_DIR": str(self.sidechannel_dir)}
+        server_log = open(self.log_path, "wb")
         # Own process group so that stop() can reach the stub processes too.
-        self.process = subprocess.Popen(self.command(install), stdout=log, stderr=subprocess.STDOUT,
-                                        env=install.environment(), start_new_session=True,
-                                        preexec_fn=_die_with_parent)
-        log.close()
+        self.process = subprocess.Popen(self.command(install), stdout=server_log, stderr=subprocess.STDOUT,
+                                        env=env, start_new_session=True, preexec_fn=_die_with_parent)
+        server_log.close()
         try:
             self._wait_ready()
         except BaseException:
@@ -196,8 +228,37 @@ class TritonServer:
         tail = "\n".join((keep or lines)[-25:])
         return f"{headline} (server log: {self.log_path})\n{tail}"
 
+    def crashed_stubs(self) -> dict[int, str]:
+        """Stub processes that died under the running server since the last call: {pid: model}.
+
+        A stub the Python backend stops (unload) is reaped by tritonserver; one that crashed or was
+        killed stays a zombie (tritonserver never waits for it) while the model still reads READY
+        (server issue #8604). Models are learned from the stubs' command lines (`<repo>/<model>/<v>/model.py`)
+        on each call, so call this periodically."""
+        if self.process is None or self.process.poll() is not None:
+            return {}
+        try:
+            children = psutil.Process(self.process.pid).children()
+        except psutil.Error:
+            return {}
+        dead = {}
+        for child in children:
+            try:
+                if child.status() == psutil.STATUS_ZOMBIE:
+                    if child.pid in self._stub_models and child.pid not in self._reported:
+                        self._reported.add(child.pid)
+                        dead[child.pid] = self._stub_models[child.pid]
+                elif child.pid not in self._stub_models:
+                    args = child.cmdline()
+                    if len(args) > 1 and args[0].endswith(STUB_BINARY):
+                        self._stub_models[child.pid] = Path(args[1]).parent.parent.name
+            except psutil.Error:
+                continue
+        return dead
+
     def stop(self, timeout_s: float = 20.0) -> None:
-        """SIGTERM the server's process group, SIGKILL after timeout_s; leaves no stub behind."""
+        """SIGTERM the server's process group, SIGKILL after timeout_s; leaves no stub process (alive or
+        defunct) and no /dev/shm file of this server behind."""
         if self.process is None:
             return
         pgid = self.process.pid
@@ -211,10 +272,31 @@ class TritonServer:
         # Stubs may outlive the server for a moment: reap the whole group.
         deadline = time.monotonic() + 5
         while _group_alive(pgid) and time.monotonic() < deadline:
+            _reap_children()  # stubs that died under tritonserver are ours now (subreaper)
             time.sleep(0.1)
         if _group_alive(pgid):
             _signal_group(pgid, signal.SIGKILL)
+        _reap_children()
+        self.remove_shm()
         self.process = None
+
+    def remove_shm(self) -> list[Path]:
+        """Deletes this server's /dev/shm entries (call only once the server is stopped); returns them."""
+        leftovers = sorted(SHM_ROOT.glob(f"{self.shm_name}-*"))
+        for path in leftovers:
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        if leftovers:
+            log.info("removed %d /dev/shm entries left by tritonserver: %s", len(leftovers),
+                     ", ".join(p.name for p in leftovers))
+        return leftovers
+
+
+def shm_name(launcher_pid: int, grpc_port: int) -> str:
+    """The /dev/shm name prefix of the server a launcher (process id) runs on `grpc_port`."""
+    return f"omni-triton-{os.getuid()}-{launcher_pid}-{grpc_port}"
 
 
 def _die_with_parent() -> None:
@@ -223,6 +305,25 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
         pass
+
+
+def _become_subreaper() -> None:
+    """Makes this process adopt (and so be able to reap) orphaned descendants, e.g. the defunct stubs
+    tritonserver leaves when it exits (Linux; elsewhere a no-op)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    except OSError:
+        pass
+
+
+def _reap_children() -> None:
+    """Waits for every child of this process that already exited (adopted stubs included)."""
+    for child in psutil.Process().children():
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE:
+                os.waitpid(child.pid, 0)
+        except (psutil.Error, ChildProcessError):
+            continue
 
 
 def _signal_group(pgid: int, sig: int) -> None:

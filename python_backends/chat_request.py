@@ -29,6 +29,20 @@ def audio_clips(messages: Sequence[Mapping], input_audio: np.ndarray | None) -> 
     return clips
 
 
+def text_chars(messages: Sequence[Mapping]) -> int:
+    """Characters of all text in `messages` (string contents and text parts), for size checks made
+    before tokenizing (omni_backends.engine.limits.check_prompt_chars)."""
+    total = 0
+    for message in messages:
+        content = message.get("content") if isinstance(message, Mapping) else None
+        if isinstance(content, str):
+            total += len(content)
+        elif isinstance(content, list):
+            total += sum(len(part["text"]) for part in content
+                         if isinstance(part, Mapping) and isinstance(part.get("text"), str))
+    return total
+
+
 def _parts(messages: Sequence[Mapping]):
     for message in messages:
         content = message.get("content")

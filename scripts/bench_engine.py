@@ -14,8 +14,8 @@
   pipeline   the co-located pipeline in-process (`LocalOmniPipeline`: thinker, talker and code2wav threads on
              their own streams, no Triton) with the served bench's request (128 tokens, 125 codec frames,
              greedy) at concurrency 1 and 16: wall time, RTF, ms per frame, and the CPU time of each engine
-             thread (a thread near 100% of the wall time is host-bound); at concurrency 16 also with Python's
-             thread switch interval at 0.5 ms instead of 5 ms (not part of the default parts)
+             thread (a thread near 100% of the wall time is host-bound; CUDA synchronisations spin, so GPU waits
+             count too), per Python thread switch interval (--pipeline-switch-ms; not part of the default parts)
 Timings are medians of CUDA-event timed calls after warm-up; each call includes its host work (input
 copies, graph launch), as in serving. The random preset is prepared when missing.
 """
@@ -373,7 +373,7 @@ def bench_pipeline(path, config, device, args) -> dict:
 
     result = {}
     pipe.run(requests(2, "warm"))
-    runs = [(n, 0.005) for n in args.pipeline_concurrency] + [(max(args.pipeline_concurrency), 0.0005)]
+    runs = [(n, ms / 1e3) for ms in args.pipeline_switch_ms for n in args.pipeline_concurrency]
     for n, switch in runs:
         sys.setswitchinterval(switch)
         threads = {t.name: t for t in threading.enumerate()}
@@ -383,7 +383,7 @@ def bench_pipeline(path, config, device, args) -> dict:
         wall = time.perf_counter() - start
         audio_s = min(r.audio.shape[0] for r in out.values()) / 24000
         cpu = {name: thread_cpu_s(t) - before[name] for name, t in threads.items() if t.is_alive()}
-        label = f"concurrency_{n}" + ("" if switch == 0.005 else "_switch_0.5ms")
+        label = f"concurrency_{n}_switch_{switch * 1e3:g}ms"
         result[label] = {"wall_s": wall, "audio_s": audio_s, "rtf": wall / audio_s, "ms_per_frame": wall * 1e3 / frames,
                          "thread_cpu_s": {k: v for k, v in cpu.items() if v > 0.01}}
         busy = ", ".join(f"{k} {v:.2f} s" for k, v in sorted(cpu.items(), key=lambda kv: -kv[1]) if v > 0.05)
@@ -407,6 +407,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pipeline-concurrency", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--pipeline-tokens", type=int, default=128)
     parser.add_argument("--pipeline-frames", type=int, default=125)
+    parser.add_argument("--pipeline-switch-ms", type=float, nargs="+", default=[5.0, 0.5],
+                        help="Python thread switch intervals to run the pipeline with (sys.setswitchinterval)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     from omni_backends import prepare

@@ -2,7 +2,9 @@
 ports for tests, waits for /health, and stops it with SIGINT like a user pressing Ctrl-C."""
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -12,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from omni_frontend.tritonserver import free_port
+from omni_frontend.tritonserver import SHM_ROOT, free_port, shm_name
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_REPOSITORY = ROOT / "tests" / "model_repository"
@@ -43,6 +45,14 @@ class ServerProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def shm_entries(self) -> list[Path]:
+        """This server's /dev/shm entries (Python-backend regions, side channel directory)."""
+        return sorted(SHM_ROOT.glob(f"{shm_name(self.process.pid, self.grpc_port)}-*"))
+
+    @property
+    def sidechannel_dir(self) -> Path:
+        return SHM_ROOT / f"{shm_name(self.process.pid, self.grpc_port)}-sidechannel"
 
     def stop(self, sig: int = signal.SIGINT, timeout_s: float = 30.0) -> int:
         """SIGINT (Ctrl-C) by default, then wait; returns the exit code (130 after Ctrl-C, 143 after SIGTERM)."""
@@ -102,6 +112,57 @@ def wait_for(predicate, timeout_s: float, interval_s: float = 0.02):
         value = predicate()
     return value
 
+
+def inflight(metrics_url: str) -> dict[str, float]:
+    """omni_inflight_requests of every model, from Triton's metrics endpoint."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(metrics_url, timeout=5).text
+    return {sample.labels["model"]: sample.value for family in text_string_to_metric_families(text)
+            if family.name == "omni_inflight_requests" for sample in family.samples}
+
+
+def cancel_storm(base_url: str, body: dict, n: int = 100, leave_after_s: float = 1.0) -> float:
+    """Opens `n` concurrent streamed chat completions with `body` and closes each one mid-way: after its
+    first content chunk, or after leave_after_s when none came yet. Returns time.monotonic() of the
+    last close."""
+    async def one(client: httpx.AsyncClient) -> float:
+        async def read_until_content(response):
+            async for line in response.aiter_lines():
+                if line.startswith("data: {"):
+                    choices = json.loads(line[6:]).get("choices") or [{}]
+                    if choices[0].get("delta", {}).get("content") or choices[0].get("delta", {}).get("audio"):
+                        return
+
+        async def request():
+            async with client.stream("POST", f"{base_url}/v1/chat/completions", json={**body, "stream": True}) as response:
+                await read_until_content(response)
+
+        try:  # the 200 head only comes with the first pipeline event: the wait covers the whole request
+            await asyncio.wait_for(request(), leave_after_s)
+        except (asyncio.TimeoutError, httpx.HTTPError):
+            pass
+        return time.monotonic()
+
+    async def storm() -> float:
+        limits = httpx.Limits(max_connections=n, max_keepalive_connections=0)
+        async with httpx.AsyncClient(timeout=httpx.Timeout(120), limits=limits) as client:
+            return max(await asyncio.gather(*(one(client) for _ in range(n))))
+
+    return asyncio.run(storm())
+
+
+def settle_time(metrics_url: str, since: float, timeout_s: float = 60.0) -> float | None:
+    """Seconds from `since` (time.monotonic()) until every omni_inflight_requests gauge reads 0; None if
+    they do not within timeout_s."""
+    settled = wait_for(lambda: not any(inflight(metrics_url).values()), timeout_s, 0.02)
+    return time.monotonic() - since if settled else None
+
+
+def settle_limit_s(target_s: float = 2.0) -> float:
+    """The cancellation target (2 s on an idle 2-core CI machine), stretched by the host's load: on a
+    shared machine with load L on C cores a process gets about C/L of the CPU it would get alone."""
+    return target_s * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
 
 def triton_stream(grpc_url: str, model: str, inputs: dict, timeout_s: float = 300.0, on_response=None) -> list:
     """Sends one request to a decoupled Triton model over gRPC streaming (tritonclient) and returns its

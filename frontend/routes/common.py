@@ -18,7 +18,8 @@ def triton(request: Request) -> TritonClient:
 
 
 def pipeline_for(request: Request, model: str | None, kind: str, route: str) -> Pipeline:
-    """The loaded pipeline of `kind` named by `model`; 404 if none is loaded, 400 if it serves another route.
+    """The loaded pipeline of `kind` named by `model`; 404 if none is loaded, 400 if it serves another route,
+    503 `pipeline_sleeping` if it sleeps.
 
     A missing `model` picks the first loaded pipeline of that kind.
     """
@@ -26,6 +27,7 @@ def pipeline_for(request: Request, model: str | None, kind: str, route: str) -> 
     if not model:
         for p in cfg.pipelines:
             if p.kind == kind:
+                request.app.state.control.check(p)
                 return p
         raise APIError(404, f"no {kind} pipeline is loaded", param="model", code="model_not_found")
     found = cfg.pipeline(model)
@@ -35,4 +37,5 @@ def pipeline_for(request: Request, model: str | None, kind: str, route: str) -> 
                        code="model_not_found")
     if found.kind != kind:
         raise APIError(400, f"model '{model}' does not serve {route}", param="model", code="model_not_supported")
+    request.app.state.control.check(found)
     return found

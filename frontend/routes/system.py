@@ -9,7 +9,8 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from omni_frontend.errors import APIError
-from omni_frontend.pipelines import triton_models
+from omni_frontend.model_control import AWAKE
+from omni_frontend.pipelines import Pipeline
 from omni_frontend.routes.common import config, triton
 
 router = APIRouter()
@@ -18,33 +19,48 @@ _CREATED = int(time.time())
 
 @router.get("/health")
 async def health(request: Request):
-    """200 only when Triton is ready and every model of every loaded pipeline is READY and its stub
-    is alive (fresh heartbeat); otherwise 503 naming the models that are not."""
+    """200 only when Triton is ready and every model of every awake pipeline is READY, its stub is
+    alive (fresh heartbeat), its worker loops run and it is not being restarted; otherwise 503 naming
+    the models that are not. Sleeping pipelines are listed, not judged."""
     client = triton(request)
+    cfg, control = config(request), request.app.state.control
+    models = control.awake_models()
+    recovering = [m for m in models if m in client.availability.down()]
     if not await client.server_ready():
-        return JSONResponse({"status": "unavailable", "error": "tritonserver is not ready"}, status_code=503)
-    cfg = config(request)
-    models = triton_models(cfg.pipelines)
+        return JSONResponse({"status": "unavailable", "not_ready": recovering, "recovering": recovering,
+                             "error": "tritonserver is not ready" + (f" (restarting: {', '.join(recovering)})"
+                                                                     if recovering else "")}, status_code=503)
     not_ready = [m for m in models if not await client.model_ready(m)]
     if cfg.triton_metrics_url:
         try:
-            dead = await request.app.state.liveness.stale_models(models, cfg.heartbeat_stale_s)
+            dead = await request.app.state.liveness.unhealthy_models(models, cfg.heartbeat_stale_s)
         except httpx.HTTPError as exc:
             return JSONResponse({"status": "unavailable", "error": f"triton metrics unreachable: {exc}"},
                                 status_code=503)
         not_ready += [m for m in dead if m not in not_ready]
+    not_ready += [m for m in recovering if m not in not_ready]
+    sleeping = sorted(control.sleeping)
     if not_ready:
-        return JSONResponse({"status": "unavailable", "not_ready": not_ready,
-                             "error": f"model(s) not ready: {', '.join(not_ready)}"}, status_code=503)
-    return {"status": "ok", "models": models}
+        return JSONResponse({"status": "unavailable", "not_ready": not_ready, "recovering": recovering,
+                             "sleeping": sleeping, "error": f"model(s) not ready: {', '.join(not_ready)}"},
+                            status_code=503)
+    return {"status": "ok", "models": models, "sleeping": sleeping}
+
+
+def pipeline_state(request: Request, pipeline: Pipeline) -> str:
+    """awake | sleeping | recovering (a stage of it died and is being restarted)."""
+    state = request.app.state.control.state(pipeline.name)
+    if state == AWAKE and set(pipeline.models) & set(triton(request).availability.down()):
+        return "recovering"
+    return state
 
 
 @router.get("/v1/models")
 async def list_models(request: Request):
-    """OpenAI list shape, one entry per loaded client-facing pipeline."""
+    """OpenAI list shape, one entry per loaded client-facing pipeline, with its state."""
     data = [{"id": p.name, "object": "model", "created": _CREATED, "owned_by": "omni-triton",
-             "kind": p.kind, "triton_models": list(p.models), "aliases": list(p.aliases),
-             "description": p.description} for p in config(request).pipelines]
+             "kind": p.kind, "state": pipeline_state(request, p), "triton_models": list(p.models),
+             "aliases": list(p.aliases), "description": p.description} for p in config(request).pipelines]
     return {"object": "list", "data": data}
 
 

@@ -11,12 +11,13 @@ counts, with and without CFG, and with different prompt lengths share a forward.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 import numpy as np
 
-from omni_backends.batch_loop import BatchLoop
+from omni_backends.batch_loop import BatchLoop, asks_to_stop
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,8 @@ class StepOutput:
     step / total_steps: steps done / to do; latents: float32, family layout (packed for Qwen-Image),
     set after the steps in `DenoiseParams.latent_steps` and the last; batch_jobs / batch_rows: how many
     jobs / transformer rows shared this step's forward; finished with finish_reason "stop" (all steps
-    done), "abort" (cancelled) or "error" (with `error`).
+    done), "abort" (cancelled) or "error" (with `error`; `unavailable` when the loop itself failed and
+    restarts: retryable, HTTP 503).
     """
 
     step: int = 0
@@ -60,6 +62,7 @@ class StepOutput:
     finished: bool = False
     finish_reason: str | None = None
     error: str | None = None
+    unavailable: bool = False
 
 
 class Denoiser:
@@ -84,6 +87,7 @@ class _Entry:
     params: DenoiseParams
     on_output: Callable[[str, StepOutput], None]
     request_id: str = ""
+    cancelled: Callable[[], bool] | None = None
 
 
 @dataclass
@@ -109,14 +113,16 @@ class DenoiseLoop(BatchLoop):
 
     def __init__(self, denoiser: Denoiser, *, max_running: int = 16, name: str = "denoise-loop"):
         self.denoiser = denoiser
+        self.observe: Callable[[str, float], None] | None = None  # step timings (set by the Triton adapter)
         self._stats = LoopStats()
         super().__init__(max_running=max_running, name=name)
 
     def submit(self, request_id: str, job: DenoiseJob, params: DenoiseParams,
-               on_output: Callable[[str, StepOutput], None]) -> None:
-        """Queue a job; it joins the next iteration. Raises ValueError for an id in flight, RuntimeError
-        after shutdown()."""
-        self._enqueue(_Entry(job, params, on_output, request_id))
+               on_output: Callable[[str, StepOutput], None], cancelled: Callable[[], bool] | None = None) -> None:
+        """Queue a job; it joins the next iteration. `cancelled` (optional) is asked before each step: a job
+        whose caller gave up is aborted instead of stepped. Raises ValueError for an id in flight,
+        LoopUnavailable while the loop restarts after a crash, RuntimeError after shutdown()."""
+        self._enqueue(_Entry(job, params, on_output, request_id, cancelled))
 
     def stats(self) -> LoopStats:
         with self._cond:
@@ -125,6 +131,9 @@ class DenoiseLoop(BatchLoop):
 
     # ---- loop thread ----------------------------------------------------------------------------
     def _iterate(self, admitted: list[_Entry]) -> None:
+        gone = [e for e in self._running.values() if e.cancelled is not None and asks_to_stop(e.cancelled)]
+        if gone:
+            self._finish_aborted(gone)
         groups: dict[Hashable, list[_Entry]] = {}
         for entry in list(self._running.values()):
             groups.setdefault(entry.job.bucket, []).append(entry)
@@ -133,6 +142,7 @@ class DenoiseLoop(BatchLoop):
 
     def _forward(self, group: list[_Entry]) -> None:
         jobs = [e.job for e in group]
+        started = time.monotonic()
         try:
             self.denoiser.step(jobs)
         except Exception as exc:  # noqa: BLE001 - the loop must survive a model error
@@ -141,6 +151,8 @@ class DenoiseLoop(BatchLoop):
                 self._finish(entry, StepOutput(finished=True, finish_reason="error", error=repr(exc)))
             return
         rows = sum(self.denoiser.rows(job) for job in jobs)
+        if self.observe is not None:
+            self.observe("step", time.monotonic() - started)
         with self._cond:
             self._stats.forwards += 1
             self._stats.steps += len(jobs)
@@ -162,6 +174,11 @@ class DenoiseLoop(BatchLoop):
             self._finish(entry, StepOutput(step=entry.job.step, total_steps=entry.job.total_steps, finished=True,
                                            finish_reason="abort"))
 
+    def _fail_unavailable(self, entries, message: str) -> None:
+        for entry in entries:
+            self._call(entry, StepOutput(step=entry.job.step, total_steps=entry.job.total_steps, finished=True,
+                                         finish_reason="error", error=message, unavailable=True))
+
     def _finish(self, entry: _Entry, output: StepOutput) -> None:
         self._release(entry)  # the slot is free before the final callback
         self._call(entry, output)
@@ -173,3 +190,4 @@ class DenoiseLoop(BatchLoop):
             log.exception("on_output of %s failed; aborting it", entry.request_id)
             if not output.finished:
                 self.abort(entry.request_id)
+

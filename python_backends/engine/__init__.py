@@ -6,13 +6,13 @@ Public API:
     KVBatch, cache_layers                               (kv_batch)
     PrefixCache                                         (prefix_cache)
     Runner, DecoderRunner, RowOutput, text_mrope_position_ids   (runner)
-    EngineLoop, EngineStats                             (loop)
+    EngineLoop, EngineStats, EngineUnavailable          (loop)
     IncrementalDetokenizer, StopStringMatcher           (detokenizer)
     TextStream, TextDelta, Usage                        (text_stream)
 """
 from omni_backends.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from omni_backends.engine.kv_batch import KVBatch, cache_layers
-from omni_backends.engine.loop import EngineLoop, EngineStats
+from omni_backends.engine.loop import EngineLoop, EngineStats, EngineUnavailable
 from omni_backends.engine.prefix_cache import PrefixCache
 from omni_backends.engine.request import EngineRequest, Prompt, StepOutput
 from omni_backends.engine.runner import DecoderRunner, RowOutput, Runner, text_mrope_position_ids
@@ -24,6 +24,7 @@ __all__ = [
     "EngineLoop",
     "EngineRequest",
     "EngineStats",
+    "EngineUnavailable",
     "IncrementalDetokenizer",
     "KVBatch",
     "PrefixCache",

@@ -6,22 +6,34 @@ that request yet, so running streams keep decoding between the chunks), apply ab
 decode forward for every prefilled request (the just-prefilled ones included), sample all rows with
 one host synchronisation (`sample_rows`, each row with its own params), and call each request's
 `on_output`. The thread sleeps on a Condition while nothing is live.
+
+Before each prefill the loop asks every request still waiting for its prefill whether its caller gave
+up (`cancelled`), so an abandoned request never costs a prefill. No request value can raise inside the
+loop (sampling is total: omni_backends.engine.sampling); if an exception escapes anyway, BatchLoop's
+supervisor fails every request in flight with `unavailable=True` (HTTP 503), resets the runner and
+restarts the loop on a new thread.
 """
 from __future__ import annotations
 
 import contextlib
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
-from omni_backends.batch_loop import BatchLoop
-from omni_backends.engine.request import EngineRequest, FinishReason, OnOutput, Prompt, StepOutput
+from omni_backends.batch_loop import BatchLoop, LoopUnavailable, asks_to_stop
+from omni_backends.engine.request import EngineRequest, FinishReason, IsCancelled, OnOutput, Prompt, StepOutput
 from omni_backends.engine.runner import Runner, RowOutput
 from omni_backends.engine.sampling import SamplingParams, sample_rows
 
 log = logging.getLogger(__name__)
+EngineUnavailable = LoopUnavailable  # submit() while the loop restarts after a crash (HTTP 503)
+# observe(kind, seconds): kind "queue" (submit -> first prefill step of a request), "prefill" or
+# "decode" (one forward of the loop, sampling included).
+Observer = Callable[[str, float], None]
 
 
 @dataclass(frozen=True)
@@ -34,6 +46,7 @@ class EngineStats:
         waiting: requests submitted but not yet prefilled.
         steps: forwards run so far (prefill and decode).
         generated_tokens: tokens emitted so far.
+        restarts: times the loop crashed and was restarted.
     """
 
     in_flight: int
@@ -41,6 +54,7 @@ class EngineStats:
     waiting: int
     steps: int
     generated_tokens: int
+    restarts: int = 0
 
 
 class EngineLoop(BatchLoop):
@@ -52,6 +66,8 @@ class EngineLoop(BatchLoop):
         name: thread name.
         stream: CUDA stream the engine thread makes current (its forwards and graph replays run there, so
             engines of other threads of the process can run their kernels concurrently); None: the default.
+        observe: timing callback (`Observer`; optional, may be set later as the attribute `observe`).
+        on_health: see BatchLoop.
 
     `on_output(request_id, StepOutput)` is called on the engine thread, once per generated token and
     exactly once with `finished=True` per request; keep it fast (hand off to a queue). If it raises,
@@ -59,23 +75,30 @@ class EngineLoop(BatchLoop):
     """
 
     def __init__(self, runner: Runner, *, max_running: int = 32, name: str = "engine-loop",
-                 stream: torch.cuda.Stream | None = None) -> None:
+                 stream: torch.cuda.Stream | None = None, observe: Observer | None = None,
+                 on_health: Callable[[bool], None] | None = None) -> None:
         self.runner = runner
         self._steps = 0
         self._tokens = 0
         self.stream = stream  # set before the thread starts (BatchLoop.__init__)
-        super().__init__(max_running=max_running, name=name)
+        self.observe = observe
+        super().__init__(max_running=max_running, name=name, on_health=on_health)
 
     # ---- public, thread-safe -------------------------------------------------------------------
 
-    def submit(self, request_id: str, prompt: Prompt, params: SamplingParams, on_output: OnOutput) -> None:
+    def submit(self, request_id: str, prompt: Prompt, params: SamplingParams, on_output: OnOutput,
+               cancelled: IsCancelled | None = None) -> None:
         """Queue a request; it joins the batch at the next iteration.
+
+        cancelled: optional callable, True once the caller gave up; asked before each prefill step of the
+            request, so a request abandoned while it waits never costs a prefill.
 
         Raises:
             ValueError: when request_id is already in flight.
+            EngineUnavailable: while the loop restarts after a crash.
             RuntimeError: after shutdown().
         """
-        self._enqueue(EngineRequest(request_id, prompt, params, on_output))
+        self._enqueue(EngineRequest(request_id, prompt, params, on_output, cancelled))
 
     def stats(self) -> EngineStats:
         """Current counters (see EngineStats)."""
@@ -86,6 +109,7 @@ class EngineLoop(BatchLoop):
                 waiting=len(self._waiting),
                 steps=self._steps,
                 generated_tokens=self._tokens,
+                restarts=self.restarts,
             )
 
     # ---- engine thread -------------------------------------------------------------------------
@@ -96,9 +120,16 @@ class EngineLoop(BatchLoop):
 
     def _iterate(self, admitted: list[EngineRequest]) -> None:
         # Prefill every running request whose prompt is not complete yet (the just-admitted ones, and
-        # chunked prefills in progress), then one decode step for the prefilled ones.
+        # chunked prefills in progress) and whose caller is still there, then one decode step for the
+        # prefilled ones.
+        self._drop_cancelled([r for r in self._running.values() if not r.prefilled])
         pending = [r for r in self._running.values() if not r.prefilled]
         if pending:
+            now = time.monotonic()
+            for request in pending:
+                if "queued_s" not in request.state:
+                    request.state["queued_s"] = now - request.submitted_at
+                    self._emit_timing("queue", request.state["queued_s"])
             self._forward(pending, prefill=True)
         self._apply_aborts()
         decoding = [r for r in self._running.values() if r.prefilled]
@@ -110,6 +141,7 @@ class EngineLoop(BatchLoop):
 
         A prefill may return None for a request whose prompt is not complete yet (chunked prefill).
         """
+        started = time.monotonic()
         try:
             if prefill:
                 rows = self.runner.prefill(requests)
@@ -127,6 +159,7 @@ class EngineLoop(BatchLoop):
         for (request, row), token in zip(done, sampled):
             request.prefilled = True
             self._emit_token(request, row, token)
+        self._emit_timing("prefill" if prefill else "decode", time.monotonic() - started)
 
     @staticmethod
     def _sample(done: list[tuple[EngineRequest, RowOutput]]) -> list[int]:
@@ -135,8 +168,15 @@ class EngineLoop(BatchLoop):
         requests = [r for r, _ in done]
         logits = torch.stack([row.logits for _, row in done])
         seen = [r.seen_token_ids() if r.params.repetition_penalty != 1.0 else None for r in requests]
+        generated = [r.output_tensor() if r.params.needs_output_ids else None for r in requests]
         return sample_rows(logits, [r.params for r in requests], seen, [len(r.output_ids) for r in requests],
-                           [r.generator for r in requests])
+                           [r.generator for r in requests], generated)
+
+    def _drop_cancelled(self, requests: list[EngineRequest]) -> None:
+        """Abort requests whose caller gave up, before any (more) prefill work on them."""
+        gone = [r for r in requests if r.cancelled is not None and asks_to_stop(r.cancelled)]
+        if gone:
+            self._finish_all(gone, "abort")
 
     def _emit_token(self, request: EngineRequest, row: RowOutput, token: int) -> None:
         params = request.params
@@ -170,10 +210,23 @@ class EngineLoop(BatchLoop):
             self._retire(request)
             self._call(request, StepOutput(token_id=None, finished=True, finish_reason=reason, error=error))
 
+    def _fail_unavailable(self, requests: Sequence[EngineRequest], message: str) -> None:
+        for request in requests:
+            self._call(request, StepOutput(token_id=None, finished=True, finish_reason="error", error=message,
+                                           unavailable=True))
+
+    def _reset(self) -> None:
+        self.runner.reset()
+
     def _retire(self, request: EngineRequest) -> None:
-        """Free the request's cache and drop it from the counters (before its final callback)."""
-        if self._release(request):
+        """Free the request's cache (or partial prefill), then drop it from the counters (before its final
+        callback). If freeing raises, the request stays in flight, so the crash recovery still finishes it."""
+        with self._cond:
+            running = request.request_id in self._running
+        if running:
             self.runner.release([request.request_id])
+        self._release(request)
+        request.state.clear()
 
     def _call(self, request: EngineRequest, output: StepOutput) -> None:
         try:
@@ -182,3 +235,11 @@ class EngineLoop(BatchLoop):
             log.exception("on_output of request %s failed; aborting it", request.request_id)
             if not output.finished:
                 self.abort(request.request_id)
+
+    def _emit_timing(self, kind: str, seconds: float) -> None:
+        if self.observe is not None:
+            try:
+                self.observe(kind, seconds)
+            except Exception:  # noqa: BLE001 - metrics never fail the engine
+                log.exception("engine timing observer failed")
+

@@ -15,8 +15,8 @@ class EngineOptions:
             "static" (a preallocated `StaticKVCache`, decode steps captured as CUDA graphs: GPU serving).
         cuda_graphs: capture CUDA graphs with the static engine (False: the same steps, eagerly).
         max_len: static engine: most cached tokens per request (prompt + generated).
-        prefill_chunk: static engine: most prompt tokens prefilled per engine iteration (0: no limit), so
-            a long prompt does not stall the streams decoding beside it.
+        prefill_chunk: most prompt tokens prefilled per engine iteration (0: no limit), so a long prompt
+            does not stall the streams decoding beside it (both engines: chunked prefill).
 
     Raises:
         ValueError: naming the field, on an unknown engine or a non-positive size.

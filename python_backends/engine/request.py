@@ -1,6 +1,7 @@
 """What a request brings (Prompt), what it gets back per token (StepOutput), and its live state."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
@@ -75,6 +76,8 @@ class StepOutput:
         finished: True on the request's last output (exactly one per request).
         finish_reason: "stop" | "length" | "abort" | "error" when finished, else None.
         error: the error text when finish_reason is "error".
+        unavailable: with "error": the engine as a whole failed (not this request); it restarts, and the
+            request may be retried (HTTP 503).
     """
 
     token_id: int | None
@@ -83,9 +86,11 @@ class StepOutput:
     finished: bool = False
     finish_reason: FinishReason | None = None
     error: str | None = None
+    unavailable: bool = False
 
 
 OnOutput = Callable[[str, StepOutput], None]
+IsCancelled = Callable[[], bool]
 
 
 class EngineRequest:
@@ -93,24 +98,32 @@ class EngineRequest:
 
     Attributes: request_id, prompt, params, on_output, output_ids (list[int] generated so far),
     next_position (text position of the next token to feed), generator (per-request RNG or None),
-    prefilled (the whole prompt has been run), state (dict a model-specific runner may use for its
-    own per-request data).
+    prefilled (the whole prompt has been run), cancelled (optional callable: True once the caller gave up;
+    asked before each prefill step), submitted_at (time.monotonic() of submit), state (dict a
+    model-specific runner may use for its own per-request data, e.g. a partial prefill).
     """
 
-    def __init__(self, request_id: str, prompt: Prompt, params: SamplingParams, on_output: OnOutput):
+    def __init__(self, request_id: str, prompt: Prompt, params: SamplingParams, on_output: OnOutput,
+                 cancelled: IsCancelled | None = None):
         self.request_id = request_id
         self.prompt = prompt
         self.params = params
         self.on_output = on_output
+        self.cancelled = cancelled
         self.output_ids: list[int] = []
         self.next_position = prompt.next_position
         self.generator = make_generator(params.seed)
         self.prefilled = False
+        self.submitted_at = time.monotonic()
         self.state: dict[str, Any] = {}
+
+    def output_tensor(self) -> torch.Tensor:
+        """int64 [n]: the ids generated so far."""
+        return torch.tensor(self.output_ids, dtype=torch.long)
 
     def seen_token_ids(self) -> torch.Tensor:
         """int64 [n]: prompt ids (when the prompt has ids) followed by the generated ids."""
-        generated = torch.tensor(self.output_ids, dtype=torch.long)
+        generated = self.output_tensor()
         if self.prompt.input_ids is None:
             return generated
         return torch.cat([self.prompt.input_ids, generated])

@@ -22,6 +22,8 @@ from omni_backends.engine.prefix_cache import PrefixCache
 from omni_backends.engine.request import EngineRequest
 
 PositionIdsFn = Callable[[torch.Tensor], torch.Tensor]
+# request.state keys of a chunked prefill in progress
+_PREFILLED, _CACHE, _HIDDEN = "prefilled_tokens", "prefill_cache", "prefill_hidden"
 Cached = tuple[tuple[int, ...], list[LayerKV]] | None  # a PrefixCache hit: (prefix ids, layers)
 
 
@@ -50,6 +52,9 @@ class Runner(Protocol):
 
     def release(self, request_ids: Sequence[str]) -> None:
         """Forget these requests' caches (unknown ids are ignored)."""
+
+    def reset(self) -> None:
+        """Forget every request (after an engine crash: start from a clean state)."""
 
 
 def cache_kwargs(model: torch.nn.Module, cache) -> dict:
@@ -80,6 +85,11 @@ class DecoderRunner:
         prefix_cache: keeps the keys/values of shared prompt prefixes (`Prompt.cache_prefix`); prompts
             of input_ids that start with a kept prefix are prefilled from it. None: every prefill is full.
             Not combinable with hidden_layers (a cached prefix has no hidden states to return).
+        prefill_chunk: prompt tokens one `prefill` call processes (0: no limit; `EngineOptions.prefill_chunk`,
+            as the static engine's). Whole prompts that fit are batched within it; a prompt that does not fit is prefilled chunk by chunk over
+            several calls (chunked prefill: the loop decodes the running requests between chunks, so a
+            long prompt never stalls them for more than one chunk; chunked prompts do not use the prefix
+            cache). A prompt with explicit position_ids or model_kwargs (e.g. audio features) is never split.
 
     Per-request caches live in one `KVBatch`; `decode` runs ONE forward for every live request.
     """
@@ -92,9 +102,12 @@ class DecoderRunner:
         position_ids_fn: PositionIdsFn | None = None,
         max_prefill_batch: int = 8,
         prefix_cache: PrefixCache | None = None,
+        prefill_chunk: int = 512,
     ) -> None:
         if max_prefill_batch < 1:
             raise ValueError(f"max_prefill_batch must be >= 1, got {max_prefill_batch}")
+        if prefill_chunk < 0:
+            raise ValueError(f"prefill_chunk must be >= 0, got {prefill_chunk}")
         if prefix_cache is not None and hidden_layers:
             raise ValueError("prefix_cache cannot be combined with hidden_layers")
         self.prefix_cache = prefix_cache
@@ -102,6 +115,7 @@ class DecoderRunner:
         self.hidden_layers = tuple(hidden_layers)
         self.position_ids_fn = position_ids_fn or (lambda positions: positions)
         self.max_prefill_batch = max_prefill_batch
+        self.prefill_chunk = prefill_chunk
         self.kv = KVBatch()
 
     @property
@@ -123,17 +137,58 @@ class DecoderRunner:
         return {"input_ids": token_ids.to(self.device).unsqueeze(1)}
 
     @torch.inference_mode()
-    def prefill(self, requests: Sequence[EngineRequest]) -> list[RowOutput]:
-        results: dict[str, RowOutput] = {}
-        plain = [r for r in requests if not r.prompt.solo]
-        groups: list[tuple[list[EngineRequest], Cached]] = [([r], None) for r in requests if r.prompt.solo]
+    def prefill(self, requests: Sequence[EngineRequest]) -> list[RowOutput | None]:
+        full = self.prefill_chunk or float("inf")
+        budget = full
+        results: dict[str, RowOutput | None] = {r.request_id: None for r in requests}
+        solo, whole = [], []  # prompts run now in one piece
+        for r in requests:  # FIFO within the token budget
+            if budget <= 0:
+                break
+            left = len(r.prompt) - r.state.get(_PREFILLED, 0)
+            if r.prompt.solo:
+                if left > budget and budget < full:
+                    break  # never split: it runs first thing in the next call
+                solo.append(r)
+            elif _PREFILLED not in r.state and left <= budget:
+                whole.append(r)
+            else:
+                results[r.request_id] = self._prefill_chunk(r, int(min(left, budget)))
+            budget -= left
+        groups: list[tuple[list[EngineRequest], Cached]] = [([r], None) for r in solo]
         for kind in ("input_ids", "inputs_embeds"):
-            for prefix, same in self._by_cached_prefix([r for r in plain if getattr(r.prompt, kind) is not None]):
+            for prefix, same in self._by_cached_prefix([r for r in whole if getattr(r.prompt, kind) is not None]):
                 groups += [(same[i : i + self.max_prefill_batch], prefix)
                            for i in range(0, len(same), self.max_prefill_batch)]
         for group, prefix in groups:
             results.update(zip((r.request_id for r in group), self._prefill_group(group, prefix)))
         return [results[r.request_id] for r in requests]
+
+    def _prefill_chunk(self, request: EngineRequest, n: int) -> RowOutput | None:
+        """Feed the next `n` prompt tokens of one request into its own cache (kept in request.state);
+        once the prompt is complete its cache joins the KV batch and its RowOutput is returned."""
+        state, prompt = request.state, request.prompt
+        done = state.get(_PREFILLED, 0)
+        cache = state.setdefault(_CACHE, DynamicCache(config=self.model.config))
+        if prompt.input_ids is not None:
+            inputs = {"input_ids": prompt.input_ids[done : done + n][None].to(self.device)}
+        else:
+            inputs = {"inputs_embeds": prompt.inputs_embeds[done : done + n][None].to(self.device)}
+        positions = torch.arange(done, done + n, device=self.device)[None]
+        out = self.model(**inputs, attention_mask=torch.ones(1, done + n, dtype=torch.long, device=self.device),
+                         position_ids=self.position_ids_fn(positions), **cache_kwargs(self.model, cache),
+                         use_cache=True, output_hidden_states=bool(self.hidden_layers))
+        state[_PREFILLED] = done + n
+        row = self._row_output(out, 0, n)
+        if self.hidden_layers:
+            state.setdefault(_HIDDEN, []).append(row.hidden_states)
+        if done + n < len(prompt):
+            return None
+        self.kv.add([(request.request_id, cache_layers(cache, 0, done + n))])
+        chunks = state.pop(_HIDDEN, [])
+        state.pop(_CACHE, None)
+        return RowOutput(logits=row.logits,
+                         hidden_states={layer: torch.cat([c[layer] for c in chunks]) for layer in self.hidden_layers})
 
     def _by_cached_prefix(self, requests: list[EngineRequest]) -> list[tuple[Cached, list[EngineRequest]]]:
         """Requests grouped by the cached prefix their input_ids start with (None: no usable prefix)."""
@@ -181,6 +236,9 @@ class DecoderRunner:
 
     def release(self, request_ids: Sequence[str]) -> None:
         self.kv.remove(list(request_ids))
+
+    def reset(self) -> None:
+        self.kv = KVBatch()
 
     def _prefill_group(self, group: list[EngineRequest], prefix: Cached = None) -> list[RowOutput]:
         """One right-padded forward over prompts of one kind (after their shared cached `prefix`, if any);

@@ -165,3 +165,6 @@ class StaticRunner:
 
     def release(self, request_ids: Sequence[str]) -> None:
         self.decoder.remove(request_ids)
+
+    def reset(self) -> None:
+        self.decoder.remove(self.decoder.cache.request_ids)

@@ -44,6 +44,11 @@ _STOP = object()
 # Stream priorities on CUDA (lower = higher): the talker paces the audio (its frame takes longer than a
 # thinker step), so its kernels go first when both engines have work queued.
 TALKER_PRIORITY, OTHER_PRIORITY = -1, 0
+# Python's GIL switch interval for a process running the engines' threads (`sys.setswitchinterval`, default 5 ms):
+# a thread that wants the GIL back after a CUDA call waits up to this long for one busy in Python, so with three
+# engine threads and the request coroutines each per-frame hand-off could cost milliseconds. Measured on the
+# H200 (run 5, 16 streams in-process): 2.74 s -> 1.66 s per request at 0.5 ms (docs/gpu.md).
+ENGINE_SWITCH_INTERVAL_S = 0.0005
 
 
 @dataclass

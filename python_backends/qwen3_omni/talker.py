@@ -221,6 +221,11 @@ class Talker:
         if self.decode is not None:
             self.decode.decoder.remove([request_id])
 
+    def reset(self) -> None:
+        """Forget every request (after a failure of the stage's worker)."""
+        for request_id in list(self._requests):
+            self.cancel(request_id)
+
     @torch.no_grad()
     def step(self) -> dict[str, TalkerOutput]:
         """Advance every request that can: prefill new ones, then one codec frame each for those whose

@@ -19,6 +19,7 @@ import torch
 
 from omni_backends.engine import DecoderRunner, EngineLoop, Prompt, SamplingParams, StepOutput, \
     text_mrope_position_ids
+from omni_backends.engine.limits import longest_token_chars
 from omni_backends.engine.options import EngineOptions
 from omni_backends.engine.static_runner import StaticRunner
 from omni_backends.qwen3_omni.decoder import StaticDecoder
@@ -67,6 +68,7 @@ class Thinker:
         self.config, self.options = config, options or EngineOptions()
         self.accept_layer = config.talker_config.accept_hidden_layer
         self.prompts = PromptBuilder(tokenizer, feature_extractor, config.thinker_config.audio_config.n_window)
+        self.longest_token = longest_token_chars(tokenizer)  # characters, for prompt-size checks before tokenizing
         self.mm_ids = torch.tensor([config.thinker_config.audio_token_id, config.thinker_config.image_token_id,
                                     config.thinker_config.video_token_id])
         self.embed_tokens = model.get_input_embeddings()
@@ -79,7 +81,8 @@ class Thinker:
             runner = StaticRunner(model, decoder, self.embed_tokens, hidden_layers=layers,
                                   position_ids_fn=text_mrope_position_ids, prefill_chunk=self.options.prefill_chunk)
         else:
-            runner = DecoderRunner(model, hidden_layers=layers, position_ids_fn=text_mrope_position_ids)
+            runner = DecoderRunner(model, hidden_layers=layers, position_ids_fn=text_mrope_position_ids,
+                                   prefill_chunk=self.options.prefill_chunk)
         self.loop = EngineLoop(runner, max_running=max_running, name="qwen3-omni-thinker", stream=stream)
 
     def warmup(self) -> int:

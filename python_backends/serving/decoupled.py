@@ -10,6 +10,7 @@ omni_backends.serving.sidechannel; `ctx.cancelled()` turns True).
 from __future__ import annotations
 
 import asyncio
+import time
 import traceback
 from collections.abc import AsyncIterator
 
@@ -21,18 +22,28 @@ from omni_backends.serving import events, model_config, sidechannel
 from omni_backends.serving.metrics import StageMetrics
 
 
+CANCEL_POLL_S = 0.05
+
+
 class Cancelled(Exception):
     """Raised inside a request coroutine when the client cancelled the request."""
 
 
 def send_final(sender, request_id: str, error: str | None = None) -> None:
-    """Ends a decoupled request: an error response when there is an error, then FINAL. A BLS
-    parent cannot see a child's error through Triton 2.51, so it is also left on the side channel."""
-    if error is not None:
+    """Ends a decoupled request: FINAL, on the error response when there is an error.
+
+    A BLS parent cannot see a child's error through Triton 2.51, so a BLS child's error travels on the
+    side channel only: an error response to a BLS parent arrives empty, and it also leaves the
+    parent's BLS request unfinished for Triton, so that the parent model could never be unloaded
+    (its unload waits for the request for good)."""
+    final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+    if error is not None and sidechannel.is_child(request_id):
         sidechannel.report_error(request_id, error)
-        if not sender.is_cancelled():
-            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error)))
-    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    elif error is not None and not sender.is_cancelled():
+        # One response carrying both the error and FINAL: two sends in a row could race in the backend.
+        sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error)), flags=final)
+        return
+    sender.send(flags=final)
 
 
 class RequestContext:
@@ -43,6 +54,8 @@ class RequestContext:
         self.request, self._sender = request, sender
         self.request_id = request.request_id()
         self.correlation_id = request.correlation_id()
+        self._cancelled = False
+        self._checked = 0.0
 
     def input(self, name: str) -> np.ndarray | None:
         """Input tensor `name` as numpy, or None if the client did not send it."""
@@ -57,8 +70,13 @@ class RequestContext:
         return events.decode_request(raw)
 
     def cancelled(self) -> bool:
-        """The client cancelled (gRPC) or the BLS parent asked this request to stop."""
-        return self._sender.is_cancelled() or sidechannel.cancel_requested(self.request_id)
+        """The client cancelled (gRPC) or the BLS parent asked this request to stop. Asked at most once
+        per CANCEL_POLL_S however many tasks of the request poll it (each `is_cancelled()` is a round
+        trip through one server thread shared by all requests of the model)."""
+        if not self._cancelled and time.monotonic() - self._checked >= CANCEL_POLL_S:
+            self._checked = time.monotonic()
+            self._cancelled = sidechannel.stop_requested(self.request_id, self._sender.is_cancelled)
+        return self._cancelled
 
     def check(self) -> None:
         if self.cancelled():
@@ -111,7 +129,7 @@ class AsyncDecoupledModel:
         except Cancelled:
             outcome = "cancelled"
         except RequestError as exc:
-            outcome, error = "rejected", exc.envelope()
+            outcome, error = "rejected" if exc.status < 500 else "error", exc.envelope()
         except Exception as exc:  # noqa: BLE001 - every failure must reach the client as an error + FINAL
             outcome, error = "error", f"{self.model_name}: {type(exc).__name__}: {exc}"
             pb_utils.Logger.log_error(f"{self.model_name} request {ctx.request_id} failed:\n{traceback.format_exc()}")

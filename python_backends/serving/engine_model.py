@@ -3,9 +3,15 @@ continuous batching in an `omni_backends.engine.EngineLoop` thread (the vLLM-bac
 
 `execute` only parses and enqueues; the engine thread hands every StepOutput to a queue; a sender
 thread turns outputs into responses (so the forward loop never waits on IPC) and polls each live
-request's `is_cancelled()` (and its BLS cancel flag, omni_backends.serving.cancel) every
-CANCEL_POLL_S, aborting it in the engine. Every request ends with
+request's `is_cancelled()` (and its BLS cancel flag, omni_backends.serving.sidechannel) every
+CANCEL_POLL_S, aborting it in the engine; the engine also asks each request before every prefill
+step, so a request abandoned while it waits never costs a prefill. Every request ends with
 FINAL: after its last token, after an error response, or after cancellation.
+
+Both threads are supervised (`omni_backends.supervisor`): if the engine loop crashes anyway,
+its requests in flight get a 503 error (OpenAI envelope), `omni_model_healthy` drops to 0 (so the
+frontend's /health answers 503 naming this model), and a fresh loop thread takes over after a short
+backoff; requests arriving meanwhile get 503 at once. Timing histograms: see serving.metrics.
 """
 from __future__ import annotations
 
@@ -17,12 +23,14 @@ import traceback
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from omni_backends.batch_loop import LoopUnavailable
 from omni_backends.engine import EngineLoop, Prompt, SamplingParams, StepOutput
-from omni_backends.errors import RequestError
+from omni_backends.errors import RequestError, unavailable
 from omni_backends.serving import model_config, sidechannel
 from omni_backends.serving.decoupled import send_final
 from omni_backends.serving.metrics import StageMetrics
 from omni_backends.serving.tensors import to_triton
+from omni_backends.supervisor import Supervisor
 
 CANCEL_POLL_S = 0.02
 _STOP = object()
@@ -31,9 +39,10 @@ _STOP = object()
 class EngineStageModel:
     """Subclass and implement:
 
-    - `build_loop(args) -> EngineLoop` (load the model, make the runner; any loop with the same
-      `submit(id, prompt, params, on_output)` / `abort(id)` / `shutdown(timeout)` and outputs carrying
-      `finished`, `finish_reason`, `error` fits, e.g. omni_backends.diffusion.DenoiseLoop);
+    - `build_loop(args) -> EngineLoop` (load the model, make the runner; any BatchLoop with the same
+      `submit(id, prompt, params, on_output, cancelled=)` / `abort(id)` / `shutdown(timeout)` and outputs
+      carrying `finished`, `finish_reason`, `error`, `unavailable` fits, e.g.
+      omni_backends.diffusion.DenoiseLoop);
     - `make_prompt(request) -> (Prompt, SamplingParams, context)`: parse one Triton request; raise
       RequestError for bad input; `context` is any per-request object passed back below;
     - `encode(context, output) -> dict[name, np.ndarray | torch.Tensor]`: tensors of one output's
@@ -46,12 +55,13 @@ class EngineStageModel:
         self.model_name, self.model_config, self.parameters = model_config.load(args)
         self.metrics = StageMetrics(self.model_name)
         self.loop = self.build_loop(args)
+        self.loop.observe = self.metrics.observe
+        self.loop.on_health = self.metrics.set_healthy  # an engine crash / its restart (omni_model_healthy)
         self._outputs: queue.Queue = queue.Queue()
         self._live: dict[str, tuple] = {}  # engine id -> (sender, context, triton request id)
         self._lock = threading.Lock()
         self._next_id = 0
-        self._sender_thread = threading.Thread(target=self._send_loop, name=f"{self.model_name}-sender", daemon=True)
-        self._sender_thread.start()
+        self._sender = Supervisor(f"{self.model_name}-sender", self._send_loop, lambda exc: None).start()
 
     # -- to implement -------------------------------------------------------------------------
     def build_loop(self, args: dict) -> EngineLoop:
@@ -77,19 +87,22 @@ class EngineStageModel:
                 prompt, params, context = self.make_prompt(request)
                 with self._lock:  # registered before submit: the first output may come at once
                     self._live[rid] = (sender, context, triton_id)
-                self.loop.submit(rid, prompt, params, self._on_output)
+                self.loop.submit(rid, prompt, params, self._on_output,
+                                 cancelled=lambda s=sender, t=triton_id: sidechannel.stop_requested(t, s.is_cancelled))
             except Exception as exc:  # noqa: BLE001 - raising here would free the sender under our threads
                 with self._lock:
                     self._live.pop(rid, None)
-                rejected = isinstance(exc, RequestError)
+                if isinstance(exc, LoopUnavailable):
+                    exc = unavailable(f"{self.model_name}: {exc}")
+                rejected = isinstance(exc, RequestError) and exc.status < 500
                 self.metrics.finished("rejected" if rejected else "error")
-                send_final(sender, triton_id, exc.envelope() if rejected else f"{self.model_name}: {exc}")
+                send_final(sender, triton_id, exc.envelope() if isinstance(exc, RequestError) else f"{self.model_name}: {exc}")
         return None
 
     def finalize(self) -> None:
         self.loop.shutdown(timeout=10)
         self._outputs.put(_STOP)
-        self._sender_thread.join(timeout=10)
+        self._sender.join(timeout=10)
 
     # -- engine thread -> sender thread ---------------------------------------------------------
     def _on_output(self, rid: str, output: StepOutput) -> None:
@@ -111,7 +124,7 @@ class EngineStageModel:
                 with self._lock:
                     live = list(self._live.items())
                 for rid, (sender, _, triton_id) in live:
-                    if sender.is_cancelled() or sidechannel.cancel_requested(triton_id):
+                    if sidechannel.stop_requested(triton_id, sender.is_cancelled):
                         self.loop.abort(rid)
 
     def _handle(self, rid: str, output: StepOutput) -> None:
@@ -123,18 +136,21 @@ class EngineStageModel:
         error = None
         try:
             if output.finish_reason == "error":
+                if output.unavailable:
+                    raise unavailable(f"{self.model_name}: {output.error}")
                 raise RuntimeError(output.error or "engine error")
             tensors = self.encode(context, output)
-            if tensors and not sender.is_cancelled():
+            if tensors and not sidechannel.stop_requested(triton_id, sender.is_cancelled):
                 sender.send(pb_utils.InferenceResponse([to_triton(k, v) for k, v in tensors.items()]))
             if not output.finished and self.finished(context):
                 self.loop.abort(rid)  # its abort output arrives later and is ignored
                 output = StepOutput(token_id=None, finished=True, finish_reason="stop")
         except Exception as exc:  # noqa: BLE001 - report, then finish this request only
-            pb_utils.Logger.log_error(f"{self.model_name} {rid}: {traceback.format_exc()}")
+            if not output.unavailable:
+                pb_utils.Logger.log_error(f"{self.model_name} {rid}: {traceback.format_exc()}")
             self.loop.abort(rid)
             output = StepOutput(token_id=None, finished=True, finish_reason="error", error=str(exc))
-            error = f"{self.model_name}: {exc}"
+            error = exc.envelope() if isinstance(exc, RequestError) else f"{self.model_name}: {exc}"
         if output.finished:
             with self._lock:
                 del self._live[rid]

@@ -12,6 +12,15 @@ omni_model_heartbeat_seconds{model}      gauge: unix time of the stub's last hea
                                          frontend's /health reports (Triton's own readiness stays
                                          READY when a stub dies: server issue #8604). The same thread
                                          ends the stub if its tritonserver died.
+omni_model_healthy{model}                gauge: 1 while the model's worker loops run; 0 from a crash of
+                                         one (e.g. an engine loop) until its restart (/health: 503)
+omni_worker_restarts_total{model}        counter: worker loops restarted after a crash
+omni_stage_queue_seconds{model}          histogram: time a request waited inside the stage before its
+                                         work started (engine: submit -> first prefill step; talker:
+                                         request -> its sequence's next step)
+omni_stage_step_seconds{model, phase}    histogram: duration of one step of the stage's worker, by phase
+                                         (engine: prefill | decode; talker: step; code2wav: decode;
+                                         batch stages: row)
 Tests read these to assert that cancelled work really stopped (in-flight back to 0).
 """
 from __future__ import annotations
@@ -24,34 +33,49 @@ import triton_python_backend_utils as pb_utils
 
 _OUTCOMES = ("ok", "rejected", "error", "cancelled")
 HEARTBEAT_S = 1.0
+# seconds; covers a 1 ms decode step to a 30 s prefill
+BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]
+
+
+def _family(name: str, description: str, kind):
+    return pb_utils.MetricFamily(name=name, description=description, kind=kind)
 
 
 class StageMetrics:
-    """Thread-safe in-flight gauge, outcome counters and heartbeat for one Triton model.
-    Every Python model of the repository creates one in `initialize`."""
+    """Thread-safe in-flight gauge, outcome counters, health, timing histograms and heartbeat for one
+    Triton model. Every Python model of the repository creates one in `initialize`."""
 
     def __init__(self, model_name: str):
-        inflight = pb_utils.MetricFamily(name="omni_inflight_requests",
-                                         description="Requests in flight in an Omni-Triton model",
-                                         kind=pb_utils.MetricFamily.GAUGE)
-        total = pb_utils.MetricFamily(name="omni_requests_total",
-                                      description="Finished requests of an Omni-Triton model by outcome",
-                                      kind=pb_utils.MetricFamily.COUNTER)
-        heartbeat = pb_utils.MetricFamily(name="omni_model_heartbeat_seconds",
-                                          description="Unix time of the model stub's last heartbeat",
-                                          kind=pb_utils.MetricFamily.GAUGE)
-        tensors = pb_utils.MetricFamily(name="omni_stage_tensors_total",
-                                        description="Tensors received or sent by an Omni-Triton model, by memory",
-                                        kind=pb_utils.MetricFamily.COUNTER)
+        gauge, counter, histogram = (pb_utils.MetricFamily.GAUGE, pb_utils.MetricFamily.COUNTER,
+                                     pb_utils.MetricFamily.HISTOGRAM)
+        inflight = _family("omni_inflight_requests", "Requests in flight in an Omni-Triton model", gauge)
+        total = _family("omni_requests_total", "Finished requests of an Omni-Triton model by outcome", counter)
+        heartbeat = _family("omni_model_heartbeat_seconds", "Unix time of the model stub's last heartbeat", gauge)
+        healthy = _family("omni_model_healthy", "1 while the model's worker loops run, 0 while one restarts", gauge)
+        restarts = _family("omni_worker_restarts_total", "Worker loops of the model restarted after a crash", counter)
+        self._queue_family = _family("omni_stage_queue_seconds",
+                                     "Seconds a request waited inside the stage before its work started", histogram)
+        self._step_family = _family("omni_stage_step_seconds", "Seconds per step of the stage's worker, by phase",
+                                    histogram)
+        self._tensor_family = _family("omni_stage_tensors_total",
+                                      "Tensors received or sent by an Omni-Triton model, by memory", counter)
         # Families must outlive their metrics: keep references for the model's lifetime.
-        self._families = (inflight, total, heartbeat, tensors)
-        self._model = model_name
-        self._tensor_metrics: dict[tuple[str, str, str], object] = {}
-        self._heartbeat = heartbeat.Metric(labels={"model": model_name})
+        self._families = (inflight, total, heartbeat, healthy, restarts, self._queue_family, self._step_family,
+                          self._tensor_family)
+        self.model_name = model_name
+        labels = {"model": model_name}
+        self._heartbeat = heartbeat.Metric(labels=labels)
         self._heartbeat.set(time.time())
+        self._healthy = healthy.Metric(labels=labels)
+        self._healthy.set(1)
+        self._restarts = restarts.Metric(labels=labels)
+        self._queue = self._queue_family.Metric(labels=labels, buckets=BUCKETS)
+        self._steps: dict[str, object] = {}
+        self._tensor_metrics: dict[tuple[str, str, str], object] = {}
         threading.Thread(target=self._beat, name=f"{model_name}-heartbeat", daemon=True).start()
-        self._inflight = inflight.Metric(labels={"model": model_name})
-        self._total = {o: total.Metric(labels={"model": model_name, "outcome": o}) for o in _OUTCOMES}
+        self._inflight = inflight.Metric(labels=labels)
+        self._inflight.set(0)  # a restarted stub starts from 0, whatever its dead predecessor left
+        self._total = {o: total.Metric(labels={**labels, "outcome": o}) for o in _OUTCOMES}
         self._lock = threading.Lock()
         self._count = 0
 
@@ -78,8 +102,8 @@ class StageMetrics:
         with self._lock:
             metric = self._tensor_metrics.get(key)
             if metric is None:
-                metric = self._families[3].Metric(labels={"model": self._model, "tensor": name,
-                                                          "direction": direction, "memory": key[2]})
+                metric = self._tensor_family.Metric(labels={"model": self.model_name, "tensor": name,
+                                                            "direction": direction, "memory": key[2]})
                 self._tensor_metrics[key] = metric
         metric.increment(1)
 
@@ -88,3 +112,21 @@ class StageMetrics:
             self._count -= 1
             self._inflight.set(self._count)
             self._total[outcome].increment(1)
+
+    def set_healthy(self, healthy: bool) -> None:
+        """Report a worker loop crash (False; counts a restart) or its recovery (True)."""
+        self._healthy.set(1 if healthy else 0)
+        if not healthy:
+            self._restarts.increment(1)
+
+    def observe(self, kind: str, seconds: float) -> None:
+        """kind "queue": a request's wait inside the stage; any other kind: one worker step of that phase."""
+        if kind == "queue":
+            self._queue.observe(seconds)
+            return
+        with self._lock:
+            metric = self._steps.get(kind)
+            if metric is None:
+                metric = self._steps[kind] = self._step_family.Metric(
+                    labels={"model": self.model_name, "phase": kind}, buckets=BUCKETS)
+        metric.observe(seconds)

@@ -21,6 +21,16 @@ def int_parameter(parameters: dict, name: str, default: int) -> int:
         raise ValueError(f"config parameter {name!r} must be an integer, got {raw!r}") from None
 
 
+def sequence_idle_seconds(config: dict, default_s: float = 120.0) -> float:
+    """`sequence_batching.max_sequence_idle_microseconds` of a model config in seconds (Triton frees an
+    idle sequence's slot after it; default_s when the config does not set it)."""
+    raw = (config.get("sequence_batching") or {}).get("max_sequence_idle_microseconds")
+    try:
+        return int(raw) / 1e6 if raw else default_s
+    except (TypeError, ValueError):
+        return default_s
+
+
 def stage_checkpoint(parameters: dict, model_name: str, default: str) -> Path:
     """For torch stages: sets torch's intra-op threads from the parameter `threads` (0 or absent: torch's
     default, one per core, which an in-process diffusers pipeline uses too: CPU convolutions give other bits

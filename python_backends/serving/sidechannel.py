@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 FLAG_DIR = Path(os.environ.get("OMNI_SIDECHANNEL_DIR", f"/dev/shm/omni-triton-{os.getuid()}"))
@@ -22,6 +23,20 @@ _SAFE = re.compile(r"^bls-[A-Za-z0-9_-]{1,124}$")
 def child_request_id() -> str:
     """A fresh request id for a BLS child request."""
     return f"bls-{uuid.uuid4().hex}"
+
+
+def is_child(request_id: str | None) -> bool:
+    """True for the id of a BLS child request (made by `child_request_id`)."""
+    return bool(_SAFE.match(request_id or ""))
+
+
+def stop_requested(request_id: str | None, is_cancelled: Callable[[], bool]) -> bool:
+    """Whether a request's caller gave up: for a BLS child, its parent raised the cancel flag (Triton
+    never cancels a BLS child, so `is_cancelled()`, a round trip to the server, is not asked); for any
+    other request, `is_cancelled()` (the client cancelled its gRPC stream)."""
+    if is_child(request_id):
+        return cancel_requested(request_id)
+    return is_cancelled()
 
 
 def _path(request_id: str, kind: str) -> Path | None:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from omni_backends.cancel import CancelToken
 from omni_backends.voice.models import prepare_whisper
 
 SAMPLE_RATE = 16000
@@ -92,7 +93,8 @@ class WhisperASR:
             self._model.encode = functools.partial(_encode_without_padding, self._model.encode, min_encoder_frames)
 
     def transcribe(self, pcm: np.ndarray, language: str | None = "en", prompt: str | None = None,
-                   temperature: float = 0.0, word_timestamps: bool = False) -> Transcription:
+                   temperature: float = 0.0, word_timestamps: bool = False,
+                   cancel: CancelToken | None = None) -> Transcription:
         """Transcribe one utterance.
 
         pcm: float32 [samples] mono at 16 kHz in [-1, 1] (other float dtypes are converted).
@@ -100,15 +102,17 @@ class WhisperASR:
         prompt: text that conditions the decoder (Whisper's initial_prompt), e.g. expected names.
         temperature: 0.0 = greedy (beam size 1); > 0 samples at that single temperature.
         word_timestamps: also fill `Segment.words`.
+        cancel: checked before each 30 s window is decoded; raises Interrupted once set.
         Raises ValueError for a non-1-D or empty array.
         """
-        stream = self.stream(pcm, language, prompt, temperature, word_timestamps)
+        stream = self.stream(pcm, language, prompt, temperature, word_timestamps, cancel)
         found = tuple(stream.segments)
         return Transcription(text=join_segments([s.text for s in found]), language=stream.language,
                              duration=stream.duration, segments=found)
 
     def stream(self, pcm: np.ndarray, language: str | None = "en", prompt: str | None = None,
-               temperature: float = 0.0, word_timestamps: bool = False) -> TranscriptionStream:
+               temperature: float = 0.0, word_timestamps: bool = False,
+               cancel: CancelToken | None = None) -> TranscriptionStream:
         """Start transcribing; segments are decoded lazily as the returned stream is iterated (arguments
         and errors as `transcribe`; the segment texts are stripped)."""
         audio = np.asarray(pcm, dtype=np.float32)
@@ -119,13 +123,20 @@ class WhisperASR:
             word_timestamps=word_timestamps, condition_on_previous_text=False)
         found = (Segment(start=s.start, end=s.end, text=s.text.strip(),
                          words=tuple(Word(w.start, w.end, w.word.strip(), w.probability) for w in s.words or ()))
-                 for s in segments)
+                 for s in _checked(segments, cancel))
         return TranscriptionStream(language=info.language, duration=info.duration, segments=found)
 
     def transcribe_batch(self, pcms: Sequence[np.ndarray], **options) -> list[Transcription]:
         """Transcribe several utterances with the one model (sequentially; options as in `transcribe`)."""
         return [self.transcribe(pcm, **options) for pcm in pcms]
 
+
+def _checked(segments, cancel: CancelToken | None):
+    """faster-whisper decodes lazily, one window per segment batch: check `cancel` before each."""
+    for segment in segments:
+        if cancel is not None:
+            cancel.check()
+        yield segment
 
 def _encode_without_padding(encode: Callable[[np.ndarray], object], min_frames: int, features: np.ndarray):
     """faster-whisper's WhisperModel.encode on a window whose trailing zero-padding (pad_or_trim pads the

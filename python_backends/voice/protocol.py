@@ -11,7 +11,8 @@ from collections.abc import Mapping, Sequence
 
 from omni_backends.errors import RequestError
 
-SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "max_tokens", "seed", "stop")
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "max_tokens", "seed", "presence_penalty", "frequency_penalty",
+                   "repetition_penalty", "stop")
 
 
 def text_messages(messages: Sequence[Mapping], transcripts: Sequence[str]) -> list[dict[str, str]]:

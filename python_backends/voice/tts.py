@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from omni_backends.cancel import CancelToken, Interrupted
 from omni_backends.errors import RequestError
 from omni_backends.voice.audio import time_stretch, trim_edges
 from omni_backends.voice.models import KOKORO_DIR_NAME, KokoroFiles, kokoro_files, model_home, prepare_kokoro
@@ -113,14 +114,18 @@ class KokoroTTS:
                 chunks.extend(_split_long(ids, self._vocab[" "]))
         return [chunk[:-1] if chunk[-1] == self._vocab[" "] else chunk for chunk in chunks]
 
-    def stream(self, text: str, voice: str = DEFAULT_VOICE, speed: float = 1.0) -> Iterator[np.ndarray]:
+    def stream(self, text: str, voice: str = DEFAULT_VOICE, speed: float = 1.0,
+               cancel: CancelToken | None = None) -> Iterator[np.ndarray]:
         """Yield the speech for `text` chunk by chunk: each a float32 [samples] mono array at 24 kHz in [-1, 1],
         starting LEAD_S before its first sound and ending with a pause set by its last punctuation
         (PAUSE_AFTER_S; both scaled by 1/speed), so chunks play back to back without clicks or long gaps.
 
         voice: one of `voices` or an OpenAI alias (see `resolve_voice`); speed: 0.25-4.0 (2.0 = twice as fast).
+        cancel: setting it ends the ONNX run in progress at once (RunOptions.terminate) and raises Interrupted.
         Raises RequestError (a ValueError) for an unknown voice or a speed out of range. Text with nothing speakable yields nothing.
         """
+        import onnxruntime as ort
+
         style = self._styles[resolve_voice(voice, self.voices)]
         check_speed(speed)
         native = min(speed, NATIVE_MAX_SPEED)
@@ -130,7 +135,19 @@ class KokoroTTS:
                 "style": style[len(ids) - 1][None, :],
                 "speed": np.array([native], dtype=np.float32),
             }
-            pcm = np.asarray(self._session.run(None, feeds)[0], dtype=np.float32).reshape(-1)
+            options = ort.RunOptions()
+            forget = cancel.on_set(lambda: setattr(options, "terminate", True)) if cancel is not None else None
+            try:
+                if cancel is not None:
+                    cancel.check()
+                pcm = np.asarray(self._session.run(None, feeds, run_options=options)[0], dtype=np.float32).reshape(-1)
+            except Exception as exc:
+                if cancel is not None and cancel.is_set():
+                    raise Interrupted("speech synthesis cancelled") from exc
+                raise
+            finally:
+                if forget is not None:
+                    forget()
             pcm = trim_edges(pcm, SAMPLE_RATE, LEAD_S / native, self._pause_after(ids[-1]) / native)
             if speed > native:
                 pcm = time_stretch(pcm, SAMPLE_RATE, speed / native)
@@ -141,9 +158,10 @@ class KokoroTTS:
         """Seconds of silence kept after a chunk whose last phoneme id is `last_id` (at speed 1.0)."""
         return self._pauses.get(last_id, PAUSE_OTHER_S)
 
-    def synthesize(self, text: str, voice: str = DEFAULT_VOICE, speed: float = 1.0) -> np.ndarray:
+    def synthesize(self, text: str, voice: str = DEFAULT_VOICE, speed: float = 1.0,
+                   cancel: CancelToken | None = None) -> np.ndarray:
         """Speech for `text`: float32 [samples] mono at 24 kHz (empty when nothing is speakable). See `stream`."""
-        parts = list(self.stream(text, voice, speed))
+        parts = list(self.stream(text, voice, speed, cancel))
         return np.concatenate(parts) if parts else np.zeros(0, np.float32)
 
     def synthesize_batch(self, texts: Sequence[str], voice: str = DEFAULT_VOICE, speed: float = 1.0) -> list[np.ndarray]:

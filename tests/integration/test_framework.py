@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
@@ -16,7 +17,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from tests.conftest import MOCK_ARGS
-from tests.harness import TEST_REPOSITORY, metric_value, start_server, wait_for
+from tests.harness import (TEST_REPOSITORY, cancel_storm, inflight, metric_value, settle_limit_s, settle_time,
+                           start_server, wait_for)
 
 pytestmark = pytest.mark.integration
 
@@ -146,27 +148,119 @@ def test_frontend_metrics(mock_server):
     assert "omni_frontend_request_seconds_bucket" in text
 
 
-def test_api_key_and_dead_stub_and_clean_shutdown(tmp_path):
-    """A separate server: Bearer auth; a killed stage stub turns /health into 503 naming it;
-    Ctrl-C leaves no tritonserver or stub process behind."""
+def _live_stubs(server) -> list[str]:
+    """Models whose stub process runs now (from the stubs' command lines)."""
+    names = []
+    for p in psutil.Process(server.process.pid).children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and "triton_python_backend_stub" in p.name():
+                names.append(p.cmdline()[1].split("/")[-3])
+        except psutil.Error:
+            continue
+    return sorted(names)
+
+
+def test_api_key_dead_stage_recovery_and_clean_shutdown(tmp_path):
+    """A separate server: Bearer auth (admin routes too); a killed stage stub fails the requests in flight
+    through it with 503 at once, /health names it, the launcher reloads it without a restart and it serves
+    again; SIGTERM then leaves no process (alive or defunct) and no /dev/shm entry of the server."""
     server = start_server(tmp_path, "--pipelines", "", "--model-repository", str(TEST_REPOSITORY),
                           "--extra-pipeline", "relay=chat:mock_stream,mock_relay", "--api-key", "sekret")
+    auth = {"authorization": "Bearer sekret"}
+    chat_url = f"{server.base_url}/v1/chat/completions"
     try:
         url = f"{server.base_url}/v1/models"
         denied = httpx.get(url)
         assert denied.status_code == 401 and denied.json()["error"]["type"] == "authentication_error"
-        assert httpx.get(url, headers={"authorization": "Bearer sekret"}).status_code == 200
+        assert httpx.get(url, headers=auth).status_code == 200
+        assert httpx.post(f"{server.base_url}/v1/admin/pipelines/relay/sleep").status_code == 401
+        assert server.shm_entries(), "the server's shared-memory regions carry its own prefix"
         children = psutil.Process(server.process.pid).children(recursive=True)
         stubs = [p for p in children if "triton_python_backend_stub" in " ".join(p.cmdline())]
         assert len(stubs) == 2
         victim = next(p for p in stubs if "mock_stream/1/model.py" in " ".join(p.cmdline()))
-        os.kill(victim.pid, signal.SIGKILL)
-        unhealthy = wait_for(lambda: (r := httpx.get(f"{server.base_url}/health")).status_code == 503 and r, 15, 0.2)
+        long_body = {"model": "relay", "messages": [{"role": "user", "content": "hi"}], "repeat": 5000, "delay_ms": 20}
+        with ThreadPoolExecutor(2) as pool:
+            in_flight = [pool.submit(httpx.post, chat_url, json=long_body, headers=auth, timeout=120) for _ in range(2)]
+            assert wait_for(lambda: metric_value(server.metrics_url, "omni_inflight_requests", model="mock_stream") == 2, 30)
+            os.kill(victim.pid, signal.SIGKILL)
+            killed = time.monotonic()
+            unhealthy = wait_for(lambda: (r := httpx.get(f"{server.base_url}/health")).status_code == 503 and r, 15, 0.05)
+            failed = [f.result() for f in in_flight]
+            failed_after = time.monotonic() - killed
         assert unhealthy, "health stayed 200 after the stub died"
         assert unhealthy.json()["not_ready"] == ["mock_stream"]
+        for response in failed:  # not a hang until the client's timeout
+            error = response.json()["error"]
+            assert response.status_code == 503 and error["code"] == "model_unavailable" and "mock_stream" in error["message"]
+        assert failed_after < 30
+        assert wait_for(lambda: httpx.get(f"{server.base_url}/health").status_code == 200, 60, 0.1), server.log()[-3000:]
+        recovered_after = time.monotonic() - killed
+        reply = httpx.post(chat_url, headers=auth, json={"model": "relay", "messages": [{"role": "user", "content": "x"}]})
+        assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"] == "tok0tok1tok2"
+        assert _live_stubs(server) == ["mock_relay", "mock_stream"]  # a fresh mock_stream stub
+        assert "stage mock_stream recovered in" in server.log()
+        print(f"in-flight requests failed {failed_after:.2f} s after the kill; /health 200 again after {recovered_after:.2f} s")
+        children = psutil.Process(server.process.pid).children(recursive=True)
     finally:
         assert server.stop(signal.SIGTERM) == 143
-    assert not [p for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not [p for p in children if p.is_running()], "a stub process (alive or defunct) outlived the server"
+    assert server.shm_entries() == []
+
+
+def test_sleep_and_wake_unload_and_reload_models(mock_server):
+    """mock, relay and mock-speech share mock_stream: sleeping relay unloads only mock_relay; sleeping mock
+    keeps mock_stream while mock-speech is awake, sleeping mock-speech then unloads it; waking relay loads
+    both back. mock-asr's model is never touched."""
+    base = mock_server.base_url
+    admin = f"{base}/v1/admin/pipelines"
+
+    def chat(model):
+        return httpx.post(f"{base}/v1/chat/completions", timeout=60,
+                          json={"model": model, "messages": [{"role": "user", "content": "hi"}]})
+
+    def states():
+        return {m["id"]: m["state"] for m in httpx.get(f"{base}/v1/models").json()["data"]}
+
+    try:
+        assert _live_stubs(mock_server) == ["mock_asr", "mock_relay", "mock_stream"]
+        slept = httpx.post(f"{admin}/relay/sleep", timeout=120).json()
+        assert (slept["state"], slept["unloaded"], slept["kept"]) == ("sleeping", ["mock_relay"], ["mock_stream"])
+        assert wait_for(lambda: _live_stubs(mock_server) == ["mock_asr", "mock_stream"], 30), "the unload did not end the stub"
+        asleep = chat("relay")
+        assert asleep.status_code == 503 and asleep.json()["error"]["code"] == "pipeline_sleeping"
+        assert chat("mock").status_code == 200
+        assert states() == {"mock": "awake", "relay": "sleeping", "mock-speech": "awake", "mock-asr": "awake"}
+        health = httpx.get(f"{base}/health")
+        assert health.status_code == 200 and health.json()["sleeping"] == ["relay"]
+        assert httpx.post(f"{admin}/mock/sleep", timeout=120).json()["unloaded"] == []  # mock-speech still uses it
+        assert httpx.post(f"{admin}/mock-speech/sleep", timeout=120).json()["unloaded"] == ["mock_stream"]
+        assert wait_for(lambda: _live_stubs(mock_server) == ["mock_asr"], 30), "the unload did not end the stub"
+        woke = httpx.post(f"{admin}/relay/wake", timeout=120).json()
+        assert (woke["state"], woke["loaded"]) == ("awake", ["mock_stream", "mock_relay"])
+        assert chat("relay").json()["choices"][0]["message"]["content"] == "tok0tok1tok2"
+        assert chat("mock").json()["error"]["code"] == "pipeline_sleeping"
+        assert httpx.post(f"{admin}/mock/wake", timeout=120).json()["loaded"] == []
+        assert httpx.post(f"{admin}/mock-speech/wake", timeout=120).json()["loaded"] == []
+        missing = httpx.post(f"{admin}/nope/sleep")
+        assert missing.status_code == 404 and missing.json()["error"]["code"] == "pipeline_not_found"
+        assert [p["state"] for p in httpx.get(admin).json()["data"]] == ["awake"] * 4
+    finally:
+        for name in ("mock", "relay", "mock-speech"):
+            httpx.post(f"{admin}/{name}/wake", timeout=120)
+    assert httpx.get(f"{base}/health").status_code == 200
+
+
+@pytest.mark.parametrize("model", ["mock", "relay"])
+def test_cancel_storm_leaves_every_gauge_at_zero(mock_server, model):
+    """100 streams cancelled mid-way: every stage's in-flight gauge is back to 0 within 2 s."""
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "repeat": 1000, "delay_ms": 20}
+    last_close = cancel_storm(mock_server.base_url, body, n=100)
+    settled = settle_time(mock_server.metrics_url, last_close)
+    print(f"cancel storm on {model}: gauges at 0 {settled} s after the last close")
+    assert settled is not None and settled <= settle_limit_s(), inflight(mock_server.metrics_url)
+    assert _client(mock_server).chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "hi"}], extra_body={"repeat": 2}).choices[0]
 
 
 def test_ctrl_c_leaves_no_process_behind(tmp_path):

@@ -22,7 +22,8 @@ from transformers import AutoTokenizer, Qwen3OmniMoeForConditionalGeneration, Wh
 
 from omni_backends.paths import QWEN3_OMNI_TINY, model_home
 from omni_backends.qwen3_omni.prompt import PromptBuilder
-from tests.harness import MAIN_REPOSITORY, metric_value, start_server, triton_stream, wait_for
+from tests.harness import (MAIN_REPOSITORY, cancel_storm, inflight, metric_value, settle_limit_s, settle_time,
+                           start_server, triton_stream, wait_for)
 
 pytestmark = pytest.mark.integration
 
@@ -363,3 +364,39 @@ def test_colocated_layout_stop_string_cancellation_and_errors(server, reference)
                                                     audio={"voice": "ethan", "format": "wav"}, max_tokens=4,
                                                     extra_body={"talker_max_frames": 5})
     assert reply.choices[0].message.audio.data and reply.usage.completion_tokens_details.audio_tokens == 5
+
+
+def test_extreme_thinker_and_talker_sampling_values_are_served(server):
+    """Thinker, talker (code group 0) and code predictor at the edges of their accepted values: served,
+    and no worker loop crashed."""
+    extremes = [{"temperature": 1e-40, "talker_temperature": 1e-40},
+                {"temperature": 2.0, "top_p": 1e-300, "talker_top_p": 1e-300, "talker_temperature": 2.0},
+                {"top_k": 10**9, "talker_top_k": 10**9, "talker_repetition_penalty": 1e30},
+                {"repetition_penalty": 1e-30, "talker_repetition_penalty": 1e-30, "seed": -2**63},
+                {"presence_penalty": 2.0, "frequency_penalty": -2.0, "talker_do_sample": False, "seed": 2**63 - 1}]
+
+    def ask(values):
+        return httpx.post(f"{server.base_url}/v1/chat/completions", timeout=120, json={
+            "model": "qwen3_omni", "messages": _messages("hi"), "max_tokens": 4, "talker_max_frames": 6,
+            "audio": {"voice": "ethan", "format": "pcm16"}, **values})
+
+    with ThreadPoolExecutor(len(extremes)) as pool:
+        replies = list(pool.map(ask, extremes))
+    assert [r.status_code for r in replies] == [200] * len(extremes), [r.text for r in replies]
+    for model in ("qwen3_omni_thinker", "qwen3_omni_talker"):
+        assert metric_value(server.metrics_url, "omni_worker_restarts_total", model=model) == 0
+    too_long = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=60, json={
+        "model": "qwen3_omni", "messages": _messages("hi"), "max_tokens": 2, "talker_max_frames": 10**6,
+        "audio": {"voice": "ethan", "format": "wav"}})
+    assert too_long.status_code == 400 and too_long.json()["error"]["param"] == "talker_max_frames"
+
+
+def test_qwen3_cancel_storm_leaves_every_gauge_and_sequence_at_zero(server):
+    """100 streamed turns (text and speech) cancelled mid-way: thinker, talker and code2wav sequences all
+    end within 2 s (the talker/code2wav sequences of cancelled turns used to stay alive for good)."""
+    body = {"model": "qwen3_omni", "messages": _messages(PROMPTS[1]), "max_tokens": 200, "talker_max_frames": 400,
+            "audio": {"voice": "ethan", "format": "pcm16"}}
+    last_close = cancel_storm(server.base_url, body, n=100)
+    settled = settle_time(server.metrics_url, last_close)
+    print(f"qwen3_omni cancel storm: gauges at 0 {settled} s after the last close")
+    assert settled is not None and settled <= settle_limit_s(), inflight(server.metrics_url)

@@ -6,6 +6,7 @@ import base64
 import io
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
@@ -15,7 +16,8 @@ import soundfile as sf
 import tritonclient.grpc as grpcclient
 
 from omni_backends.voice.audio import resample
-from tests.harness import metric_value, start_server, wait_for
+from tests.harness import (cancel_storm, inflight, metric_value, settle_limit_s, settle_time, start_server,
+                           wait_for)
 
 pytestmark = pytest.mark.integration
 QUESTION = "What is the capital of France?"
@@ -261,14 +263,13 @@ def test_bad_audio_requests_get_openai_errors(voice_server, route, kwargs, statu
 def test_rejected_stage_requests_leave_no_side_channel_files(voice_server):
     """A request that a BLS child stage rejects (voice_llm: context length) is a 400, and the
     parent/child side channel (cancel flags, error files) is cleaned up."""
-    from omni_backends.serving.sidechannel import FLAG_DIR
-
-    before = set(FLAG_DIR.glob("bls-*")) if FLAG_DIR.exists() else set()
+    flags = voice_server.sidechannel_dir  # the server's own side channel directory
+    before = set(flags.glob("bls-*")) if flags.exists() else set()
     for _ in range(3):
         response = httpx.post(f"{voice_server.base_url}/v1/chat/completions", timeout=60, json={
             "model": "voice", "max_tokens": 9000, "messages": [{"role": "user", "content": "hi"}]})
         assert response.status_code == 400 and response.json()["error"]["param"] == "max_tokens"
-    assert wait_for(lambda: (set(FLAG_DIR.glob("bls-*")) if FLAG_DIR.exists() else set()) <= before, 3.0)
+    assert wait_for(lambda: (set(flags.glob("bls-*")) if flags.exists() else set()) <= before, 3.0)
 
 
 def test_engine_stage_rejects_a_bad_seed_over_grpc_and_survives(voice_server, client):
@@ -317,6 +318,75 @@ def test_streamed_transcription_deltas_concatenate_to_the_text_then_done(voice_s
     assert "".join(deltas) == done["text"] == client.audio.transcriptions.create(
         model="whisper-1", file=("q.wav", speech, "audio/wav")).text
     assert done["usage"]["type"] == "duration" and done["usage"]["seconds"] > 3.0
+
+
+# Request values at the edges of what the API accepts (temperature 1e-40 used to kill the voice_llm engine thread).
+EXTREME_SAMPLING = [{"temperature": 1e-40}, {"temperature": 2.0, "top_p": 1e-300}, {"top_k": 10**9},
+                    {"top_k": -1, "temperature": 2.0}, {"presence_penalty": 2.0, "frequency_penalty": -2.0},
+                    {"presence_penalty": -2.0, "frequency_penalty": 2.0}, {"repetition_penalty": 1e30},
+                    {"repetition_penalty": 1e-30, "seed": -2**63}, {"seed": 2**63 - 1, "temperature": 1.0}]
+
+
+def test_extreme_sampling_values_are_served_and_the_engine_survives(voice_server, client):
+    def ask(values):
+        return httpx.post(f"{voice_server.base_url}/v1/chat/completions", timeout=120, json={
+            "model": "voice", "max_tokens": 3, "modalities": ["text"], **values,
+            "messages": [{"role": "user", "content": "hi"}]})
+
+    with ThreadPoolExecutor(4) as pool:  # within the admission bound (--max-inflight 4): none gets 429
+        replies = list(pool.map(ask, EXTREME_SAMPLING))
+    assert [r.status_code for r in replies] == [200] * len(EXTREME_SAMPLING), [r.text for r in replies]
+    assert all(0 < r.json()["usage"]["completion_tokens"] <= 3 for r in replies)
+    assert metric_value(voice_server.metrics_url, "omni_worker_restarts_total", model="voice_llm") == 0
+    assert httpx.get(f"{voice_server.base_url}/health").status_code == 200
+    assert "Paris" in client.chat.completions.create(model="voice", modalities=["text"], temperature=0,
+                                                     messages=[{"role": "user", "content": QUESTION}]).choices[0].message.content
+
+
+def test_a_huge_prompt_is_refused_by_the_engine_stage_before_tokenizing(voice_server):
+    """Straight to voice_llm over gRPC (no frontend limits): a 2-million-character prompt is a 400 from its
+    length alone, and the stage keeps serving."""
+    body = {"messages": [{"role": "user", "content": "a " * 1_000_000}], "max_tokens": 1}
+    errors = []
+    triton = grpcclient.InferenceServerClient(voice_server.grpc_url)
+    triton.start_stream(callback=lambda result, error: errors.append(error))
+    request = grpcclient.InferInput("REQUEST", [1], "BYTES")
+    request.set_data_from_numpy(np.array([json.dumps(body).encode()], dtype=np.object_))
+    triton.async_stream_infer("voice_llm", [request], enable_empty_final_response=True)
+    assert wait_for(lambda: any(e is not None for e in errors), 60)
+    triton.stop_stream()
+    error = str(next(e for e in errors if e is not None))
+    assert '"param": "messages"' in error and "characters: at least" in error
+    assert httpx.get(f"{voice_server.base_url}/health").status_code == 200
+
+
+def test_voice_cancel_storm_leaves_every_gauge_at_zero(voice_server):
+    """100 streamed voice chats (text and speech) cancelled mid-way: every stage is idle within 2 s
+    (stretched by the host's load: settle_limit_s)."""
+    body = {"model": "voice", "max_tokens": 200, "audio": {"voice": "alloy", "format": "pcm16"},
+            "messages": [{"role": "user", "content": "Tell me a long story about a dragon."}]}
+    last_close = cancel_storm(voice_server.base_url, body, n=100)
+    settled = settle_time(voice_server.metrics_url, last_close)
+    print(f"voice cancel storm: gauges at 0 {settled} s after the last close")
+    assert settled is not None and settled <= settle_limit_s(), inflight(voice_server.metrics_url)
+
+
+def test_abandoned_speech_is_dropped_and_interrupted(voice_server):
+    """A long /v1/audio/speech request abandoned after its first chunk: the sentences not yet spoken are
+    never synthesised (voice_tts counts them cancelled) and every stage is idle at once."""
+    metrics = voice_server.metrics_url
+    cancelled = metric_value(metrics, "omni_requests_total", model="voice_tts", outcome="cancelled") or 0
+    spoken = metric_value(metrics, "omni_requests_total", model="voice_tts", outcome="ok") or 0
+    text = " ".join(f"This is sentence number {i}, one of many in a long text." for i in range(30))
+    with httpx.stream("POST", f"{voice_server.base_url}/v1/audio/speech", timeout=120,
+                      json={"model": "tts", "input": text, "voice": "alloy", "response_format": "pcm"}) as response:
+        assert response.status_code == 200
+        next(response.iter_bytes())
+    closed = time.monotonic()
+    settled = settle_time(metrics, closed)
+    assert settled is not None and settled <= settle_limit_s(), inflight(metrics)
+    assert (metric_value(metrics, "omni_requests_total", model="voice_tts", outcome="cancelled") or 0) > cancelled
+    assert (metric_value(metrics, "omni_requests_total", model="voice_tts", outcome="ok") or 0) - spoken < 10
 
 
 def test_audio_only_answer_carries_its_transcript(voice_server, client):

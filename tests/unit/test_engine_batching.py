@@ -115,11 +115,13 @@ def test_staggered_batched_greedy_equals_generate(build):
         engine.shutdown()
 
 
-def test_thinker_text_only_with_mrope_positions_and_hidden_states():
+@pytest.mark.parametrize("prefill_chunk", [0, 3], ids=["whole", "chunked"])
+def test_thinker_text_only_with_mrope_positions_and_hidden_states(prefill_chunk):
     thinker = tiny_thinker()
     refs = [reference(thinker, p) for p in PROMPTS]
     accept_layer = 2
-    runner = DecoderRunner(thinker, hidden_layers=(0, accept_layer), position_ids_fn=text_mrope_position_ids)
+    runner = DecoderRunner(thinker, hidden_layers=(0, accept_layer), position_ids_fn=text_mrope_position_ids,
+                           prefill_chunk=prefill_chunk)
     engine = EngineLoop(runner)
     try:
         outputs = run_staggered(engine, PROMPTS, SamplingParams(max_tokens=N_NEW, do_sample=False, stop_token_ids=(EOS,)))
@@ -138,6 +140,50 @@ def test_thinker_text_only_with_mrope_positions_and_hidden_states():
         for layer in (0, accept_layer):
             got = torch.cat([o.hidden_states[layer] for o in outs])
             torch.testing.assert_close(got, full.hidden_states[layer][0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("build", [tiny_llama, tiny_qwen3], ids=["llama", "qwen3"])
+def test_chunked_prefill_equals_generate(build):
+    model = build()
+    refs = [reference(model, p) for p in PROMPTS]
+    engine = EngineLoop(DecoderRunner(model, prefill_chunk=3))
+    try:
+        outputs = run_staggered(engine, PROMPTS, SamplingParams(max_tokens=N_NEW, temperature=0, stop_token_ids=(EOS,)))
+        assert [[o.token_id for o in outputs[str(i)]] for i in range(len(PROMPTS))] == refs
+        assert engine.stats().in_flight == 0 and len(engine.runner.kv) == 0
+    finally:
+        engine.shutdown()
+
+
+def test_a_long_prefill_interleaves_with_running_decodes():
+    """A long prompt is prefilled 3 tokens per step while the running request keeps decoding."""
+    model = tiny_llama()
+    engine = EngineLoop(DecoderRunner(model, prefill_chunk=3))
+    order, long_tokens, done = [], [], threading.Event()
+    long_prompt = list(range(10, 40))  # 30 tokens: 10 prefill steps
+    params = SamplingParams(max_tokens=2, temperature=0)
+
+    def on_output(rid, out):
+        order.append(rid)
+        if rid == "short" and len(order) == 1:
+            engine.submit("long", Prompt(input_ids=torch.tensor(long_prompt)), params, on_output)
+        if rid == "long" and out.token_id is not None:
+            long_tokens.append(out.token_id)
+        if rid == "long" and out.finished:
+            done.set()
+
+    try:
+        engine.submit("short", Prompt(input_ids=torch.tensor([1, 2])), SamplingParams(max_tokens=40, temperature=0),
+                      on_output)
+        assert done.wait(30)
+    finally:
+        engine.shutdown()
+    assert order[:order.index("long")].count("short") >= 10  # a decode step between prefill chunks
+    ids = torch.tensor([long_prompt])
+    with torch.no_grad():
+        ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=2, min_new_tokens=2,
+                             do_sample=False, pad_token_id=0)[0, len(long_prompt):].tolist()
+    assert long_tokens == ref
 
 
 def test_prompts_arriving_together_are_prefilled_in_one_forward():
@@ -264,3 +310,62 @@ def test_sliding_window_caches_are_refused():
         out = model(torch.tensor([[1, 2, 3]]), cache=DynamicCache(config=model.config), use_cache=True)
     with pytest.raises(ValueError, match="DynamicSlidingWindowLayer"):
         cache_layers(out.cache)
+
+
+class _FailingRunner(DecoderRunner):
+    """Breaks the loop itself: after `arm()`, a decode fails and so does releasing its requests."""
+
+    armed = False
+
+    def arm(self):
+        self.armed = True
+
+    def decode(self, requests, token_ids):
+        if self.armed:
+            raise RuntimeError("decode exploded")
+        return super().decode(requests, token_ids)
+
+    def release(self, request_ids):
+        if self.armed:
+            self.armed = False
+            raise RuntimeError("release exploded")
+        super().release(request_ids)
+
+
+def test_a_crashed_loop_fails_its_requests_as_unavailable_and_restarts_fresh():
+    model = tiny_llama()
+    health = []
+    runner = _FailingRunner(model)
+    engine = EngineLoop(runner, on_health=health.append)
+    finals, first = [], threading.Event()
+
+    def on_output(rid, out):
+        first.set()
+        if out.finished:
+            finals.append(out)
+
+    try:
+        engine.submit("victim", Prompt(input_ids=torch.tensor(PROMPTS[1])), SamplingParams(max_tokens=10_000, temperature=0),
+                      on_output)
+        assert first.wait(10)
+        runner.arm()
+        for _ in range(200):
+            if finals:
+                break
+            threading.Event().wait(0.02)
+        assert [(f.finish_reason, f.unavailable) for f in finals] == [("error", True)]
+        assert "engine-loop failed" in finals[0].error and "release exploded" in finals[0].error
+        assert not engine.healthy
+        from omni_backends.engine import EngineUnavailable
+        with pytest.raises(EngineUnavailable):
+            engine.submit("early", Prompt(input_ids=torch.tensor([1])), SamplingParams(), lambda rid, out: None)
+        for _ in range(500):
+            if engine.healthy:
+                break
+            threading.Event().wait(0.02)
+        assert engine.healthy and health == [False, True] and engine.stats().restarts == 1
+        assert len(runner.kv) == 0 and engine.stats().in_flight == 0  # fresh state
+        outputs = run_staggered(engine, PROMPTS, SamplingParams(max_tokens=N_NEW, temperature=0, stop_token_ids=(EOS,)))
+        assert [[o.token_id for o in outputs[str(i)]] for i in range(len(PROMPTS))] == [reference(model, p) for p in PROMPTS]
+    finally:
+        engine.shutdown()

@@ -89,14 +89,19 @@ def _talker_frames(talker, prompt, embeds, lazily):
     return torch.cat(frames, -1)
 
 
-def test_talker_waits_for_text_instead_of_padding(ckpt, stages):
+def _talker_and_prompt(ckpt, stages, text_ids: list[int]):
+    """A fresh Talker, the TalkerPrompt of a one-message chat ("Hi") and thinker embeddings of `text_ids`."""
     talker = Talker(stages.talker, stages.config, load_tts_embeds(ckpt, stages.config))
     ids = stages.tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True,
                                                return_dict=True, return_tensors="pt")["input_ids"][0]
     embed = stages.thinker.get_input_embeddings()
     with torch.no_grad():
         prompt = TalkerPrompt(ids, embed(ids), torch.zeros(0, stages.config.thinker_config.text_config.hidden_size))
-        text = embed(torch.tensor([300, 301, 302, 303, 304, 305]))
+        return talker, prompt, embed(torch.tensor(text_ids))
+
+
+def test_talker_waits_for_text_instead_of_padding(ckpt, stages):
+    talker, prompt, text = _talker_and_prompt(ckpt, stages, [300, 301, 302, 303, 304, 305])
     eager = _talker_frames(talker, prompt, text, lazily=False)
     lazy = _talker_frames(talker, prompt, text, lazily=True)
     assert eager.shape == (16, 12) and torch.equal(eager, lazy)
@@ -134,3 +139,26 @@ def test_code2wav_short_context_keeps_length_and_batches(stages, codes):
         Code2WavStreamer(stages.code2wav, 4, 2, left_context_frames=0)
     with pytest.raises(ValueError, match=r"codes \[16, n\]"):
         streamer.push("c", codes[:8])
+
+
+TALKER_EXTREMES = [{"temperature": 1e-40}, {"temperature": 2.0, "top_p": 1e-300}, {"top_k": 10**9}, {"top_k": 1},
+                   {"repetition_penalty": 1e-30}, {"repetition_penalty": 1e30}, {"seed": -2**63},
+                   {"seed": 2**63 - 1}, {"do_sample": False, "temperature": 1e-40}]
+
+
+def test_talker_and_code_predictor_sample_at_extremes(ckpt, stages):
+    """Code group 0 (talker head) and groups 1-15 (code predictor, sampled when do_sample) never raise,
+    with every extreme request batched in the same talker steps."""
+    talker, prompt, text = _talker_and_prompt(ckpt, stages, [300, 301, 302])
+    for i, values in enumerate(TALKER_EXTREMES):
+        talker.add_request(str(i), prompt, "ethan", talker.sampling_params(max_frames=4, **values))
+        talker.push_text(str(i), text, final=True)
+    frames = {str(i): [] for i in range(len(TALKER_EXTREMES))}
+    while len(talker):
+        for rid, out in talker.step().items():
+            frames[rid].append(out.codes)
+    vocab = stages.config.talker_config.text_config.vocab_size
+    for rid, chunks in frames.items():
+        codes = torch.cat(chunks, -1)
+        assert codes.shape[0] == 16 and codes.shape[1] <= 4, rid
+        assert codes.numel() == 0 or (int(codes.min()) >= 0 and int(codes.max()) < vocab), rid

@@ -99,6 +99,26 @@ def test_sampling_params_from_openai_fields(llm):
     assert info.value.param == "max_tokens"
 
 
+def test_a_huge_prompt_is_rejected_from_its_length_before_tokenizing(llm):
+    huge = [{"role": "user", "content": "a " * (10 * 1024 * 1024)}]
+    with pytest.raises(RequestError, match="characters: at least") as info:
+        llm.prepare(huge, SamplingParams(max_tokens=1, temperature=0.0))
+    assert info.value.param == "messages"
+    # the largest prompt the check lets through still fails the exact (tokenized) check when it is too long
+    assert llm.longest_token * llm.context_length < 10 * 1024 * 1024
+
+
+def test_extreme_openai_sampling_fields_are_served(llm):
+    body = {"temperature": 1e-40, "top_p": 1e-300, "top_k": 10**9, "presence_penalty": 2.0, "frequency_penalty": -2.0,
+            "repetition_penalty": 1e30, "seed": -2**63, "max_tokens": 4}
+    text, final = llm.complete(FRANCE, llm.sampling_params(body))
+    assert final.finish_reason in ("stop", "length") and 0 < final.usage.completion_tokens <= 4
+    text2, _ = llm.complete(FRANCE, llm.sampling_params({**body, "temperature": 0}))
+    assert text == text2  # a temperature below 1e-5 is greedy
+    with pytest.raises(RequestError) as info:
+        llm.sampling_params({"presence_penalty": 3})
+    assert info.value.param == "presence_penalty"
+
 def test_prefix_cache_reuses_the_system_prompt_and_gives_the_same_tokens(llm):
     """The template's system part is prefilled once per system prompt and reused; answers stay the tokens
     of transformers' generate() over the full prompt (no cache)."""

@@ -7,10 +7,17 @@ different sequences that Triton batches together (oldest-first strategy) are dec
 `chunk_frames`, `first_chunk_frames`, `left_context_frames` set the streamer (see its doc).
 Tensors: `omni_backends.qwen3_omni.serving.protocol`.
 
-Metrics (`StageMetrics`): in-flight = live sequences (START until END or ABORT).
+A sequence also ends after `max_sequence_idle_microseconds` (the config's sequence-batching idle
+timeout, after which Triton frees its slot) without a request, so a turn whose ABORT was lost never
+holds its streamer state for good.
+
+Metrics (`StageMetrics`): in-flight = live sequences (START until END, ABORT or idle timeout); step
+time (phase "decode").
 """
 from __future__ import annotations
 
+import threading
+import time
 import traceback
 
 import numpy as np
@@ -27,7 +34,7 @@ from omni_backends.serving.metrics import StageMetrics
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
-        self.model_name, _, parameters = model_config.load(args)
+        self.model_name, config, parameters = model_config.load(args)
         setup = p.stage_setup(args, parameters, self.model_name)
         self.streamer = Code2WavStreamer(load_code2wav(setup.path, device=setup.device, dtype=setup.dtype),
                                          chunk_frames=model_config.int_parameter(parameters, "chunk_frames", 25),
@@ -35,8 +42,25 @@ class TritonPythonModel:
                                          left_context_frames=model_config.int_parameter(parameters, "left_context_frames", 25))
         self.metrics = StageMetrics(self.model_name)
         self._sequences: set[int] = set()
+        self._last_seen: dict[int, float] = {}   # sequence -> time.monotonic() of its last request
+        self.idle_s = model_config.sequence_idle_seconds(config)
+        self._lock = threading.Lock()             # execute vs the idle sweeper
+        threading.Thread(target=self._sweep_idle, name=f"{self.model_name}-idle", daemon=True).start()
 
     def execute(self, requests):
+        with self._lock:
+            return self._execute(requests)
+
+    def _sweep_idle(self) -> None:
+        while True:
+            time.sleep(min(self.idle_s, 1.0))
+            with self._lock:
+                now = time.monotonic()
+                for seq in [s for s, seen in self._last_seen.items() if now - seen > self.idle_s]:
+                    pb_utils.Logger.log_warn(f"{self.model_name}: sequence {seq} idle for {self.idle_s:.0f} s, ended")
+                    self._forget(seq, "cancelled")
+
+    def _execute(self, requests):
         new_codes, final, errors = {}, [], {}
         for i, request in enumerate(requests):
             seq = int(request.correlation_id())
@@ -45,6 +69,7 @@ class TritonPythonModel:
             except RequestError as exc:
                 errors[i] = exc.envelope()
                 self._forget(seq, "rejected")
+        started = time.monotonic()
         try:
             pcm = self.streamer.step(new_codes, final=final) if new_codes or final else {}
         except Exception as exc:  # noqa: BLE001 - the whole batch fails, each request gets the error
@@ -53,8 +78,11 @@ class TritonPythonModel:
                 self._forget(seq, "error")
             error = pb_utils.TritonError(f"{self.model_name}: {exc}")
             return [pb_utils.InferenceResponse(error=error) for _ in requests]
+        if new_codes or final:
+            self.metrics.observe("decode", time.monotonic() - started)
         for seq in final:
             self._sequences.discard(seq)
+            self._last_seen.pop(seq, None)
             self.metrics.finished("ok")
         responses = []
         for i, request in enumerate(requests):
@@ -78,6 +106,8 @@ class TritonPythonModel:
         if p.flag(tensor(p.START)) and seq not in self._sequences:
             self._sequences.add(seq)
             self.metrics.started()
+        if seq in self._sequences:
+            self._last_seen[seq] = time.monotonic()
         elif seq not in self._sequences:
             raise RequestError(f"code2wav sequence {seq} is not live (send START first)")
         codes = tensor(p.CODES)
@@ -88,6 +118,7 @@ class TritonPythonModel:
             final.append(seq)
 
     def _forget(self, seq: int, outcome: str) -> None:
+        self._last_seen.pop(seq, None)
         if seq in self._sequences:
             self._sequences.discard(seq)
             self.streamer.cancel(seq)

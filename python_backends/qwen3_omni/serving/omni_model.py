@@ -48,14 +48,6 @@ _END = object()
 START, END = pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START, pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
 
 
-class _Uncancellable:
-    """Context for the clean-up BLS calls that must run after the client's request was cancelled."""
-
-    @staticmethod
-    def cancelled() -> bool:
-        return False
-
-
 class _Turn(Turn):
     """State of one chat turn shared by its tasks: the turn's usage, and the open stage sequences."""
 
@@ -95,7 +87,7 @@ class TritonPythonModel(AsyncDecoupledModel):
         if voice:
             codes_q: asyncio.Queue = asyncio.Queue()
             out.spawn(self._talk(ctx, turn, talker_q, codes_q))
-            out.spawn(self._vocode(turn, codes_q, out))
+            out.spawn(self._vocode(ctx, turn, codes_q, out))
         try:
             async for item in out:
                 yield item
@@ -133,15 +125,16 @@ class TritonPythonModel(AsyncDecoupledModel):
                 inputs = self._talker_inputs(turn, responses)
                 flags = (START if turn.talker_seq is None else 0)
                 flags |= END if any(events.read_json(r[p.EVENT])["type"] == "done" for r in responses) else 0
-                sequence = turn.talker_seq or _sequence_id()
+                ctx.check()
+                # From the moment the START may be on its way, an early end of the turn must ABORT the
+                # sequence (else the talker keeps its state, and the slot, for good).
+                turn.talker_seq = turn.talker_seq or _sequence_id()
                 async for out in bls.stream(ctx, TALKER, inputs, [p.CODES, p.FINISH_REASON],
-                                            correlation_id=sequence, flags=flags):
-                    turn.talker_seq = sequence  # started: from now on an early end must ABORT it
+                                            correlation_id=turn.talker_seq, flags=flags):
                     codes = out[p.CODES][0]
                     turn.frames += codes.shape[-1]
                     codes_q.put_nowait(codes)
                     turn.talker_done = p.FINISH_REASON in out
-                turn.talker_seq = sequence  # also when this request ended without codes (waiting for text)
         finally:
             codes_q.put_nowait(_END)
 
@@ -159,13 +152,13 @@ class TritonPythonModel(AsyncDecoupledModel):
         if embeds:
             self.metrics.tensor(p.TEXT_EMBEDS, "out", on_gpu(text))
         inputs = {p.TEXT_EMBEDS: text}
-        if turn.talker_seq is None:
+        if turn.talker_seq is None:   # the START request
             first, body = responses[0], turn.body
             inputs.update({name: first[name][None] for name in p.PROMPT_TENSORS})
             inputs[p.TALKER_PARAMS] = events.json_tensor(turns.talker_fields(body, turn.voice))[None]
         return inputs
 
-    async def _vocode(self, turn: _Turn, codes_q: asyncio.Queue, out: FanIn) -> None:
+    async def _vocode(self, ctx, turn: _Turn, codes_q: asyncio.Queue, out: FanIn) -> None:
         """Send every frame queued since the previous request to code2wav; stream the PCM it returns."""
         while not turn.code2wav_done:
             items = _drain(codes_q, await codes_q.get())
@@ -175,9 +168,10 @@ class TritonPythonModel(AsyncDecoupledModel):
                 continue
             codes = np.concatenate(frames, axis=-1) if frames else np.zeros((16, 0), np.int64)
             flags = (START if turn.code2wav_seq is None else 0) | (END if end else 0)
-            sequence = turn.code2wav_seq or _sequence_id()
-            result = await bls.infer(CODE2WAV, {p.CODES: codes[None]}, [p.PCM], correlation_id=sequence, flags=flags)
-            turn.code2wav_seq = sequence  # started: from now on an early end must ABORT it
+            ctx.check()
+            turn.code2wav_seq = turn.code2wav_seq or _sequence_id()  # from here an early end must ABORT it
+            result = await bls.infer(ctx, CODE2WAV, {p.CODES: codes[None]}, [p.PCM], correlation_id=turn.code2wav_seq,
+                                     flags=flags)
             turn.code2wav_done = end
             pcm = result[p.PCM][0]
             if pcm.size:
@@ -186,16 +180,27 @@ class TritonPythonModel(AsyncDecoupledModel):
 
     @staticmethod
     async def _abort_open_sequences(turn: _Turn) -> None:
-        """A turn that ends early (cancelled, failed) tells the stages to forget its sequences."""
+        """A turn that ends early (cancelled, failed) tells the stages to forget its sequences. These
+        calls run to their end whatever happened to the client (ctx None)."""
         abort = np.array([[True]])
-        try:
-            if turn.talker_seq is not None and not turn.talker_done:
-                turn.talker_done = True
-                async for _ in bls.stream(_Uncancellable(), TALKER, {p.ABORT: abort}, [p.CODES],
-                                          correlation_id=turn.talker_seq, flags=END):
-                    pass
-            if turn.code2wav_seq is not None and not turn.code2wav_done:
-                turn.code2wav_done = True
-                await bls.infer(CODE2WAV, {p.ABORT: abort}, [p.PCM], correlation_id=turn.code2wav_seq, flags=END)
-        except Exception as exc:  # noqa: BLE001 - never mask the turn's own outcome
-            pb_utils.Logger.log_error(f"qwen3_omni: aborting stage sequences failed: {exc}")
+        if turn.talker_seq is not None and not turn.talker_done:
+            turn.talker_done = True
+            await _quietly(TALKER, bls.stream(None, TALKER, {p.ABORT: abort}, [p.CODES],
+                                              correlation_id=turn.talker_seq, flags=END))
+        if turn.code2wav_seq is not None and not turn.code2wav_done:
+            turn.code2wav_done = True
+            await _quietly(CODE2WAV, bls.infer(None, CODE2WAV, {p.ABORT: abort}, [p.PCM],
+                                               correlation_id=turn.code2wav_seq, flags=END))
+
+
+async def _quietly(model: str, call) -> None:
+    """Runs a clean-up call (an awaitable or an async iterator) and only logs its failure: it must never
+    mask the turn's own outcome."""
+    try:
+        if hasattr(call, "__aiter__"):
+            async for _ in call:
+                pass
+        else:
+            await call
+    except Exception as exc:  # noqa: BLE001
+        pb_utils.Logger.log_error(f"qwen3_omni: aborting the {model} sequence failed: {exc}")

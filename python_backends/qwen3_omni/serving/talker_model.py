@@ -7,14 +7,19 @@ and advances ALL live sequences together (`Talker.step`: the code predictor runs
 each frame to the request that fed its text, and ends that request (FINAL) as soon as its sequence
 needs more text — the talker waits for the thinker, it never pads. A sequence ends with codec_eos or
 max_frames after END (FINISH_REASON on its last response), on ABORT, or when its live request is
-cancelled. Tensors: `omni_backends.qwen3_omni.serving.protocol`.
+cancelled, or after `max_sequence_idle_microseconds` (the config's sequence-batching idle timeout,
+after which Triton itself frees the sequence's slot) without a request. Tensors:
+`omni_backends.qwen3_omni.serving.protocol`.
 
-Metrics (`StageMetrics`): in-flight = live sequences; outcomes per sequence.
+The worker is supervised: if it crashes, every live sequence ends with a 503 error on its open
+request, the talker starts empty and a new worker thread takes over (omni_model_healthy is 0 meanwhile).
+Metrics (`StageMetrics`): in-flight = live sequences; outcomes per sequence; queue time (request ->
+applied by the worker) and step time (phase "step").
 """
 from __future__ import annotations
 
 import queue
-import threading
+import time
 import traceback
 from dataclasses import dataclass
 
@@ -22,7 +27,7 @@ import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
-from omni_backends.errors import RequestError
+from omni_backends.errors import RequestError, unavailable
 from omni_backends.qwen3_omni.loading import load_config, load_talker, load_tts_embeds
 from omni_backends.qwen3_omni.serving import protocol as p
 from omni_backends.qwen3_omni.serving import turn as turns
@@ -31,8 +36,10 @@ from omni_backends.serving import events, model_config, sidechannel
 from omni_backends.serving.decoupled import send_final
 from omni_backends.serving.metrics import StageMetrics
 from omni_backends.serving.tensors import from_triton, on_gpu
+from omni_backends.supervisor import Supervisor
 
 CANCEL_POLL_S = 0.02
+IDLE_SWEEP_S = 1.0
 _STOP = object()
 
 
@@ -47,6 +54,7 @@ class _Command:
     embeds: torch.Tensor | None
     prompt: TalkerPrompt | None = None
     params: dict | None = None
+    received: float = 0.0
 
 
 def _float_tensor(value) -> torch.Tensor:
@@ -56,7 +64,7 @@ def _float_tensor(value) -> torch.Tensor:
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
-        self.model_name, _, parameters = model_config.load(args)
+        self.model_name, config, parameters = model_config.load(args)
         setup = p.stage_setup(args, parameters, self.model_name)
         omni_config = load_config(setup.path)
         self.talker = Talker(load_talker(setup.path, omni_config, setup.device, setup.dtype), omni_config,
@@ -68,8 +76,10 @@ class TritonPythonModel:
         self._commands: queue.Queue = queue.Queue()
         self._sequences: set[int] = set()                 # live sequences (START seen, not ended)
         self._live: dict[int, tuple[object, str]] = {}   # sequence -> (sender, request id) of its open request
-        self._worker = threading.Thread(target=self._run, name=f"{self.model_name}-worker", daemon=True)
-        self._worker.start()
+        self._last_seen: dict[int, float] = {}            # sequence -> time.monotonic() of its last request
+        self.idle_s = model_config.sequence_idle_seconds(config)
+        self._worker = Supervisor(f"{self.model_name}-worker", self._run, self._crashed,
+                                  self.metrics.set_healthy).start()
 
     def execute(self, requests) -> None:
         for request in requests:
@@ -99,7 +109,7 @@ class TritonPythonModel:
             self.metrics.tensor(p.TEXT_EMBEDS, "in", on_gpu(embeds))
         command = _Command(sequence=int(request.correlation_id()), sender=sender, request_id=request.request_id(),
                            start=p.flag(tensor(p.START)), end=p.flag(tensor(p.END)), abort=abort,
-                           embeds=None if embeds is None else _float_tensor(embeds))
+                           embeds=None if embeds is None else _float_tensor(embeds), received=time.monotonic())
         if command.start and not command.abort:
             if any(tensor(name) is None for name in (*p.PROMPT_TENSORS, p.TALKER_PARAMS)):
                 raise RequestError(f"the START request needs {', '.join((*p.PROMPT_TENSORS, p.TALKER_PARAMS))}")
@@ -113,12 +123,14 @@ class TritonPythonModel:
 
     # -- worker thread ---------------------------------------------------------------------------
     def _run(self) -> None:
+        last_sweep = time.monotonic()
         while True:
             try:
                 if self.talker.has_ready():
                     command = self._commands.get_nowait()
                 else:   # idle: wait for text, polling cancellation while a request is open
-                    command = self._commands.get(timeout=CANCEL_POLL_S if self._live else None)
+                    timeout = CANCEL_POLL_S if self._live else IDLE_SWEEP_S if self._sequences else None
+                    command = self._commands.get(timeout=timeout)
             except queue.Empty:
                 command = None
             while command is not None:
@@ -127,11 +139,30 @@ class TritonPythonModel:
                 self._apply(command)
                 command = self._commands.get_nowait() if not self._commands.empty() else None
             self._poll_cancelled()
+            if time.monotonic() - last_sweep >= IDLE_SWEEP_S:
+                last_sweep = time.monotonic()
+                self._sweep_idle()
             if self.talker.has_ready():
                 self._step()
 
+    def _crashed(self, exc: BaseException) -> None:
+        """Supervisor recovery: every sequence ends with a retryable 503 error; the talker starts empty."""
+        error = unavailable(f"{self.model_name}: worker failure ({type(exc).__name__}: {exc}); retry the request")
+        for seq in set(self._sequences) | set(self._live):
+            self._end_sequence(seq, "error", error.envelope())
+        self.talker.reset()
+
+    def _sweep_idle(self) -> None:
+        """End sequences that got no request for idle_s (Triton has freed their slots by then)."""
+        now = time.monotonic()
+        for seq in [s for s in self._sequences if s not in self._live and now - self._last_seen.get(s, now) > self.idle_s]:
+            pb_utils.Logger.log_warn(f"{self.model_name}: sequence {seq} idle for {self.idle_s:.0f} s, ended")
+            self._end_sequence(seq, "cancelled")
+
     def _apply(self, command: _Command) -> None:
         seq = command.sequence
+        self.metrics.observe("queue", time.monotonic() - command.received)
+        self._last_seen[seq] = time.monotonic()
         try:
             if command.abort:
                 self._end_sequence(seq, "cancelled")
@@ -155,6 +186,7 @@ class TritonPythonModel:
         self._close_waiting()
 
     def _step(self) -> None:
+        started = time.monotonic()
         try:
             outputs = self.talker.step()
         except Exception as exc:  # noqa: BLE001 - a model failure fails every live sequence
@@ -162,13 +194,14 @@ class TritonPythonModel:
             for seq in list(self._live):
                 self._end_sequence(seq, "error", f"{self.model_name}: {exc}")
             return
+        self.metrics.observe("step", time.monotonic() - started)
         for seq, out in outputs.items():
-            sender, _ = self._live[seq]   # a sequence only advances while its request is open
+            sender, request_id = self._live[seq]   # a sequence only advances while its request is open
             tensors = [pb_utils.Tensor(p.CODES, out.codes.numpy().astype(np.int64)[None])]
             if out.finished:
                 tensors.append(pb_utils.Tensor(p.FINISH_REASON, np.array([[out.finish_reason.encode()]],
                                                                          dtype=np.object_)))
-            if not sender.is_cancelled():
+            if not sidechannel.stop_requested(request_id, sender.is_cancelled):
                 sender.send(pb_utils.InferenceResponse(tensors))
             if out.finished:
                 self._end_sequence(seq, "ok")
@@ -182,12 +215,13 @@ class TritonPythonModel:
 
     def _poll_cancelled(self) -> None:
         for seq, (sender, request_id) in list(self._live.items()):
-            if sender.is_cancelled() or sidechannel.cancel_requested(request_id):
+            if sidechannel.stop_requested(request_id, sender.is_cancelled):
                 sidechannel.clear(request_id)
                 self._end_sequence(seq, "cancelled")
 
     def _end_sequence(self, seq: int, outcome: str, error: str | None = None) -> None:
         """Forget a sequence, count its outcome, and end its open request (if any)."""
+        self._last_seen.pop(seq, None)
         if seq in self._sequences:
             self._sequences.discard(seq)
             self.talker.cancel(seq)

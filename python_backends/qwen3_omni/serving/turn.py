@@ -9,9 +9,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from omni_backends.chat_request import audio_clips
+from omni_backends.chat_request import audio_clips, text_chars
 from omni_backends.engine import SamplingParams, TextStream
-from omni_backends.engine.sampling import check_context_length
+from omni_backends.engine.limits import check_prompt_chars
+from omni_backends.engine.sampling import check_context_length, request_sampling_params
 from omni_backends.errors import RequestError
 from omni_backends.qwen3_omni.prompt import ThinkerInputs
 from omni_backends.qwen3_omni.serving.protocol import TALKER_FIELDS
@@ -42,26 +43,20 @@ def thinker_request(thinker, body: dict, input_audio: np.ndarray | None,
                     default_max_tokens: int) -> tuple[ThinkerInputs, SamplingParams, TextStream]:
     """The thinker's inputs, sampling parameters and text stream of one REQUEST (`thinker`: a `Thinker`).
 
-    Sampling: temperature (0 or null: greedy), top_p, top_k (-1/0: off), max_tokens (null:
-    `default_max_tokens`), min_tokens (vLLM's extension: `<|im_end|>` is suppressed before that many tokens),
-    seed; stop strings end the text. Raises RequestError naming a bad field (or a prompt that does not fit)."""
+    Sampling (`request_sampling_params`): temperature (0 or null: greedy), top_p, top_k (-1/0: off),
+    max_tokens (null: `default_max_tokens`), min_tokens (vLLM's extension: `<|im_end|>` is suppressed before
+    that many tokens), seed, presence_penalty, frequency_penalty, repetition_penalty; stop strings end the
+    text. A prompt too long for the context is refused from its length before it is tokenized. Raises
+    RequestError naming a bad field (or a prompt that does not fit)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages must be a non-empty list", param="messages")
+    params = request_sampling_params(body, thinker.sampling_params(max_tokens=default_max_tokens, temperature=0.0))
+    check_prompt_chars(text_chars(messages), params.max_tokens, thinker.context_length, thinker.longest_token)
     inputs = thinker.prompts.build(messages, audio_clips(messages, input_audio))
+    check_context_length(len(inputs.input_ids), params.max_tokens, thinker.context_length)
     stop = body.get("stop") or []
     text = TextStream(thinker.prompts.tokenizer, len(inputs.input_ids), [stop] if isinstance(stop, str) else stop)
-    temperature = body.get("temperature")
-    values = {"max_tokens": body.get("max_tokens") or default_max_tokens,
-              "temperature": 0.0 if temperature is None else temperature,
-              "top_p": body.get("top_p") or 1.0, "top_k": max(int(body.get("top_k") or 0), 0),
-              "seed": body.get("seed"), "min_tokens": body.get("min_tokens") or 0}
-    try:
-        params = thinker.sampling_params(**values)
-    except (TypeError, ValueError) as exc:
-        raise RequestError(f"invalid sampling parameter: {exc}",
-                           param=next((k for k in values if k in str(exc)), None)) from None
-    check_context_length(len(inputs.input_ids), params.max_tokens, thinker.context_length)
     return inputs, params, text
 
 
@@ -72,14 +67,21 @@ def talker_fields(body: dict, voice: str) -> dict:
 
 
 def talker_sampling(talker, fields: dict, default_max_frames: int) -> SamplingParams:
-    """`Talker.sampling_params` from `talker_fields` (null fields: generate()'s talker defaults; max_frames:
-    `default_max_frames`). Raises RequestError on an invalid value."""
+    """`Talker.sampling_params` from `talker_fields` (null fields: generate()'s talker defaults; top_k -1: off;
+    max_frames: `default_max_frames`, also its upper bound). Raises RequestError naming the talker_* field."""
     values = {k: fields[k] for k in TALKER_FIELDS if fields.get(k) is not None}
-    values.setdefault("max_frames", default_max_frames)
+    if values.get("top_k") == -1:
+        values["top_k"] = 0
+    frames = values.setdefault("max_frames", default_max_frames)
+    if not isinstance(frames, int) or isinstance(frames, bool) or not 1 <= frames <= default_max_frames:
+        raise RequestError(f"talker_max_frames must be an integer in [1, {default_max_frames}], got {frames!r}",
+                           param="talker_max_frames")
     try:
         return talker.sampling_params(**values, seed=fields.get("seed"))
     except (TypeError, ValueError) as exc:
-        raise RequestError(f"invalid talker sampling parameter: {exc}") from None
+        field = next((k for k in values if str(exc).startswith(k)), None)
+        raise RequestError(f"invalid talker sampling parameter: {exc}",
+                           param=None if field is None else f"talker_{field}") from None
 
 
 class Turn:

@@ -117,24 +117,24 @@ class TritonPythonModel(AsyncDecoupledModel):
         except ValueError as exc:
             raise RequestError(str(exc), param="image") from None
 
-    async def _encode_text(self, prompt: str, images: list[np.ndarray]) -> np.ndarray:
+    async def _encode_text(self, ctx, prompt: str, images: list[np.ndarray]) -> np.ndarray:
         inputs = {p.PROMPT: np.array([[prompt.encode()]], dtype=np.object_)}
         if images:
             padded, sizes = pack_ragged(images)
             inputs[p.IMAGES_IN], inputs[p.IMAGE_SIZES] = padded[None], sizes[None]
-        return (await bls.infer(TEXT_ENCODER, inputs, [p.EMBEDS]))[p.EMBEDS][0]
+        return (await bls.infer(ctx, TEXT_ENCODER, inputs, [p.EMBEDS]))[p.EMBEDS][0]
 
-    async def _decode(self, latents: np.ndarray, r: dict) -> np.ndarray:
+    async def _decode(self, ctx, latents: np.ndarray, r: dict) -> np.ndarray:
         size = np.array([[r["height"], r["width"]]], dtype=np.int32)
-        return (await bls.infer(VAE, {p.LATENTS: latents[None], p.SIZE: size}, [p.IMAGES]))[p.IMAGES][0]
+        return (await bls.infer(ctx, VAE, {p.LATENTS: latents[None], p.SIZE: size}, [p.IMAGES]))[p.IMAGES][0]
 
     async def handle(self, ctx):
         r = self._request(ctx)
         cfg = r["cfg"] > 1 and r["negative"] is not None  # the pipelines' rule for true CFG
-        work = [self._encode_text(r["prompt"], r["images"])]
+        work = [self._encode_text(ctx, r["prompt"], r["images"])]
         if cfg:
-            work.append(self._encode_text(r["negative"], r["images"]))
-        work += [bls.infer(VAE, {p.IMAGE: image[None]}, [p.CONDITION]) for image in r["images"]]
+            work.append(self._encode_text(ctx, r["negative"], r["images"]))
+        work += [bls.infer(ctx, VAE, {p.IMAGE: image[None]}, [p.CONDITION]) for image in r["images"]]
         results = await asyncio.gather(*work)
         ctx.check()
         embeds = results[0]
@@ -155,11 +155,11 @@ class TritonPythonModel(AsyncDecoupledModel):
             if event["type"] == "done":
                 final = latents
             elif latents is not None:
-                images = await self._decode(latents, r)
+                images = await self._decode(ctx, latents, r)
                 for index, image in enumerate(images):
                     yield {"type": "image.partial", "index": index,
                            "partial_image_index": partial.index(event["step"])}, self._composite(image, r)
-        for index, image in enumerate(await self._decode(final, r)):
+        for index, image in enumerate(await self._decode(ctx, final, r)):
             yield {"type": "image", "index": index}, self._composite(image, r)
         text_tokens = embeds.shape[0] + (results[1].shape[0] if cfg else 0)
         output_tokens = r["n"] * (r["width"] // MULTIPLE) * (r["height"] // MULTIPLE)

@@ -26,7 +26,7 @@ class TritonPythonModel(BatchStageModel):
             options = events.read_json(inputs["OPTIONS"]) if "OPTIONS" in inputs else {}
         except ValueError as exc:
             raise RequestError(f"OPTIONS must be JSON: {exc}", param="OPTIONS") from None
-        result = self.asr.transcribe(inputs["AUDIO"], **transcribe_options(options))
+        result = self.asr.transcribe(inputs["AUDIO"], **transcribe_options(options), cancel=self.cancel_token)
         return {"RESULT": events.json_tensor(result_dict(result))}
 
 

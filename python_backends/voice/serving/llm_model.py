@@ -2,7 +2,8 @@
 
 Contract (internal stage of the `voice` pipeline; any Triton gRPC streaming client can drive it):
   REQUEST BYTES [1]  JSON {"messages": [{"role", "content": str}], "temperature", "top_p", "top_k",
-                     "max_tokens", "seed", "stop": [str]} (null/missing sampling fields: greedy, 256 tokens)
+                     "max_tokens", "seed", "presence_penalty", "frequency_penalty", "repetition_penalty",
+                     "stop": [str]} (null/missing sampling fields: greedy, 256 tokens)
   EVENT   BYTES [1]  per response: {"type": "text.delta", "text"}; the last one {"type": "done", "text"
                      (the held-back tail, often ""), "finish_reason", "usage": {"prompt_tokens",
                      "completion_tokens"}}, then FINAL
@@ -21,8 +22,10 @@ from omni_backends.paths import resolve_checkpoint
 
 class TritonPythonModel(EngineStageModel):
     def build_loop(self, args):
-        self.chat = ChatLLM(resolve_checkpoint(self.parameters["checkpoint"], self.model_name), threads=model_config.int_parameter(self.parameters, "threads", 0) or None,
-                            max_running=model_config.int_parameter(self.parameters, "max_running", 8))
+        self.chat = ChatLLM(resolve_checkpoint(self.parameters["checkpoint"], self.model_name),
+                            threads=model_config.int_parameter(self.parameters, "threads", 0) or None,
+                            max_running=model_config.int_parameter(self.parameters, "max_running", 8),
+                            prefill_chunk=model_config.int_parameter(self.parameters, "prefill_chunk", 128))
         return self.chat.engine
 
     def make_prompt(self, request):

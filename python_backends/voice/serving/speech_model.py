@@ -37,12 +37,12 @@ class TritonPythonModel(AsyncDecoupledModel):
         if not chunks:
             raise RequestError("input contains nothing speakable (no letters or digits)", param="input")
         tokens = 0
-        pending = asyncio.ensure_future(speak(chunks[0], voice, speed))
+        pending = asyncio.ensure_future(speak(ctx, chunks[0], voice, speed))
         try:
             for index, chunk in enumerate(chunks):
                 audio, count = await pending
                 if index + 1 < len(chunks):  # synthesise the next chunk while this one is sent
-                    pending = asyncio.ensure_future(speak(chunks[index + 1], voice, speed))
+                    pending = asyncio.ensure_future(speak(ctx, chunks[index + 1], voice, speed))
                 tokens += count
                 yield {"type": "audio.delta", "sample_rate": SAMPLE_RATE, "transcript": chunk}, audio
         finally:
@@ -50,9 +50,9 @@ class TritonPythonModel(AsyncDecoupledModel):
         yield {"type": "done", "usage": {"input_tokens": tokens, "output_tokens": 0, "total_tokens": tokens}}, None
 
 
-async def speak(text: str, voice: str, speed: float) -> tuple[np.ndarray, int]:
-    """One voice_tts call: (float32 [samples] PCM at 24 kHz, phoneme tokens spoken)."""
-    result = await bls.infer("voice_tts", {
+async def speak(ctx, text: str, voice: str, speed: float) -> tuple[np.ndarray, int]:
+    """One voice_tts call for the request `ctx`: (float32 [samples] PCM at 24 kHz, phoneme tokens spoken)."""
+    result = await bls.infer(ctx, "voice_tts", {
         "TEXT": np.array([[text.encode()]], dtype=np.object_),
         "VOICE": np.array([[voice.encode()]], dtype=np.object_),
         "SPEED": np.array([[speed]], dtype=np.float32),

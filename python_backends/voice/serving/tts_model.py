@@ -6,7 +6,8 @@ Contract:
   SPEED  FP32  [batch, 1]        0.25-4.0 (optional; default 1.0)
   AUDIO  FP32  [batch, samples]  mono PCM at 24 kHz (rows of a batch are zero-padded to the longest)
   TOKENS INT32 [batch, 1]        Kokoro phoneme tokens spoken (usage)
-Unknown voice or speed out of range: an error response with the OpenAI envelope (400).
+Unknown voice or speed out of range: an error response with the OpenAI envelope (400). A request
+abandoned by its caller is dropped, or its synthesis interrupted (BatchStageModel).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ class TritonPythonModel(BatchStageModel):
     def infer_row(self, inputs):
         text = string(inputs.get("TEXT"))
         speed = float(inputs["SPEED"].reshape(-1)[0]) if "SPEED" in inputs else 1.0
-        pcm = self.tts.synthesize(text, voice=string(inputs.get("VOICE"), DEFAULT_VOICE), speed=speed)
+        pcm = self.tts.synthesize(text, voice=string(inputs.get("VOICE"), DEFAULT_VOICE), speed=speed,
+                                   cancel=self.cancel_token)
         tokens = sum(len(chunk) for chunk in self.tts.tokenize(text))
         return {"AUDIO": pcm, "TOKENS": np.array([tokens], dtype=np.int32)}

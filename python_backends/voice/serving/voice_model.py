@@ -43,7 +43,7 @@ class TritonPythonModel(AsyncDecoupledModel):
             raise RequestError("messages must be a non-empty list", param="messages")
         transcripts = []
         for clip in audio_clips(messages, ctx.input(INPUT_AUDIO)):
-            transcripts.append(await _transcribe(clip))
+            transcripts.append(await _transcribe(ctx, clip))
             yield {"type": "input_audio.transcription", "text": transcripts[-1]}, None
         llm_body = {"messages": text_messages(messages, transcripts), **{k: body.get(k) for k in SAMPLING_FIELDS}}
 
@@ -51,7 +51,7 @@ class TritonPythonModel(AsyncDecoupledModel):
         chunks: asyncio.Queue | None = asyncio.Queue() if voice else None
         out.spawn(_write(ctx, llm_body, "text" in modalities, chunks, out))
         if voice:
-            out.spawn(_speak_chunks(voice, chunks, out))
+            out.spawn(_speak_chunks(ctx, voice, chunks, out))
         done = None
         try:
             async for item in out:
@@ -66,9 +66,9 @@ class TritonPythonModel(AsyncDecoupledModel):
         yield done
 
 
-async def _transcribe(clip: np.ndarray) -> str:
+async def _transcribe(ctx, clip: np.ndarray) -> str:
     options = events.json_tensor({"language": "en"})[None]
-    result = await bls.infer("voice_asr", {"AUDIO": clip[None, :].astype(np.float32), "OPTIONS": options}, ["RESULT"])
+    result = await bls.infer(ctx, "voice_asr", {"AUDIO": clip[None, :].astype(np.float32), "OPTIONS": options}, ["RESULT"])
     return events.read_json(result["RESULT"])["text"]
 
 
@@ -91,11 +91,13 @@ async def _write(ctx, llm_body: dict, send_text: bool, chunks: asyncio.Queue | N
         await chunks.put(_END)
 
 
-async def _speak_chunks(voice: str, chunks: asyncio.Queue, out: FanIn) -> None:
+async def _speak_chunks(ctx, voice: str, chunks: asyncio.Queue, out: FanIn) -> None:
     """Speak sentence chunks in order as they arrive; each becomes one audio.delta event whose
-    transcript is the chunk (after a space from the second on, so transcripts concatenate)."""
+    transcript is the chunk (after a space from the second on, so transcripts concatenate). When the
+    request ends early this task is cancelled: queued chunks are dropped, the one being spoken is
+    cancelled in voice_tts (bls.infer)."""
     separator = ""
     while (chunk := await chunks.get()) is not _END:
-        audio, _ = await speak(chunk, voice, 1.0)
+        audio, _ = await speak(ctx, chunk, voice, 1.0)
         await out.put(({"type": "audio.delta", "sample_rate": SAMPLE_RATE, "transcript": separator + chunk}, audio))
         separator = " "

@@ -105,8 +105,8 @@ class TritonPythonModel(AsyncDecoupledModel):
                                              limits["max_inference_steps"]),
                 "guidance_scale": scale, "guidance_scale_2": scale_2, "seed": seed}
 
-    async def _encode_text(self, prompt: str) -> np.ndarray:
-        return (await bls.infer(TEXT_ENCODER, {p.PROMPT: np.array([[prompt.encode()]], dtype=np.object_)},
+    async def _encode_text(self, ctx, prompt: str) -> np.ndarray:
+        return (await bls.infer(ctx, TEXT_ENCODER, {p.PROMPT: np.array([[prompt.encode()]], dtype=np.object_)},
                                 [p.EMBEDS]))[p.EMBEDS][0]
 
     async def handle(self, ctx):
@@ -116,8 +116,8 @@ class TritonPythonModel(AsyncDecoupledModel):
             return
         r = self._request(ctx, body)
         cfg = r["guidance_scale"] > 1.0  # WanPipeline's rule: CFG with the negative prompt ("" by default)
-        encoded = await asyncio.gather(self._encode_text(r["prompt"]),
-                                       *([self._encode_text(r["negative"])] if cfg else []))
+        encoded = await asyncio.gather(self._encode_text(ctx, r["prompt"]),
+                                       *([self._encode_text(ctx, r["negative"])] if cfg else []))
         ctx.check()
         inputs = {p.EMBEDS: encoded[0]}
         if cfg:
@@ -130,6 +130,6 @@ class TritonPythonModel(AsyncDecoupledModel):
             yield progress_event(event), None
             if event["type"] == "done":
                 latents = step_latents
-        video = (await bls.infer(VAE, {p.LATENTS: latents[None]}, [p.VIDEO]))[p.VIDEO][0]
+        video = (await bls.infer(ctx, VAE, {p.LATENTS: latents[None]}, [p.VIDEO]))[p.VIDEO][0]
         yield {"type": "video", "num_frames": int(video.shape[0]), "width": r["width"], "height": r["height"],
                "fps": r["fps"], "seed": r["seed"]}, video

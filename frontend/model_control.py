@@ -1,0 +1,101 @@
+"""The one place that loads and unloads Triton models (explicit model control): stage recovery
+(`reload` a model whose stub died) and sleep/wake of pipelines both go through `ModelControl`, one
+operation at a time.
+
+A pipeline is awake (its models loaded, requests served) or sleeping (its requests get 503
+`pipeline_sleeping`; the models no awake pipeline needs are unloaded, so their stub processes and
+memory are gone). Models shared by pipelines (voice_tts serves `voice` and `tts`) stay loaded while
+any awake pipeline needs them.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from omni_frontend.errors import APIError
+from omni_frontend.pipelines import Pipeline, triton_models
+from omni_frontend.triton_client import TritonClient
+
+log = logging.getLogger("omni_frontend.model_control")
+AWAKE, SLEEPING = "awake", "sleeping"
+UNLOAD_WAIT_S = 60.0  # how long sleep() waits for unloads to finish (requests in flight delay them)
+
+
+class ModelControl:
+    """Pipeline states and model loading over `client` for the launcher's `pipelines`."""
+
+    def __init__(self, client: TritonClient, pipelines: list[Pipeline]):
+        self.client = client
+        self.pipelines = {p.name: p for p in pipelines}
+        self.sleeping: set[str] = set()
+        self._lock = asyncio.Lock()
+
+    def state(self, name: str) -> str:
+        return SLEEPING if name in self.sleeping else AWAKE
+
+    def awake_models(self) -> list[str]:
+        """Every Triton model the awake pipelines need, in load order."""
+        return triton_models([p for n, p in self.pipelines.items() if n not in self.sleeping])
+
+    def check(self, pipeline: Pipeline) -> None:
+        """Raises 503 `pipeline_sleeping` for a sleeping pipeline."""
+        if pipeline.name in self.sleeping:
+            raise APIError(503, f"pipeline '{pipeline.name}' is sleeping; wake it with "
+                                f"POST /v1/admin/pipelines/{pipeline.name}/wake", param="model", code="pipeline_sleeping")
+
+    def _get(self, name: str) -> Pipeline:
+        pipeline = self.pipelines.get(name)
+        if pipeline is None:
+            raise APIError(404, f"pipeline '{name}' is not loaded; pipelines: {', '.join(self.pipelines)}",
+                           param="name", code="pipeline_not_found")
+        return pipeline
+
+    async def sleep(self, name: str) -> dict:
+        """Refuse new requests of pipeline `name` and unload the models no awake pipeline needs (waiting up
+        to UNLOAD_WAIT_S for the unloads: requests already in flight finish first).
+        Returns {"unloaded": [...], "kept": [...] (still used by awake pipelines), "pending": [...]}."""
+        pipeline = self._get(name)
+        async with self._lock:
+            if name in self.sleeping:
+                return {"unloaded": [], "kept": [], "pending": []}
+            self.sleeping.add(name)
+            needed = set(self.awake_models())
+            unload = [m for m in reversed(pipeline.models) if m not in needed]  # orchestrator first
+            for model in unload:
+                await self.client.unload_model(model)
+            pending = await self._wait_unloaded(unload)
+            log.info("pipeline %s sleeping: unloaded %s", name, ", ".join(unload) or "nothing")
+            return {"unloaded": unload, "kept": [m for m in pipeline.models if m in needed], "pending": pending}
+
+    async def wake(self, name: str) -> dict:
+        """Load every model of pipeline `name` that is not READY, then serve it again. Returns
+        {"loaded": [...]}. Raises APIError (the pipeline stays asleep) when a model fails to load."""
+        pipeline = self._get(name)
+        async with self._lock:
+            states = await self.client.model_states()
+            load = [m for m in pipeline.models if states.get(m) != "READY"]
+            for model in load:
+                await self.client.load_model(model)
+            self.sleeping.discard(name)
+            log.info("pipeline %s awake: loaded %s", name, ", ".join(load) or "nothing")
+            return {"loaded": load}
+
+    async def reload(self, model: str) -> bool:
+        """Restart `model` with a fresh stub process (unload, then load: a load alone keeps a dead stub).
+        Returns False (nothing done) when no awake pipeline needs it. Raises APIError on failure."""
+        async with self._lock:
+            if model not in self.awake_models():
+                return False
+            await self.client.unload_model(model)
+            await self.client.load_model(model)
+            return True
+
+    async def _wait_unloaded(self, models: list[str]) -> list[str]:
+        deadline = time.monotonic() + UNLOAD_WAIT_S
+        while True:
+            states = await self.client.model_states()
+            pending = [m for m in models if states.get(m) in ("READY", "UNLOADING", "LOADING")]
+            if not pending or time.monotonic() > deadline:
+                return pending
+            await asyncio.sleep(0.1)

@@ -1,0 +1,117 @@
+"""Stage recovery: finds dead stages of the awake pipelines and restarts them without a server restart.
+
+A stage is dead when its stub process died (the launcher sees it as a defunct child of tritonserver:
+`TritonServer.crashed_stubs`) or when its heartbeat (omni_model_heartbeat_seconds) is older than
+`recover_after_s` (a hung stub). Triton keeps such a model READY and never answers the requests the
+stub held, so for each dead model the monitor
+  1. marks it down in `Availability`: requests in flight through it fail at once with 503 naming it
+     (not a hang until the client's timeout) and new ones get 503 at once;
+  2. reloads it through `ModelControl.reload` (unload + load: a fresh stub; retried with backoff);
+  3. marks it up once it is READY with a fresh heartbeat, so /health answers 200 again.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+import httpx
+
+from omni_frontend.availability import Availability
+from omni_frontend.errors import APIError
+from omni_frontend.liveness import HeartbeatReader
+from omni_frontend.model_control import ModelControl
+
+log = logging.getLogger("omni_frontend.recovery")
+CrashedStubs = Callable[[], dict[int, str]]
+
+
+class StageMonitor:
+    """Polls every `interval_s`; see the module doc. `recovering` holds the models being restarted and
+    `recoveries` the last recovery time in seconds per model."""
+
+    def __init__(self, control: ModelControl, availability: Availability, heartbeats: HeartbeatReader | None,
+                 crashed_stubs: CrashedStubs | None = None, *, interval_s: float = 0.5,
+                 recover_after_s: float = 30.0, retry_s: float = 2.0):
+        self.control, self.availability, self.heartbeats = control, availability, heartbeats
+        self.crashed_stubs = crashed_stubs
+        self.interval_s, self.recover_after_s, self.retry_s = interval_s, recover_after_s, retry_s
+        self.recovering: set[str] = set()
+        self.recoveries: dict[str, float] = {}
+        self._tasks: set[asyncio.Task] = set()
+
+    async def run(self) -> None:
+        """Runs until cancelled."""
+        while True:
+            try:
+                for model in await self._dead_models():
+                    if model not in self.recovering and model in self.control.awake_models():
+                        self._start(model)
+            except Exception:  # noqa: BLE001 - the monitor must outlive any single failure
+                log.exception("stage monitor iteration failed")
+            await asyncio.sleep(self.interval_s)
+
+    async def _dead_models(self) -> list[str]:
+        dead = []
+        if self.crashed_stubs is not None:
+            for pid, model in (await asyncio.to_thread(self.crashed_stubs)).items():
+                log.error("stage %s: its stub process (pid %d) died", model, pid)
+                dead.append(model)
+        if self.heartbeats is not None:
+            try:
+                hung = await self.heartbeats.stale_models(self.control.awake_models(), self.recover_after_s)
+            except httpx.HTTPError:
+                hung = []
+            for model in hung:
+                log.error("stage %s: no heartbeat for %.0f s", model, self.recover_after_s)
+            dead += hung
+        return list(dict.fromkeys(dead))
+
+    def _start(self, model: str) -> None:
+        self.recovering.add(model)
+        task = asyncio.create_task(self._recover(model))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _recover(self, model: str) -> None:
+        started = time.monotonic()
+        error = APIError(503, f"model unavailable: stage {model} failed and is being restarted; retry shortly",
+                         code="model_unavailable")
+        failed = self.availability.mark_down([model], error)
+        log.warning("stage %s is down: failed %d request(s) in flight; reloading it", model, failed)
+        try:
+            while True:
+                try:
+                    if not await self.control.reload(model):
+                        return  # no awake pipeline needs it any more
+                    if await self._alive(model):
+                        break
+                except APIError as exc:
+                    log.error("stage %s: reload failed: %s", model, exc.message)
+                await asyncio.sleep(self.retry_s)
+            self.recoveries[model] = time.monotonic() - started
+            log.warning("stage %s recovered in %.1f s", model, self.recoveries[model])
+        finally:
+            self.availability.mark_up([model])
+            self.recovering.discard(model)
+
+    async def _alive(self, model: str, timeout_s: float = 30.0) -> bool:
+        """READY and (when metrics are known) a heartbeat newer than the reload."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if (await self.control.client.model_states()).get(model) == "READY":
+                if self.heartbeats is None:
+                    return True
+                try:
+                    if not await self.heartbeats.stale_models([model], 2.0):
+                        return True
+                except httpx.HTTPError:
+                    pass
+            await asyncio.sleep(0.1)
+        return False
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
