@@ -22,6 +22,7 @@ from fastapi import Request
 
 from omni_frontend.config import AdmissionLimits
 from omni_frontend.errors import APIError
+from omni_frontend.observability import CLIENT_CLOSED
 from omni_frontend.pipelines import Pipeline
 
 _STATE_KEY = "admission_ticket"
@@ -106,21 +107,27 @@ class Ticket:
         """True while the request waits for a slot."""
         return self._future is not None and not self._future.done()
 
-    async def wait(self) -> None:
+    async def wait(self, request: Request) -> None:
         """Returns once the request holds a slot (at once when it never queued). Raises APIError 429
-        (code `queue_timeout`) after the gate's max_wait_s in the queue. Cancelling the waiting task
-        gives up the queue place."""
+        (code `queue_timeout`) after the gate's max_wait_s in the queue, and APIError 499 when the
+        client left while the request was queued (its slot is never used: a request sent to Triton
+        and cancelled a moment later could be missed by Triton's cancellation and run to its end).
+        Cancelling the waiting task gives up the queue place."""
         if self._admitted_at is not None:
             return
         queued_at = time.perf_counter()
-        try:
-            await asyncio.wait_for(self._future, self.gate.max_wait_s)
-        except asyncio.TimeoutError:
+        # asyncio.wait, not wait_for: Python 3.11's wait_for swallows a cancellation that arrives as the
+        # slot is handed over, which left the route's task running, and its request in Triton, after
+        # the client had gone.
+        admitted, _ = await asyncio.wait({self._future}, timeout=self.gate.max_wait_s)
+        if not admitted:
             raise self.gate.overloaded(f"no slot of pipeline '{self.gate.name}' came free within "
-                                       f"{self.gate.max_wait_s:g} s (--max-queue-wait)", "queue_timeout") from None
+                                       f"{self.gate.max_wait_s:g} s (--max-queue-wait)", "queue_timeout")
         self._admitted_at = time.perf_counter()
         if self.gate.metrics:
             self.gate.metrics.queue_wait.labels(self.gate.name).observe(self._admitted_at - queued_at)
+        if await request.is_disconnected():
+            raise APIError(CLIENT_CLOSED, "client closed the request while it was queued", code="client_closed_request")
 
     def release(self) -> None:
         """Frees the slot (or the queue place) this ticket holds."""

@@ -122,10 +122,10 @@ def inflight(metrics_url: str) -> dict[str, float]:
             if family.name == "omni_inflight_requests" for sample in family.samples}
 
 
-def cancel_storm(base_url: str, body: dict, n: int = 100, leave_after_s: float = 1.0) -> float:
-    """Opens `n` concurrent streamed chat completions with `body` and closes each one mid-way: after its
-    first content chunk, or after leave_after_s when none came yet. Returns time.monotonic() of the
-    last close."""
+def cancel_storm(base_url: str, body: dict, n: int = 100, leave_after_s: float = 1.0, stream: bool = True) -> float:
+    """Opens `n` concurrent chat completions with `body` and closes each one mid-way: a streamed one after
+    its first content chunk, or after leave_after_s when none came yet; a non-streamed one
+    (stream=False) after leave_after_s. Returns time.monotonic() of the last close."""
     async def one(client: httpx.AsyncClient) -> float:
         async def read_until_content(response):
             async for line in response.aiter_lines():
@@ -135,6 +135,9 @@ def cancel_storm(base_url: str, body: dict, n: int = 100, leave_after_s: float =
                         return
 
         async def request():
+            if not stream:
+                await client.post(f"{base_url}/v1/chat/completions", json={**body, "stream": False})
+                return
             async with client.stream("POST", f"{base_url}/v1/chat/completions", json={**body, "stream": True}) as response:
                 await read_until_content(response)
 

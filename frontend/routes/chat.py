@@ -122,7 +122,7 @@ async def chat_completions(req: ChatRequest, request: Request):
 
     if not req.stream:
         async def collect():
-            await ticket.wait()
+            await ticket.wait(request)
             async for event, audio in stream:
                 completion.absorb(event, audio)
             completion.timer.done()
@@ -138,7 +138,7 @@ async def chat_completions(req: ChatRequest, request: Request):
     async def sse():
         try:
             yield completion.chunk({"role": "assistant", "content": ""})
-            await ticket.wait()
+            await ticket.wait(request)
             async for event, audio in pipeline_stream.prepend(first, stream):
                 completion.absorb(event, audio)
                 if event.get("type") == "text.delta" and event.get("text"):

@@ -221,7 +221,7 @@ def _quality(options: ImageOptions) -> str:
 async def _run(request: Request, job: _Job):
     """Admission (429 at once when the pipeline is full; omni_frontend.admission), then the pipeline."""
     ticket = admission.enter(request, job.pipeline)
-    await pipeline_stream.until_disconnect(request, ticket.wait())
+    await pipeline_stream.until_disconnect(request, ticket.wait(request))
     request_id = request.state.request_id
     stream = pipeline_stream.events(triton(request), job.pipeline.entry, _body(job), request_id,
                                     extra_inputs=job.inputs, payload="IMAGE")

@@ -75,7 +75,7 @@ async def speech(req: SpeechRequest, request: Request):
     headers = {"x-request-id": request_id}
     if req.stream_format == "sse" and ticket.queued:
         return EventSourceResponse(_sse(req, _after(ticket, stream), timer), ping=15, headers=headers)
-    await pipeline_stream.until_disconnect(request, ticket.wait())
+    await pipeline_stream.until_disconnect(request, ticket.wait(request))
     # Fail before the 200 head when the pipeline rejects the request.
     first = await pipeline_stream.until_disconnect(request, anext(stream, None))
     events = pipeline_stream.prepend(first, stream)
@@ -102,7 +102,7 @@ async def speech(req: SpeechRequest, request: Request):
 
 async def _after(ticket, events):
     """`events`, once the ticket holds a slot."""
-    await ticket.wait()
+    await ticket.wait(request)
     async for item in events:
         yield item
 

@@ -130,7 +130,7 @@ async def transcriptions(request: Request):
 
     options = {"language": language, "prompt": form.get("prompt") or None,
                "temperature": temperature, "word_timestamps": "word" in granularities}
-    await until_disconnect(request, ticket.wait())
+    await until_disconnect(request, ticket.wait(request))
     if stream:
         return await _streamed(request, pipeline, pcm, options)
     inputs = {"AUDIO": pcm[None, :], "OPTIONS": np.array([[json.dumps(options).encode()]], dtype=np.object_)}

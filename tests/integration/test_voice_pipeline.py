@@ -371,6 +371,17 @@ def test_voice_cancel_storm_leaves_every_gauge_at_zero(voice_server):
     assert settled is not None and settled <= settle_limit_s(), inflight(voice_server.metrics_url)
 
 
+def test_abandoned_non_streamed_chats_leave_no_work_behind_also_when_they_queued(voice_server):
+    """12 non-streamed voice chats left after 0.5 s: 4 run, 4 queue (admission) and 4 get 429. The queued
+    ones are handed a slot as the running ones leave, after their own clients left too: none of them
+    may reach the pipeline and run on (../shared/cases/B27_nonstream_cancel_latency.py)."""
+    body = {"model": "voice", "max_tokens": 1000, "audio": {"voice": "alloy", "format": "wav"},
+            "messages": [{"role": "user", "content": "Write a very long story about a dragon who cooks."}]}
+    last_close = cancel_storm(voice_server.base_url, body, n=12, leave_after_s=0.5, stream=False)
+    settled = settle_time(voice_server.metrics_url, last_close)
+    assert settled is not None and settled <= settle_limit_s(), inflight(voice_server.metrics_url)
+
+
 def test_abandoned_speech_is_dropped_and_interrupted(voice_server):
     """A long /v1/audio/speech request abandoned after its first chunk: the sentences not yet spoken are
     never synthesised (voice_tts counts them cancelled) and every stage is idle at once."""

@@ -21,6 +21,16 @@ from omni_frontend.tritonserver import free_port
 pytestmark = pytest.mark.unit
 
 
+class _Client:
+    """The part of a starlette Request that Ticket.wait reads: whether the HTTP client has gone."""
+
+    def __init__(self, gone: bool = False):
+        self.gone = gone
+
+    async def is_disconnected(self) -> bool:
+        return self.gone
+
+
 def test_gate_runs_queues_then_refuses_with_retry_after():
     async def scenario():
         metrics = FrontendMetrics()
@@ -32,7 +42,7 @@ def test_gate_runs_queues_then_refuses_with_retry_after():
             gate.enter()
         assert info.value.status == 429 and info.value.headers == {"retry-after": "1"}
         assert info.value.code == "pipeline_overloaded"
-        waiter = asyncio.ensure_future(queued.wait())
+        waiter = asyncio.ensure_future(queued.wait(_Client()))
         await asyncio.sleep(0)
         assert not waiter.done()
         a.release()
@@ -52,8 +62,8 @@ def test_a_cancelled_waiter_gives_up_its_place_and_slots_never_leak():
     async def scenario():
         gate = Gate("p", max_inflight=1, max_queue=2)
         running, first, second = gate.enter(), gate.enter(), gate.enter()
-        first_wait = asyncio.ensure_future(first.wait())
-        second_wait = asyncio.ensure_future(second.wait())
+        first_wait = asyncio.ensure_future(first.wait(_Client()))
+        second_wait = asyncio.ensure_future(second.wait(_Client()))
         await asyncio.sleep(0)
         first_wait.cancel()          # the client of the first queued request left
         first.release()
@@ -72,12 +82,34 @@ def test_a_cancelled_waiter_gives_up_its_place_and_slots_never_leak():
     asyncio.run(scenario())
 
 
+def test_a_queued_request_whose_client_left_never_uses_its_slot():
+    """Admitted from the queue after its client left: 499 at once, and the slot passes on (the request
+    is never sent to Triton, where a cancel right after the send could be missed)."""
+    async def scenario():
+        gate = Gate("p", max_inflight=1, max_queue=2)
+        running, gone, alive = gate.enter(), gate.enter(), gate.enter()
+        gone_wait = asyncio.ensure_future(gone.wait(_Client(gone=True)))
+        alive_wait = asyncio.ensure_future(alive.wait(_Client()))
+        await asyncio.sleep(0)
+        running.release()
+        with pytest.raises(APIError) as info:
+            await asyncio.wait_for(gone_wait, 1)
+        assert (info.value.status, info.value.code) == (499, "client_closed_request")
+        gone.release()               # what AdmissionMiddleware does when the route raised
+        await asyncio.wait_for(alive_wait, 1)
+        assert gate.running == 1 and not gate.waiting
+        alive.release()
+        assert gate.running == 0
+
+    asyncio.run(scenario())
+
+
 def test_queue_wait_is_bounded_and_a_long_expected_wait_is_refused_at_once():
     async def scenario():
         gate = Gate("p", max_inflight=1, max_queue=4, max_wait_s=0.2)
         running, queued = gate.enter(), gate.enter()
         with pytest.raises(APIError) as info:
-            await queued.wait()          # nobody frees the slot within 0.2 s
+            await queued.wait(_Client())  # nobody frees the slot within 0.2 s
         assert (info.value.status, info.value.code) == (429, "queue_timeout") and "retry-after" in info.value.headers
         queued.release()
         assert not gate.waiting
