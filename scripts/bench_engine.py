@@ -11,6 +11,11 @@
              transformers' forward with a DynamicCache (the "dynamic" engine), batch 1 and 16
   overlap    thinker steps and talker frames at once on two threads / CUDA streams (the co-located
              layout) vs one after the other on one stream, batch 1 and 16 (CUDA only)
+  pipeline   the co-located pipeline in-process (`LocalOmniPipeline`: thinker, talker and code2wav threads on
+             their own streams, no Triton) with the served bench's request (128 tokens, 125 codec frames,
+             greedy) at concurrency 1 and 16: wall time, RTF, ms per frame, and the CPU time of each engine
+             thread (a thread near 100% of the wall time is host-bound; CUDA synchronisations spin, so GPU waits
+             count too), per Python thread switch interval (--pipeline-switch-ms; not part of the default parts)
 Timings are medians of CUDA-event timed calls after warm-up; each call includes its host work (input
 copies, graph launch), as in serving. The random preset is prepared when missing.
 """
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -331,6 +337,65 @@ def bench_overlap(path, config, device, args) -> dict:
     return result
 
 
+def thread_cpu_s(thread) -> float:
+    """CPU seconds (user + system) a thread has used so far, from /proc (Linux; NaN elsewhere)."""
+    try:
+        fields = Path(f"/proc/self/task/{thread.native_id}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def bench_pipeline(path, config, device, args) -> dict:
+    import threading
+
+    from omni_backends.engine.options import EngineOptions
+    from omni_backends.qwen3_omni.loading import load_stages
+    from omni_backends.qwen3_omni.pipeline import LocalOmniPipeline, OmniRequest
+
+    stages = load_stages(path, device)
+    tts_ids = [config.tts_bos_token_id, config.tts_eos_token_id, config.tts_pad_token_id]
+    with torch.inference_mode():
+        tts_embeds = stages.thinker.get_input_embeddings()(torch.tensor(tts_ids, device=device))
+    pipe = LocalOmniPipeline.from_stages(stages, tts_embeds, chunk_frames=25, first_chunk_frames=3,
+                                         left_context_frames=25,
+                                         options=EngineOptions(engine="static", max_len=1024), max_running=32)
+    pipe.thinker.warmup()
+    pipe.talker.warmup()
+    tokens, frames = args.pipeline_tokens, args.pipeline_frames
+
+    def requests(n: int, tag: str) -> list:
+        return [OmniRequest(f"{tag}{i}", [{"role": "user", "content": f"Tell me story number {i}, please."}],
+                            pipe.thinker.sampling_params(max_tokens=tokens, min_tokens=tokens, do_sample=False),
+                            pipe.talker.sampling_params(do_sample=False, repetition_penalty=1.0, max_frames=frames,
+                                                        min_frames=frames))
+                for i in range(n)]
+
+    result = {}
+    pipe.run(requests(2, "warm"))
+    runs = [(n, ms / 1e3) for ms in args.pipeline_switch_ms for n in args.pipeline_concurrency]
+    for n, switch in runs:
+        sys.setswitchinterval(switch)
+        threads = {t.name: t for t in threading.enumerate()}
+        before = {name: thread_cpu_s(t) for name, t in threads.items()}
+        start = time.perf_counter()
+        out = pipe.run(requests(n, f"c{n}-{switch}-"))
+        wall = time.perf_counter() - start
+        audio_s = min(r.audio.shape[0] for r in out.values()) / 24000
+        cpu = {name: thread_cpu_s(t) - before[name] for name, t in threads.items() if t.is_alive()}
+        label = f"concurrency_{n}_switch_{switch * 1e3:g}ms"
+        result[label] = {"wall_s": wall, "audio_s": audio_s, "rtf": wall / audio_s, "ms_per_frame": wall * 1e3 / frames,
+                         "thread_cpu_s": {k: v for k, v in cpu.items() if v > 0.01}}
+        busy = ", ".join(f"{k} {v:.2f} s" for k, v in sorted(cpu.items(), key=lambda kv: -kv[1]) if v > 0.05)
+        print(f"pipeline {label}: {wall:.3f} s for {audio_s:.2f} s of audio per request (RTF {wall / audio_s:.3f}, "
+              f"{wall * 1e3 / frames:.2f} ms per frame); thread CPU: {busy}", flush=True)
+    sys.setswitchinterval(0.005)
+    pipe.close()
+    del pipe, stages
+    torch.cuda.empty_cache() if device.startswith("cuda") else None
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", default="qwen3_omni_30b_a3b_random", help="preset name or directory")
@@ -338,7 +403,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--steps", type=int, default=64, help="timed decode steps per batch size")
     parser.add_argument("--prompt-tokens", type=int, default=32)
-    parser.add_argument("--parts", default="thinker,talker,overlap")
+    parser.add_argument("--parts", default="thinker,talker,overlap", help="of thinker,talker,overlap,pipeline")
+    parser.add_argument("--pipeline-concurrency", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--pipeline-tokens", type=int, default=128)
+    parser.add_argument("--pipeline-frames", type=int, default=125)
+    parser.add_argument("--pipeline-switch-ms", type=float, nargs="+", default=[5.0, 0.5],
+                        help="Python thread switch intervals to run the pipeline with (sys.setswitchinterval)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     from omni_backends import prepare
@@ -362,6 +432,8 @@ def main(argv: list[str] | None = None) -> int:
             results["talker"] = bench_talker(path, config, args.device, args)
         if "overlap" in args.parts and args.device.startswith("cuda"):
             results["overlap"] = bench_overlap(path, config, args.device, args)
+    if "pipeline" in args.parts:   # outside inference mode, as served (the engine threads update its caches)
+        results["pipeline"] = bench_pipeline(path, config, args.device, args)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(results, indent=1))

@@ -13,6 +13,7 @@ token keeps probability weight 1), and a temperature below GREEDY_BELOW is greed
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -203,23 +204,63 @@ def masked_scores(scores: torch.Tensor, params: SamplingParams, seen_token_ids: 
     (returns it), leaving only finite values or -inf: NaN becomes -inf, +inf the largest float, and when
     the masks would remove every token they yield. Only device operations: no host synchronisation on
     CUDA tensors."""
-    scores.nan_to_num_(nan=-math.inf, posinf=_FLOAT_MAX, neginf=-math.inf)
-    raw = scores.clone() if params.suppress_token_ids or params.min_tokens else None
-    if params.repetition_penalty != 1.0 and seen_token_ids is not None and seen_token_ids.numel():
-        seen = seen_token_ids.to(scores.device)
-        picked = scores[seen]
-        scores[seen] = torch.where(picked > 0, picked / params.repetition_penalty, picked * params.repetition_penalty)
-    if params.needs_output_ids and output_ids is not None and output_ids.numel():
-        ids, counts = output_ids.to(scores.device).unique(return_counts=True)
-        scores[ids] -= params.presence_penalty + params.frequency_penalty * counts.to(scores.dtype)
-    scores.nan_to_num_(nan=-math.inf, posinf=_FLOAT_MAX, neginf=-math.inf)
-    if params.suppress_token_ids:
-        scores[list(params.suppress_token_ids)] = -math.inf
-    if num_generated < params.min_tokens and params.stop_token_ids:
-        scores[list(params.stop_token_ids)] = -math.inf
-    if raw is not None:  # every token masked (e.g. all suppressed): the masks yield
-        scores.copy_(torch.where((scores == -math.inf).all(), raw, scores))
+    _mask_rows(scores[None], [params], [seen_token_ids], [num_generated], [output_ids])
     return scores
+
+
+@functools.lru_cache(maxsize=64)
+def _token_index(token_ids: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """int64 [n] of `token_ids` on `device`, made once per (set, device): a suppress list of 1,023 codec ids
+    would otherwise be turned into a tensor and copied to the device for every row of every step."""
+    return torch.tensor(token_ids, dtype=torch.long, device=device)
+
+
+def _row_index(rows: Sequence[int], batch: int, device: torch.device) -> torch.Tensor | None:
+    """Row indices [n, 1] on `device` for an indexed write, or None when `rows` is every row of the batch."""
+    return None if len(rows) == batch else torch.tensor(sorted(rows), device=device)[:, None]
+
+
+def _mask_rows(scores: torch.Tensor, params: Sequence[SamplingParams], seen_token_ids: Sequence[torch.Tensor | None],
+               num_generated: Sequence[int], output_ids: Sequence[torch.Tensor | None]) -> None:
+    """`masked_scores` for every row of scores [B, vocab] at once, in place: the batch-wide steps (NaN/inf
+    clean-up, the copy the masks yield to, the yield itself) are one launch each, the penalties run per row
+    that has them, and rows sharing a suppress or stop set are masked by one indexed write. Same values as
+    masking row by row: every step is row-wise and the -inf writes commute."""
+    batch, device = scores.shape[0], scores.device
+    scores.nan_to_num_(nan=-math.inf, posinf=_FLOAT_MAX, neginf=-math.inf)
+    yielding = [row for row, p in enumerate(params) if p.suppress_token_ids or p.min_tokens]
+    raw = scores.clone() if yielding else None
+    penalised = False
+    for row, (p, seen, out) in enumerate(zip(params, seen_token_ids, output_ids)):
+        if p.repetition_penalty != 1.0 and seen is not None and seen.numel():
+            seen = seen.to(device)
+            picked = scores[row, seen]
+            scores[row, seen] = torch.where(picked > 0, picked / p.repetition_penalty, picked * p.repetition_penalty)
+            penalised = True
+        if p.needs_output_ids and out is not None and out.numel():
+            ids, counts = out.to(device).unique(return_counts=True)
+            scores[row, ids] -= p.presence_penalty + p.frequency_penalty * counts.to(scores.dtype)
+            penalised = True
+    if penalised:
+        scores.nan_to_num_(nan=-math.inf, posinf=_FLOAT_MAX, neginf=-math.inf)
+    groups: dict[tuple[int, ...], set[int]] = {}
+    for row, (p, n) in enumerate(zip(params, num_generated)):
+        if p.suppress_token_ids:
+            groups.setdefault(p.suppress_token_ids, set()).add(row)
+        if n < p.min_tokens and p.stop_token_ids:
+            groups.setdefault(p.stop_token_ids, set()).add(row)
+    for token_ids, rows in groups.items():
+        index, row_index = _token_index(token_ids, device), _row_index(rows, batch, device)
+        if row_index is None:
+            scores[:, index] = -math.inf
+        else:
+            scores[row_index, index[None]] = -math.inf
+    if raw is not None:   # rows with every token masked (e.g. all suppressed): the masks yield
+        gone = (scores == -math.inf).all(-1, keepdim=True)
+        row_index = _row_index(yielding, batch, device)
+        if row_index is not None:
+            gone &= torch.zeros_like(gone).index_fill_(0, row_index[:, 0], True)
+        scores.copy_(torch.where(gone, raw, scores))
 
 
 def sample_rows(logits: torch.Tensor, params: Sequence[SamplingParams], seen_token_ids: Sequence[torch.Tensor | None],
@@ -240,8 +281,8 @@ def sample_rows(logits: torch.Tensor, params: Sequence[SamplingParams], seen_tok
     greedy = [i for i, p in enumerate(params) if p.greedy]
     if greedy:
         scores = logits[greedy].float()
-        for row, i in enumerate(greedy):
-            masked_scores(scores[row], params[i], seen_token_ids[i], num_generated[i], output_ids[i])
+        _mask_rows(scores, [params[i] for i in greedy], [seen_token_ids[i] for i in greedy],
+                   [num_generated[i] for i in greedy], [output_ids[i] for i in greedy])
         for i, token in zip(greedy, scores.argmax(-1).tolist()):
             tokens[i] = token
     for i, p in enumerate(params):

@@ -44,6 +44,11 @@ _STOP = object()
 # Stream priorities on CUDA (lower = higher): the talker paces the audio (its frame takes longer than a
 # thinker step), so its kernels go first when both engines have work queued.
 TALKER_PRIORITY, OTHER_PRIORITY = -1, 0
+# Python's GIL switch interval for a process running the engines' threads (`sys.setswitchinterval`, default 5 ms):
+# a thread that wants the GIL back after a CUDA call waits up to this long for one busy in Python, so with three
+# engine threads and the request coroutines each per-frame hand-off could cost milliseconds. Measured on the
+# H200 (run 5, 16 streams in-process): 2.74 s -> 1.66 s per request at 0.5 ms (docs/gpu.md).
+ENGINE_SWITCH_INTERVAL_S = 0.0005
 
 
 @dataclass
@@ -69,13 +74,14 @@ OnEvent = Callable[[ThinkerToken | SpeechChunk], None]
 
 class StageThread:
     """A daemon thread that owns one engine: `post(message)` from any thread; the thread applies every
-    message posted so far (`apply(message)`), then runs one unit of work (`work()`) while `busy()` says
-    there is some, and sleeps on its inbox otherwise. On CUDA its work runs on its own stream.
+    message posted so far at once (`apply(messages)`, in order: so work of many messages can be batched), then
+    runs one unit of work (`work()`) while `busy()` says there is some, and sleeps on its inbox otherwise. On
+    CUDA its work runs on its own stream.
 
     An exception from `apply` or `work` goes to `failed(exc)` (on the thread); the thread keeps serving.
     """
 
-    def __init__(self, name: str, device: torch.device, apply: Callable[[object], None], work: Callable[[], None],
+    def __init__(self, name: str, device: torch.device, apply: Callable[[list], None], work: Callable[[], None],
                  busy: Callable[[], bool], failed: Callable[[Exception], None], priority: int = OTHER_PRIORITY):
         self.stream = torch.cuda.Stream(device, priority=priority) if device.type == "cuda" else None
         self._apply, self._work, self._busy, self._failed = apply, work, busy, failed
@@ -100,11 +106,14 @@ class StageThread:
                     messages = []
                 while not self._inbox.empty():
                     messages.append(self._inbox.get_nowait())
+                stop = _STOP in messages
+                if stop:
+                    messages = messages[:messages.index(_STOP)]
                 try:
-                    for message in messages:
-                        if message is _STOP:
-                            return
-                        self._apply(message)
+                    if messages:
+                        self._apply(messages)
+                    if stop:
+                        return
                     if self._busy():
                         self._work()
                 except Exception as exc:  # noqa: BLE001 - the owner fails the affected requests
@@ -219,7 +228,20 @@ class LocalOmniPipeline:
             self._talker.post(("abort", request_id))
 
     # ---- talker thread -----------------------------------------------------------------------------
-    def _talker_apply(self, message) -> None:
+    def _talker_apply(self, messages: list) -> None:
+        """Apply talk / speak / abort messages in order; runs of speak messages (one per thinker token and
+        request) are applied together: one embedding lookup and one text projection for all of them."""
+        speaks = []
+        for message in messages:
+            if message[0] == "speak":
+                speaks.append(message[1:])
+                continue
+            self._talker_speak(speaks)
+            speaks = []
+            self._talker_control(message)
+        self._talker_speak(speaks)
+
+    def _talker_control(self, message) -> None:
         kind, rid = message[0], message[1]
         with self._lock:
             speech = self._speech.get(rid)
@@ -229,28 +251,47 @@ class LocalOmniPipeline:
             return
         if speech is None:   # aborted meanwhile
             return
-        if kind == "talk":
-            prompt = message[2]
-            for tensor in (prompt.prompt_embeds, prompt.mm_hidden):
-                if tensor.is_cuda:
-                    tensor.record_stream(torch.cuda.current_stream())
-            try:
-                self.talker.add_request(rid, prompt, speech.voice, speech.params)
-            except Exception as exc:  # noqa: BLE001 - overloaded or a bad prompt: fails this request only
-                self._code2wav.post(("end", rid, "error", str(exc)))
-                return
-            speech.started = True
-        elif kind == "speak" and speech.started:
-            _, _, ids, final = message
-            embeds = self.thinker.embed_tokens(torch.tensor(ids, dtype=torch.long, device=self.device)) if ids else \
-                torch.zeros(0, self.thinker.embed_tokens.embedding_dim, device=self.device)
-            self.talker.push_text(rid, embeds, final=final)
-        elif kind == "speak" and message[3]:   # the text ended before any token reached the talker
-            self._code2wav.post(("end", rid, "stop", None))
+        prompt = message[2]   # "talk"
+        for tensor in (prompt.prompt_embeds, prompt.mm_hidden):
+            if tensor.is_cuda:
+                tensor.record_stream(torch.cuda.current_stream())
+        try:
+            self.talker.add_request(rid, prompt, speech.voice, speech.params)
+        except Exception as exc:  # noqa: BLE001 - overloaded or a bad prompt: fails this request only
+            self._code2wav.post(("end", rid, "error", str(exc)))
+            return
+        speech.started = True
+
+    def _talker_speak(self, speaks: list[tuple[str, list[int], bool]]) -> None:
+        """(request id, token ids, final) in order -> `Talker.push_texts`, the ids of all requests looked up in
+        the thinker's embedding table at once."""
+        items, ids = [], []
+        for rid, token_ids, final in speaks:
+            with self._lock:
+                speech = self._speech.get(rid)
+            if speech is None:   # aborted meanwhile
+                continue
+            if speech.started:
+                items.append((rid, len(token_ids), final))
+                ids += token_ids
+            elif final:   # the text ended before any token reached the talker
+                self._code2wav.post(("end", rid, "stop", None))
+        if not items:
+            return
+        table = self.thinker.embed_tokens
+        embeds = table(torch.tensor(ids, dtype=torch.long).to(self.device, non_blocking=True)) if ids else \
+            torch.zeros(0, table.embedding_dim, device=self.device)
+        pushes, start = [], 0
+        for rid, n, final in items:
+            pushes.append((rid, embeds[start:start + n], final))
+            start += n
+        self.talker.push_texts(pushes)
 
     def _talker_work(self) -> None:
-        for rid, out in self.talker.step().items():
-            self._code2wav.post(("codes", rid, out.codes, out.finish_reason if out.finished else None))
+        out = self.talker.step()
+        if out:   # one message per step for all requests: the code2wav thread wakes once per frame
+            self._code2wav.post(("codes", {rid: (o.codes, o.finish_reason if o.finished else None)
+                                           for rid, o in out.items()}))
 
     def _talker_failed(self, exc: Exception) -> None:
         log.error("talker failed:\n%s", traceback.format_exc())
@@ -261,21 +302,26 @@ class LocalOmniPipeline:
             self._code2wav.post(("end", rid, "error", f"talker: {exc}"))
 
     # ---- code2wav thread ---------------------------------------------------------------------------
-    def _code2wav_apply(self, message) -> None:
-        kind, rid = message[0], message[1]
-        if kind == "abort":
-            self.code2wav.cancel(rid)
-            return
-        with self._lock:
-            speech = self._speech.get(rid)
-        if speech is None:
-            return
-        if kind == "codes":
-            speech.pending.append(message[2])
-            if message[3] is not None:
-                speech.ending = (message[3], None)
-        else:   # "end": (reason, error) without further frames
-            speech.ending = (message[2], message[3])
+    def _code2wav_apply(self, messages: list) -> None:
+        for message in messages:
+            kind = message[0]
+            if kind == "codes":   # {request id: (codes [16, n], finish reason or None)} of one talker step
+                for rid, (codes, reason) in message[1].items():
+                    with self._lock:
+                        speech = self._speech.get(rid)
+                    if speech is not None:
+                        speech.pending.append(codes)
+                        if reason is not None:
+                            speech.ending = (reason, None)
+                continue
+            rid = message[1]
+            if kind == "abort":
+                self.code2wav.cancel(rid)
+                continue
+            with self._lock:
+                speech = self._speech.get(rid)
+            if speech is not None:   # "end": (reason, error) without further frames
+                speech.ending = (message[2], message[3])
 
     def _code2wav_busy(self) -> bool:
         with self._lock:

@@ -18,6 +18,7 @@ Two engines (`EngineOptions.engine`):
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -179,7 +180,6 @@ class Talker:
                                               max_frames=params.max_tokens, params=params,
                                               generator=make_generator(params.seed))
 
-    @torch.no_grad()
     def push_text(self, request_id: str, embeds: torch.Tensor, final: bool = False) -> None:
         """Thinker layer-0 embeddings of newly generated tokens, in order (generated token 0 first).
 
@@ -187,20 +187,33 @@ class Talker:
         (its EOS, or the token that hit max_tokens); like `generate`, it is not spoken and tts_eos follows.
         Raises KeyError for an unknown request, RuntimeError when text arrives after `final`.
         """
-        req = self._requests[request_id]
-        if req.text_ended:
-            raise RuntimeError(f"talker request {request_id!r}: text pushed after the final token")
-        embeds = embeds.to(self.device, self.model.dtype)
-        if final:
-            embeds = embeds[:-1]
-        projected = list(self._project_text(embeds)) if len(embeds) else []
-        if req.first_text is None and projected:
-            req.first_text = projected.pop(0)
-        req.trailing += projected
-        if final:
-            req.text_ended = True
-            if req.first_text is not None:
-                req.trailing.append(self.tts_eos)
+        self.push_texts([(request_id, embeds, final)])
+
+    @torch.no_grad()
+    def push_texts(self, items: Sequence[tuple[str, torch.Tensor, bool]]) -> None:
+        """`push_text(request_id, embeds, final)` for each item, in order, with ONE text projection for all
+        of them (16 streams cost one projection per step instead of 16). Raises as `push_text`; items before
+        a bad one are applied."""
+        parts = []
+        for request_id, embeds, final in items:
+            req = self._requests[request_id]
+            if req.text_ended:
+                raise RuntimeError(f"talker request {request_id!r}: text pushed after the final token")
+            parts.append((embeds[:-1] if final else embeds).to(self.device, self.model.dtype))
+        lengths = [len(part) for part in parts]
+        projected = self._project_text(torch.cat(parts)) if sum(lengths) else None
+        start = 0
+        for (request_id, _, final), n in zip(items, lengths):
+            req = self._requests[request_id]
+            rows = list(projected[start:start + n]) if n else []
+            start += n
+            if req.first_text is None and rows:
+                req.first_text = rows.pop(0)
+            req.trailing += rows
+            if final:
+                req.text_ended = True
+                if req.first_text is not None:
+                    req.trailing.append(self.tts_eos)
 
     def cancel(self, request_id: str) -> None:
         """Forget a request (no error when it is unknown)."""
@@ -257,7 +270,8 @@ class Talker:
             return []
         reqs = [self._requests[rid] for rid in rids]
         return sample_rows(torch.stack([r.logits for r in reqs]), [r.params for r in reqs],
-                           [torch.tensor(r.code0_ids, dtype=torch.long) for r in reqs],
+                           [torch.tensor(r.code0_ids, dtype=torch.long) if r.params.repetition_penalty != 1.0
+                            else None for r in reqs],
                            [len(r.code0_ids) for r in reqs], [r.generator for r in reqs])
 
     def _advance(self, rids: list[str], frames: list[torch.Tensor], codec_sums: torch.Tensor | None) -> None:

@@ -125,9 +125,21 @@ def test_sample_rows_equals_sample_next_token_per_row():
               SamplingParams(do_sample=True, temperature=0.7, top_k=10, top_p=0.9, seed=5),
               SamplingParams(do_sample=False, repetition_penalty=1.3),
               SamplingParams(temperature=0.0)]
-    seen = [None, None, torch.tensor([int(logits[2].argmax()), 1]), None]
-    expected = [sample_next_token(logits[i], p, seen[i], 1, make_generator(p.seed)) for i, p in enumerate(params)]
-    assert sample_rows(logits, params, seen, [1] * 4, [make_generator(p.seed) for p in params]) == expected
+    # greedy rows sharing suppress / stop sets (masked together), one whose stop set is another's suppress set
+    top = logits.argsort(-1, descending=True)
+    params += [SamplingParams(do_sample=False, suppress_token_ids=tuple(top[0, :3].tolist())),
+               SamplingParams(do_sample=False, suppress_token_ids=tuple(top[0, :3].tolist())),
+               SamplingParams(do_sample=False, stop_token_ids=tuple(top[0, :3].tolist()), min_tokens=5)]
+    # a row whose masks remove every token (they yield), and one with presence/frequency penalties
+    params += [SamplingParams(do_sample=False, suppress_token_ids=tuple(range(50))),
+               SamplingParams(do_sample=False, presence_penalty=2.0, frequency_penalty=1.0)]
+    logits = torch.cat([logits, logits[:1].expand(5, -1)])
+    seen = [None, None, torch.tensor([int(logits[2].argmax()), 1]), None, None, None, None, None, None]
+    outputs = [None] * 8 + [top[0, :1].repeat(2)]
+    expected = [sample_next_token(logits[i], p, seen[i], 1, make_generator(p.seed), outputs[i])
+                for i, p in enumerate(params)]
+    assert expected[4] != expected[0] and expected[7] == expected[0] and expected[8] != expected[0]
+    assert sample_rows(logits, params, seen, [1] * 9, [make_generator(p.seed) for p in params], outputs) == expected
 
 
 def test_engine_options_name_the_bad_parameter():

@@ -11,7 +11,8 @@ in-process objects instead of BLS responses (no per-token JSON, IPC or DLPack ha
 Same tensors and events as the orchestrator (REQUEST / INPUT_AUDIO in; EVENT JSON + AUDIO out, see
 `omni_model`), so clients and the frontend see no difference; a deploy file selects it with
 `layout: colocated` (omni_frontend.deploy) and serves it under the name qwen3_omni. Settings: shared
-`checkpoint`, `kernels`, `threads`, `default_voice`; each engine's as `<stage>.<key>` with the stage
+`checkpoint`, `kernels`, `threads`, `default_voice`, `switch_interval_ms` (the process's GIL switch interval,
+default `pipeline.ENGINE_SWITCH_INTERVAL_S`); each engine's as `<stage>.<key>` with the stage
 models' keys (`thinker.engine`, `thinker.max_len`, `talker.max_frames`, `code2wav.chunk_frames`, ...).
 
 Per request one coroutine reads the engines' events from a mailbox (one event-loop wake-up per batch of
@@ -22,6 +23,7 @@ is aborted in every engine.
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 
 import torch
@@ -29,7 +31,7 @@ from transformers import AutoTokenizer, WhisperFeatureExtractor
 
 from omni_backends.qwen3_omni.code2wav import SAMPLE_RATE, Code2WavStreamer
 from omni_backends.qwen3_omni.loading import load_code2wav, load_config, load_talker, load_thinker
-from omni_backends.qwen3_omni.pipeline import LocalOmniPipeline
+from omni_backends.qwen3_omni.pipeline import ENGINE_SWITCH_INTERVAL_S, LocalOmniPipeline
 from omni_backends.qwen3_omni.serving import protocol as p
 from omni_backends.qwen3_omni.serving import turn as turns
 from omni_backends.qwen3_omni.talker import Talker
@@ -72,6 +74,8 @@ class Mailbox:
 
 class TritonPythonModel(AsyncDecoupledModel):
     def setup(self, args: dict) -> None:
+        # three engine threads and the request coroutines share the GIL: hand it over in 0.5 ms, not Python's 5 ms
+        sys.setswitchinterval(float(self.parameters.get("switch_interval_ms") or ENGINE_SWITCH_INTERVAL_S * 1e3) / 1e3)
         settings = {stage: p.stage_parameters(self.parameters, stage) for stage in ("thinker", "talker", "code2wav")}
         setups = {stage: p.stage_setup(args, params, self.model_name) for stage, params in settings.items()}
         path, device = setups["thinker"].path, setups["thinker"].device
