@@ -18,6 +18,10 @@ class ImageDecodeError(ValueError):
     """An upload that is not a readable image."""
 
 
+class ImageTooLarge(ImageDecodeError):
+    """An upload whose header declares more pixels than allowed (refused before decoding)."""
+
+
 def encode(pixels: np.ndarray, fmt: str, compression: int | None = None) -> bytes:
     """uint8 [H, W, 3] -> file bytes in `fmt` (png lossless; jpeg / webp quality 100 - compression, default 85)."""
     image = Image.fromarray(np.ascontiguousarray(pixels, dtype=np.uint8), "RGB")
@@ -31,15 +35,23 @@ def encode(pixels: np.ndarray, fmt: str, compression: int | None = None) -> byte
     return out.getvalue()
 
 
-def decode(data: bytes) -> tuple[np.ndarray, np.ndarray | None]:
+def decode(data: bytes, max_pixels: int | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """File bytes -> (uint8 [H, W, 3] RGB, uint8 [H, W] alpha or None when the image has none).
 
-    Raises ImageDecodeError for bytes Pillow cannot read.
+    Raises ImageTooLarge when the header declares more than `max_pixels` pixels (checked before any
+    pixel is decoded: a few KB of PNG can declare gigabytes; also for Pillow's own decompression-bomb
+    refusal), ImageDecodeError for bytes Pillow cannot read.
     """
     try:
         image = Image.open(io.BytesIO(data))
+        if max_pixels is not None and image.width * image.height > max_pixels:
+            raise ImageTooLarge(f"the image is {image.width}x{image.height} pixels; at most {max_pixels}")
         image.load()
+    except Image.DecompressionBombError as exc:  # Pillow's own limit, met in open() before our check
+        raise ImageTooLarge(str(exc)) from exc
     except (UnidentifiedImageError, OSError, ValueError) as exc:
+        if isinstance(exc, ImageDecodeError):
+            raise
         raise ImageDecodeError(str(exc) or "unreadable image") from exc
     alpha = None
     if image.mode in ("RGBA", "LA") or (image.mode == "P" and "transparency" in image.info):

@@ -74,8 +74,11 @@ def start_server(tmp_dir: Path, *args: str, ready_timeout_s: float = 600.0, env:
     cmd = [sys.executable, "-m", "omni_frontend.serve", "--port", str(port), "--triton-grpc-port", str(grpc),
            "--triton-http-port", str(http), "--triton-metrics-port", str(metrics), "--log-dir", str(tmp_dir), *args]
     with open(log_path, "wb") as log:
+        # SIGINT at its default even when the tests run as a background job (which inherits it ignored):
+        # the tests press Ctrl-C and expect the launcher's 130.
         process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                   env={**os.environ, **(env or {})})
+                                   env={**os.environ, **(env or {})},
+                                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     server = ServerProcess(process, port, grpc, metrics, log_path)
     deadline = time.monotonic() + ready_timeout_s
     while time.monotonic() < deadline:

@@ -14,6 +14,8 @@ import uuid
 import pydantic
 from openai.types.realtime import RealtimeClientEvent, RealtimeServerEvent
 
+from omni_frontend.validation import invalid_text
+
 _CLIENT = pydantic.TypeAdapter(RealtimeClientEvent)
 _SERVER = pydantic.TypeAdapter(RealtimeServerEvent)
 CLIENT_EVENT_TYPES = ("session.update", "input_audio_buffer.append", "input_audio_buffer.commit",
@@ -43,7 +45,8 @@ def new_id(prefix: str) -> str:
 def decode(text: str | bytes) -> dict:
     """Parse one client WebSocket message into the event dict (as sent, for lossless session merges).
 
-    Raises ProtocolError: invalid_json, unknown_event (a type that is not a GA client event), or
+    Raises ProtocolError: invalid_json, unknown_event (a type that is not a GA client event),
+    invalid_unicode (a string holds a lone UTF-16 surrogate, as the HTTP routes refuse), or
     invalid_value (the event does not match its SDK model; param names the field)."""
     try:
         event = json.loads(text)
@@ -56,6 +59,10 @@ def decode(text: str | bytes) -> dict:
     if kind not in CLIENT_EVENT_TYPES:
         raise ProtocolError(f"unknown client event type {kind!r}; supported: {', '.join(CLIENT_EVENT_TYPES)}",
                             code="unknown_event", param="type", event_id=event_id)
+    found = invalid_text(event)
+    if found:
+        raise ProtocolError(f"{found[0]} is not valid Unicode: it holds a lone UTF-16 surrogate at character "
+                            f"{found[1]}", code="invalid_unicode", param=found[0], event_id=event_id)
     if kind != "session.update":  # sessions are merged first, then validated whole (config.validate)
         try:
             _CLIENT.validate_python(event)

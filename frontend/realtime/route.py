@@ -2,7 +2,8 @@
 
 Authentication when the server has an API key: `Authorization: Bearer KEY` (SDKs), or the browser's
 subprotocol `openai-insecure-api-key.KEY`. A client that offers the `realtime` subprotocol gets it back.
-A session of an unknown or non-realtime model gets an `error` event, then the socket closes (1008).
+A session of an unknown or non-realtime model gets an `error` event, then the socket closes (1008); one
+of a sleeping pipeline gets `pipeline_sleeping`, then 1013 (try again later).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import FileResponse
 
+from omni_frontend.errors import APIError
 from omni_frontend.pipelines import CHAT
 from omni_frontend.realtime.protocol import ProtocolError, encode, error_event
 from omni_frontend.realtime.session import RealtimeSession
@@ -22,6 +24,7 @@ router = APIRouter()
 log = logging.getLogger("omni_frontend.realtime")
 PAGE = Path(__file__).resolve().parent.parent / "static" / "realtime.html"
 POLICY_VIOLATION = 1008
+TRY_AGAIN_LATER = 1013
 _KEY_PROTOCOL = "openai-insecure-api-key."
 
 
@@ -40,7 +43,7 @@ async def realtime(websocket: WebSocket):
     await websocket.accept(subprotocol="realtime" if "realtime" in protocols else None)
     model = websocket.query_params.get("model")
     pipeline = cfg.pipeline(model, CHAT) if model else next((p for p in cfg.pipelines if p.vad), None)
-    problem = None
+    problem, close_code = None, POLICY_VIOLATION
     if not _authorized(websocket, cfg.api_key, protocols):
         problem = ProtocolError("invalid or missing API key (Authorization: Bearer ...)", code="invalid_api_key",
                                 type="authentication_error")
@@ -48,9 +51,15 @@ async def realtime(websocket: WebSocket):
         served = ", ".join(p.name for p in cfg.pipelines if p.vad) or "none"
         problem = ProtocolError(f"model {model!r} does not serve realtime sessions; realtime models: {served}",
                                 code="model_not_found", param="model")
+    else:
+        try:
+            websocket.app.state.control.check(pipeline)
+        except APIError as exc:  # a sleeping pipeline: its models are unloaded
+            problem = ProtocolError(exc.message, code=exc.code, param=exc.param, type=exc.type)
+            close_code = TRY_AGAIN_LATER
     if problem is not None:
         await websocket.send_text(encode(error_event(problem)))
-        await websocket.close(POLICY_VIOLATION)
+        await websocket.close(close_code)
         return
     request_id = websocket.headers.get("x-request-id") or uuid.uuid4().hex
     session = RealtimeSession(websocket.app.state.triton, pipeline, model or pipeline.name, websocket.send_text,

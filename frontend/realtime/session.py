@@ -376,13 +376,18 @@ class RealtimeSession:
         response.reason = reason
         response.task.cancel()
         await asyncio.gather(response.task, return_exceptions=True)
+        if self.response is response:  # cancelled before its first step: _respond never ran, so end it here
+            self.response = None
+            await self.send({"type": "response.created", "response": response.wire("in_progress")})
+            await self.send({"type": "response.done", "response": response.wire(
+                "cancelled", {"type": "cancelled", "reason": reason})})
 
     async def _respond(self, response: Response) -> None:
         """Runs one response and always ends it with response.done (completed, cancelled or failed)."""
         status, details = "completed", None
-        await self.send({"type": "response.created", "response": response.wire("in_progress")})
         output = _Output(self, response)
         try:
+            await self.send({"type": "response.created", "response": response.wire("in_progress")})
             items = list(self.conversation.items)
             await asyncio.gather(*(item.transcribed.wait() for item in items))
             body = {"messages": self.conversation.messages(response.instructions, items),

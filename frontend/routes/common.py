@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 from fastapi import Request
+from pydantic import TypeAdapter, ValidationError
 
 from omni_frontend.config import FrontendConfig
-from omni_frontend.errors import APIError
+from omni_frontend.errors import APIError, bad_request
 from omni_frontend.pipelines import Pipeline
 from omni_frontend.triton_client import TritonClient
 
@@ -15,6 +16,21 @@ def config(request: Request) -> FrontendConfig:
 
 def triton(request: Request) -> TritonClient:
     return request.app.state.triton
+
+
+_BOOL = TypeAdapter(bool)
+
+
+def form_bool(value, name: str) -> bool:
+    """A multipart boolean field (None/"" = false): true/false, 1/0, yes/no, on/off as pydantic reads
+    them; anything else is a 400 naming the field (never silently false)."""
+    if value is None or value == "":
+        return False
+    try:
+        return _BOOL.validate_python(value)
+    except ValidationError:
+        raise bad_request(f"{name} must be a boolean (true or false), got {value!r}", param=name,
+                          code="invalid_value") from None
 
 
 def pipeline_for(request: Request, model: str | None, kind: str, route: str) -> Pipeline:

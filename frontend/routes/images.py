@@ -24,7 +24,8 @@ from typing import Literal
 import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sse_starlette.sse import EventSourceResponse
 from starlette.datastructures import UploadFile
 
@@ -38,7 +39,7 @@ from omni_frontend.routes.common import config, pipeline_for, triton
 router = APIRouter()
 FILES_PATH = "/files/images/"
 MULTIPLE = 16
-_SIZE = re.compile(r"^(\d{1,5})x(\d{1,5})$")
+_SIZE = re.compile(r"^([0-9]{1,5})x([0-9]{1,5})$")
 _QUALITIES = ("low", "medium", "high")
 MAX_EDIT_IMAGES = 4
 MAX_PROMPT_CHARS = 32000
@@ -112,9 +113,11 @@ def _size(request: Request, value: str | None, default: tuple[int, int] | None) 
 def _check(options: ImageOptions) -> None:
     if not options.prompt.strip():
         raise bad_request("prompt must not be empty", param="prompt", code="empty_prompt")
-    if len(options.prompt) > MAX_PROMPT_CHARS:
-        raise bad_request(f"prompt is {len(options.prompt)} characters; the limit is {MAX_PROMPT_CHARS}",
-                          param="prompt", code="prompt_too_long")
+    for name in ("prompt", "negative_prompt"):
+        text = getattr(options, name) or ""
+        if len(text) > MAX_PROMPT_CHARS:
+            raise bad_request(f"{name} is {len(text)} characters; the limit is {MAX_PROMPT_CHARS}",
+                              param=name, code="prompt_too_long")
     if options.background == "transparent":
         raise bad_request("background 'transparent' is not supported: the model paints opaque images",
                           param="background")
@@ -137,7 +140,10 @@ async def edits(request: Request):
                        code="unsupported_media_type")
     form = await request.form(max_part_size=cfg.limits.max_upload_bytes + 1)
     fields = {k: v for k, v in form.multi_items() if not isinstance(v, UploadFile)}
-    options = ImageOptions.model_validate(_typed(fields))
+    try:
+        options = ImageOptions.model_validate(_typed(fields))
+    except ValidationError as exc:  # a form value out of range: 400 naming the field, as for JSON bodies
+        raise RequestValidationError(exc.errors()) from exc
     _check(options)
     uploads = [v for k, v in form.multi_items() if k in ("image", "image[]") and isinstance(v, UploadFile)]
     if not uploads:
@@ -147,10 +153,6 @@ async def edits(request: Request):
     pipeline = _pipeline(request, options.model, "edit")
     pictures = [(await _decode_upload(await _read(upload, cfg.limits.max_upload_bytes, "image"), "image"))[0]
                 for upload in uploads]
-    for picture in pictures:
-        if picture.shape[0] * picture.shape[1] > MAX_UPLOAD_PIXELS:
-            raise bad_request(f"an input image has {picture.shape[1]}x{picture.shape[0]} pixels; at most "
-                              f"{MAX_UPLOAD_PIXELS}", param="image", code="image_too_large")
     padded, sizes = codec.stack(pictures)
     inputs = {"INPUT_IMAGES": padded, "INPUT_IMAGE_SIZES": sizes}
     pixels = pictures[0]
@@ -168,15 +170,14 @@ async def edits(request: Request):
 
 
 def _typed(fields: dict[str, str]) -> dict:
-    """Form strings -> JSON values for the numeric and boolean fields."""
+    """Form strings -> JSON values for the numeric fields (booleans are left to pydantic: true/false,
+    1/0, yes/no, on/off; anything else is a 400)."""
     typed: dict = dict(fields)
     for name, value in fields.items():
         if name in ("n", "output_compression", "partial_images", "seed", "num_inference_steps"):
             typed[name] = _number(value, name, int)
         elif name == "true_cfg_scale":
             typed[name] = _number(value, name, float)
-        elif name == "stream":
-            typed[name] = value.lower() in ("true", "1")
     return typed
 
 
@@ -196,9 +197,12 @@ async def _read(upload: UploadFile, limit: int, name: str) -> bytes:
 
 
 async def _decode_upload(data: bytes, name: str) -> tuple[np.ndarray, np.ndarray | None]:
-    """Decoded off the event loop (large images take tens of milliseconds)."""
+    """Decoded off the event loop (large images take tens of milliseconds); more than MAX_UPLOAD_PIXELS is
+    refused from the header, before decoding."""
     try:
-        return await asyncio.to_thread(codec.decode, data)
+        return await asyncio.to_thread(codec.decode, data, MAX_UPLOAD_PIXELS)
+    except codec.ImageTooLarge as exc:
+        raise bad_request(f"{name}: {exc}", param=name, code="image_too_large") from exc
     except codec.ImageDecodeError as exc:
         raise bad_request(f"{name} is not a readable image (png, jpeg, webp, ...): {exc}", param=name,
                           code="invalid_image") from exc

@@ -153,10 +153,15 @@ async def _sse(req: SpeechRequest, events, timer: RequestTimer):
 async def voices(request: Request, model: str | None = None):
     """The voices of every loaded pipeline that speaks (speech pipelines, and chat pipelines, whose
     `audio.voice` takes them), or of the one `model` names: {"object": "list", "voices": [{"id",
-    "model"}], "default": {model: id}}. 404 when `model` names no loaded pipeline with voices."""
+    "model"}], "default": {model: id}}. 404 when `model` names no loaded pipeline with voices, 503
+    `pipeline_sleeping` when it names a sleeping one; sleeping pipelines are left out of the full list."""
     listed, defaults = [], {}
     for p in config(request).pipelines:
         if p.kind not in (SPEECH, CHAT) or (model and model not in (p.name, *p.aliases)):
+            continue
+        if p.name in request.app.state.control.sleeping:  # its models are unloaded: 503 when named, else skipped
+            if model:
+                request.app.state.control.check(p)
             continue
         try:
             async for event, _ in pipeline_stream.events(triton(request), p.entry, {"action": "voices"},

@@ -29,7 +29,7 @@ from omni_frontend import pipeline_stream
 from omni_frontend.errors import APIError, bad_request
 from omni_frontend.pipeline_stream import until_disconnect
 from omni_frontend.pipelines import TRANSCRIPTION, Pipeline
-from omni_frontend.routes.common import config, pipeline_for, triton
+from omni_frontend.routes.common import config, form_bool, pipeline_for, triton
 
 router = APIRouter()
 _FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
@@ -117,7 +117,7 @@ async def transcriptions(request: Request):
     language = form.get("language") or None
     if language is not None and not re.fullmatch(r"[a-z]{2,3}", language):
         raise bad_request("language must be an ISO-639-1 code such as 'en'", param="language")
-    stream = str(form.get("stream", "false")).lower() == "true"
+    stream = form_bool(form.get("stream"), "stream")
     pipeline = pipeline_for(request, form.get("model"), TRANSCRIPTION, "transcriptions")
     ticket = admission.enter(request, pipeline)
     try:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
 import re
 import secrets
 import uuid
@@ -180,7 +181,7 @@ def resolve_params(req: VideoCreateRequest, described: dict) -> tuple[dict, str,
             duration = float(seconds)
         except ValueError:
             duration = -1.0
-        if not duration > 0:
+        if not (duration > 0 and math.isfinite(duration * fps)):  # "inf" / "1e308" overflowed to a 500
             raise bad_request(f"seconds must be a positive number, got {seconds!r}", param="seconds")
         frames = max(1, round(duration * fps / step)) * step + 1
     if frames > limits["max_frames"]:

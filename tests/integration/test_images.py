@@ -9,6 +9,8 @@ import base64
 import io
 import json
 import socket
+import struct
+import zlib
 
 import httpx
 import numpy as np
@@ -249,6 +251,43 @@ def test_bad_edit_input_is_a_4xx_before_any_model_work(image_server, files, data
     assert response.status_code == status, response.text
     assert response.json()["error"]["param"] == param
     assert _stage_requests(image_server) == before
+
+
+def _declared_png(width: int, height: int) -> bytes:
+    """A few hundred bytes of PNG whose header declares width x height RGB pixels (a decompression bomb)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"\x00" * (3 * width + 1) * 4)) + chunk(b"IEND", b""))
+
+
+@pytest.mark.parametrize("files, data, param, code", [
+    ({}, {"n": "0"}, "n", "invalid_value"),                       # form values out of range were a 500
+    ({}, {"true_cfg_scale": "nan"}, "true_cfg_scale", "invalid_value"),
+    ({}, {"output_format": "gif"}, "output_format", "invalid_value"),
+    ({}, {"stream": "maybe"}, "stream", "invalid_value"),         # was read as false
+    ({}, {"negative_prompt": "x" * 32001}, "negative_prompt", "prompt_too_long"),
+    ({"image": ("a.png", _declared_png(5000, 5000), "image/png")}, {}, "image", "image_too_large"),
+    ({"image": ("a.png", _declared_png(60000, 60000), "image/png")}, {}, "image", "image_too_large"),  # was a 500
+    ({"mask": ("m.png", _declared_png(5000, 5000), "image/png")}, {}, "mask", "image_too_large"),
+])
+def test_bad_edit_form_values_and_huge_declared_images_are_400(image_server, files, data, param, code):
+    before = _stage_requests(image_server)
+    parts = {"image": ("a.png", _png(SOURCE), "image/png"), **files}
+    response = httpx.post(f"{image_server.base_url}/v1/images/edits", files=parts,
+                          data={"model": "qwen_image_edit", "prompt": "blue", **data}, timeout=60)
+    assert response.status_code == 400, response.text
+    assert (response.json()["error"]["param"], response.json()["error"]["code"]) == (param, code)
+    assert _stage_requests(image_server) == before
+
+
+@pytest.mark.parametrize("body, param", [
+    ({**GEN, "negative_prompt": "x" * 32001}, "negative_prompt"),
+    ({**GEN, "size": "\uff16\uff14x\uff16\uff14"}, "size"),                     # full-width digits
+])
+def test_bad_generation_text_fields_are_400(image_server, body, param):
+    response = httpx.post(f"{image_server.base_url}/v1/images/generations", json=body, timeout=30)
+    assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text
 
 
 def test_json_body_to_edits_is_rejected(image_server):

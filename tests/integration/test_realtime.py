@@ -233,6 +233,9 @@ def test_realtime_rejects_misbehaving_clients_and_keeps_serving(voice_server):
         (json.dumps({"type": "conversation.item.truncate", "item_id": "nope", "content_index": 0, "audio_end_ms": 5}),
          "item_not_found"),
         (json.dumps({"type": "input_audio_buffer.append"}), "invalid_value"),
+        ('{"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": '
+         '[{"type": "input_text", "text": "hi \\ud800"}]}}', "invalid_unicode"),  # reached voice_llm: a 5xx failure
+        ('{"type": "session.update", "session": {"instructions": "\\udfff"}}', "invalid_unicode"),
     ]
     with websockets.sync.client.connect(url, max_size=None) as ws:
         assert json.loads(ws.recv())["type"] == "session.created"
@@ -267,6 +270,31 @@ def test_realtime_rejects_misbehaving_clients_and_keeps_serving(voice_server):
         ws.socket.close()  # gone without a close frame
     assert inflight_back_to_zero(voice_server)
     assert httpx.get(f"{voice_server.base_url}/health").status_code == 200
+
+
+def test_a_response_cancelled_before_it_starts_still_ends_and_frees_the_session(voice_server):
+    """response.cancel right behind response.create used to cancel the task before its first step: no
+    response.created / response.done, and every later response.create was refused as already active."""
+    url = voice_server.base_url.replace("http", "ws") + "/v1/realtime?model=voice"
+    create = json.dumps({"type": "response.create", "response": {"max_output_tokens": 2, "output_modalities": ["text"]}})
+    with websockets.sync.client.connect(url) as ws:
+        ws.recv()
+        ws.send(json.dumps({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+                                                                         "content": [{"type": "input_text", "text": "Hi"}]}}))
+        ws.send(create)
+        ws.send(json.dumps({"type": "response.cancel"}))
+        events = []
+        while not events or events[-1]["type"] != "response.done":
+            events.append(json.loads(ws.recv(timeout=30)))
+        kinds = [e["type"] for e in events]
+        assert "response.created" in kinds and "error" not in kinds, kinds
+        assert events[-1]["response"]["status"] == "cancelled"
+        assert events[-1]["response"]["status_details"]["reason"] == "client_cancelled"
+        ws.send(create)  # the session is free again
+        while (event := json.loads(ws.recv(timeout=60)))["type"] != "response.done":
+            assert event["type"] != "error", event
+        assert event["response"]["status"] in ("completed", "incomplete")
+    assert inflight_back_to_zero(voice_server)
 
 
 def test_session_update_merges_and_vad_can_be_turned_off(voice_server):

@@ -45,6 +45,7 @@ def test_page_talks_through_a_fake_microphone(voice_server, tmp_path):
             heard = page.inner_text(".turn.user .text")
             answer = reply.query_selector(".text").inner_text()
             page.click("#stop")
+            page.wait_for_timeout(300)  # audio sources stopped by Stop end asynchronously: they must not reopen the status
             status = page.inner_text("#status")
         finally:
             browser.close()

@@ -251,6 +251,8 @@ def test_spoken_question_gets_the_same_answer_as_the_text_one(client):
     ("transcriptions", {"files": {"file": ("a.wav", b"\0" * (25 * 1024 * 1024 + 10), "audio/wav")},
                         "data": {"model": "whisper-1"}}, 413, "file"),
     ("transcriptions", {"data": {"model": "whisper-1"}}, 400, "file"),
+    ("transcriptions", {"files": {"file": ("a.wav", b"x", "audio/wav")},          # was read as stream=false
+                        "data": {"model": "whisper-1", "stream": "perhaps"}}, 400, "stream"),
 ])
 def test_bad_audio_requests_get_openai_errors(voice_server, route, kwargs, status, param):
     response = httpx.post(f"{voice_server.base_url}/v1/audio/{route}", timeout=60, **kwargs)

@@ -3,6 +3,8 @@ limit, served by a real uvicorn over real sockets (keep-alive behaviour is the p
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
 import threading
 import time
@@ -10,12 +12,14 @@ import time
 import httpx
 import pytest
 import uvicorn
+import websockets.sync.client
 
 from omni_frontend.admission import Gate
 from omni_frontend.app import create_app
 from omni_frontend.config import FrontendConfig, RequestLimits
 from omni_frontend.errors import APIError
 from omni_frontend.observability import FrontendMetrics
+from omni_frontend.pipelines import REGISTRY
 from omni_frontend.tritonserver import free_port
 
 pytestmark = pytest.mark.unit
@@ -123,6 +127,23 @@ def test_queue_wait_is_bounded_and_a_long_expected_wait_is_refused_at_once():
     asyncio.run(scenario())
 
 
+@contextlib.contextmanager
+def _served(app):
+    """A real uvicorn serving `app` on a free port in a thread; yields its http://127.0.0.1:PORT."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.02)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
 @pytest.fixture(scope="module")
 def edge_app_url():
     """A real uvicorn serving the app (no Triton needed for these routes) plus a route with a bug."""
@@ -132,16 +153,8 @@ def edge_app_url():
     async def _bug():
         raise RuntimeError("a bug")
 
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
+    with _served(app) as url:
+        yield url
 
 
 def test_unhandled_error_is_a_500_envelope_that_closes_the_connection_cleanly(edge_app_url, caplog):
@@ -165,3 +178,20 @@ def test_body_limit_gives_413_envelope_for_declared_and_chunked_bodies(edge_app_
             assert response.json()["error"]["code"] == "request_too_large"
             assert "1000 byte limit" in response.json()["error"]["message"]
         assert client.get("/v1/models").status_code == 200
+
+
+def test_a_sleeping_pipeline_is_503_on_voices_and_refused_by_realtime():
+    """Its models are unloaded: naming it used to reach Triton ('unknown model' -> 500, or a realtime
+    session whose every response failed with a server error)."""
+    app = create_app(FrontendConfig(triton_url="127.0.0.1:1", pipelines=[REGISTRY["voice"]]))
+    app.state.control.sleeping.add("voice")
+    with _served(app) as url:
+        named = httpx.get(f"{url}/v1/audio/voices?model=voice", timeout=10)
+        assert named.status_code == 503 and named.json()["error"]["code"] == "pipeline_sleeping", named.text
+        listed = httpx.get(f"{url}/v1/audio/voices", timeout=10)
+        assert listed.status_code == 200 and listed.json()["voices"] == [], listed.text
+        with websockets.sync.client.connect(url.replace("http", "ws") + "/v1/realtime?model=voice") as ws:
+            assert json.loads(ws.recv(timeout=10))["error"]["code"] == "pipeline_sleeping"
+            with pytest.raises(websockets.exceptions.ConnectionClosed) as closed:
+                ws.recv(timeout=10)
+            assert closed.value.rcvd.code == 1013

@@ -37,6 +37,13 @@ def test_decode_returns_alpha_and_rejects_non_images():
         images.decode(b"not an image")
 
 
+def test_decode_refuses_too_many_pixels_from_the_header():
+    png = images.encode(PIXELS, "png")
+    assert images.decode(png, max_pixels=24 * 40)[0].shape == (24, 40, 3)
+    with pytest.raises(images.ImageTooLarge, match="40x24"):
+        images.decode(png, max_pixels=24 * 40 - 1)
+
+
 def test_stack_pads_and_records_sizes():
     padded, sizes = images.stack([PIXELS, PIXELS[:10, :5]])
     assert padded.shape == (2, 24, 40, 3) and sizes.tolist() == [[24, 40], [10, 5]]

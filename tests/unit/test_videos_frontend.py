@@ -121,6 +121,7 @@ def test_resolve_params_fills_defaults_and_rounds_frames_to_4k_plus_1(fields, ex
 
 @pytest.mark.parametrize("fields, param", [({"size": "100x100"}, "size"), ({"size": "1024x1024"}, "size"),
                                            ({"seconds": "-1"}, "seconds"), ({"seconds": "6"}, "seconds"),
+                                           ({"seconds": "inf"}, "seconds"), ({"seconds": "1e308"}, "seconds"),
                                            ({"num_frames": 8}, "num_frames"), ({"num_inference_steps": 201},
                                                                                "num_inference_steps")])
 def test_resolve_params_rejects_what_the_model_cannot_do(fields, param):
