@@ -179,7 +179,10 @@ def test_api_key_dead_stage_recovery_and_clean_shutdown(tmp_path):
         stubs = [p for p in children if "triton_python_backend_stub" in " ".join(p.cmdline())]
         assert len(stubs) == 2
         victim = next(p for p in stubs if "mock_stream/1/model.py" in " ".join(p.cmdline()))
-        long_body = {"model": "relay", "messages": [{"role": "user", "content": "hi"}], "repeat": 5000, "delay_ms": 20}
+        # One token a second: the stub is killed while it sleeps, not while it holds one of the Python
+        # backend's shared-memory locks (a stub killed inside a send can abort tritonserver itself with
+        # boost::interprocess::lock_exception, which no model-level recovery can catch).
+        long_body = {"model": "relay", "messages": [{"role": "user", "content": "hi"}], "repeat": 100, "delay_ms": 1000}
         with ThreadPoolExecutor(2) as pool:
             in_flight = [pool.submit(httpx.post, chat_url, json=long_body, headers=auth, timeout=120) for _ in range(2)]
             assert wait_for(lambda: metric_value(server.metrics_url, "omni_inflight_requests", model="mock_stream") == 2, 30)
