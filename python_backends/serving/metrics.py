@@ -94,7 +94,7 @@ class StageMetrics:
     def started(self) -> None:
         with self._lock:
             self._count += 1
-        self._inflight.increment(1)  # not set(count): the instances of a model share its metrics
+            self._inflight.set(self._count)
 
     def tensor(self, name: str, direction: str, gpu: bool) -> None:
         """Count one tensor `name` received ("in") or sent ("out") in GPU or CPU memory."""
@@ -110,8 +110,8 @@ class StageMetrics:
     def finished(self, outcome: str) -> None:
         with self._lock:
             self._count -= 1
-        self._inflight.increment(-1)
-        self._total[outcome].increment(1)
+            self._inflight.set(self._count)
+            self._total[outcome].increment(1)
 
     def set_healthy(self, healthy: bool) -> None:
         """Report a worker loop crash (False; counts a restart) or its recovery (True)."""

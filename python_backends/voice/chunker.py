@@ -1,8 +1,8 @@
 """Sentence chunker for LLM -> TTS streaming: turns text deltas into speakable chunks.
 
-Chunks start small and grow toward sentences, so speech starts while the LLM is still writing (Kokoro's
-cost is about proportional to the audio it renders, so a short first chunk is heard soonest) and later
-chunks, synthesised while earlier ones play, need fewer calls:
+Chunks start small and grow toward sentences, so speech starts while the LLM is still writing and each
+next chunk is synthesised while the previous one plays (Kokoro's cost is about proportional to the audio
+it makes, so a chunk up to ~2x longer than the one playing is ready in time):
 - chunk 0 ends at the first clause boundary (, ; : or a sentence end) once it holds `first_min_words`
   words, or after `first_max_words` words when no boundary came;
 - chunk k > 0 ends at a sentence end (. ! ?) once it holds `min_words` words, or at a clause boundary
@@ -26,7 +26,7 @@ _ABBREVIATIONS = {"mr", "mrs", "ms", "dr", "st", "vs", "etc", "e.g", "i.e", "jr"
 class SentenceChunker:
     """Feed text deltas with `feed`, get speakable chunks (stripped, never empty); call `flush` at the end."""
 
-    def __init__(self, first_min_words: int = 3, first_max_words: int = 4, min_words: int = 4, max_words: int = 40,
+    def __init__(self, first_min_words: int = 3, first_max_words: int = 6, min_words: int = 4, max_words: int = 40,
                  growth: float = 2.0):
         self.first_min_words, self.first_max_words = first_min_words, first_max_words
         self.min_words, self.max_words, self.growth = min_words, max_words, growth

@@ -1,19 +1,19 @@
 """tts: the client-facing text-to-speech orchestrator (BLS, decoupled) over voice_tts.
 
 REQUEST {"input": str, "voice": str, "speed": float} -> one {"type": "audio.delta", "sample_rate": 24000,
-"transcript"} + AUDIO per sentence chunk (up to `tts_lookahead` chunks, config parameter, are synthesised
-at once, one per voice_tts instance, and sent in order),
+"transcript"} + AUDIO per sentence chunk (the next chunk is synthesised while the current one is sent),
 then {"type": "done", "usage": {"input_tokens" (phoneme tokens), "output_tokens": 0, "total_tokens"}}.
 REQUEST {"action": "voices"} -> {"type": "voices", "voices": [str], "default": str}.
 """
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 
 from omni_backends.errors import RequestError
-from omni_backends.serving import bls, events, model_config
+from omni_backends.serving import bls, events
 from omni_backends.serving.decoupled import AsyncDecoupledModel
-from omni_backends.serving.lookahead import ordered_map
 from omni_backends.voice.chunker import SentenceChunker
 from omni_backends.voice.tts import DEFAULT_VOICE, SAMPLE_RATE, check_speed, resolve_voice, voice_names
 
@@ -21,7 +21,6 @@ from omni_backends.voice.tts import DEFAULT_VOICE, SAMPLE_RATE, check_speed, res
 class TritonPythonModel(AsyncDecoupledModel):
     def setup(self, args: dict) -> None:
         self.voices = voice_names()
-        self.lookahead = model_config.int_parameter(self.parameters, "tts_lookahead", 1)
 
     async def handle(self, ctx):
         body = ctx.body()
@@ -38,15 +37,16 @@ class TritonPythonModel(AsyncDecoupledModel):
         if not chunks:
             raise RequestError("input contains nothing speakable (no letters or digits)", param="input")
         tokens = 0
-
-        async def texts():
-            for chunk in chunks:
-                yield chunk
-
-        async for chunk, (audio, count) in ordered_map(texts(), lambda text: speak(ctx, text, voice, speed),
-                                                       self.lookahead):
-            tokens += count
-            yield {"type": "audio.delta", "sample_rate": SAMPLE_RATE, "transcript": chunk}, audio
+        pending = asyncio.ensure_future(speak(ctx, chunks[0], voice, speed))
+        try:
+            for index, chunk in enumerate(chunks):
+                audio, count = await pending
+                if index + 1 < len(chunks):  # synthesise the next chunk while this one is sent
+                    pending = asyncio.ensure_future(speak(ctx, chunks[index + 1], voice, speed))
+                tokens += count
+                yield {"type": "audio.delta", "sample_rate": SAMPLE_RATE, "transcript": chunk}, audio
+        finally:
+            pending.cancel()
         yield {"type": "done", "usage": {"input_tokens": tokens, "output_tokens": 0, "total_tokens": tokens}}, None
 
 

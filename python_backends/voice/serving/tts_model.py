@@ -1,5 +1,4 @@
-"""voice_tts: Kokoro-82M synthesis of one text chunk, a stateless stage (max_batch_size 1, 2 instances of one thread
-each, so two chunks are synthesised at once; see model_repository/voice_tts/config.pbtxt).
+"""voice_tts: Kokoro-82M synthesis of one text chunk, a stateless stage with dynamic batching.
 
 Contract:
   TEXT   BYTES [batch, 1]        text to speak (a sentence or a few; long text is split, never truncated)

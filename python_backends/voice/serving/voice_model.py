@@ -15,9 +15,8 @@ import numpy as np
 
 from omni_backends.errors import RequestError
 from omni_backends.serving.fanin import FanIn
-from omni_backends.serving import bls, events, model_config
+from omni_backends.serving import bls, events
 from omni_backends.serving.decoupled import AsyncDecoupledModel
-from omni_backends.serving.lookahead import ordered_map
 from omni_backends.voice.chunker import SentenceChunker
 from omni_backends.chat_request import audio_clips
 from omni_backends.voice.protocol import SAMPLING_FIELDS, text_messages
@@ -31,7 +30,6 @@ _END = object()
 class TritonPythonModel(AsyncDecoupledModel):
     def setup(self, args: dict) -> None:
         self.voices = voice_names()
-        self.lookahead = model_config.int_parameter(self.parameters, "tts_lookahead", 1)
 
     async def handle(self, ctx):
         body = ctx.body()
@@ -53,7 +51,7 @@ class TritonPythonModel(AsyncDecoupledModel):
         chunks: asyncio.Queue | None = asyncio.Queue() if voice else None
         out.spawn(_write(ctx, llm_body, "text" in modalities, chunks, out))
         if voice:
-            out.spawn(_speak_chunks(ctx, voice, chunks, out, self.lookahead))
+            out.spawn(_speak_chunks(ctx, voice, chunks, out))
         done = None
         try:
             async for item in out:
@@ -93,18 +91,13 @@ async def _write(ctx, llm_body: dict, send_text: bool, chunks: asyncio.Queue | N
         await chunks.put(_END)
 
 
-async def _speak_chunks(ctx, voice: str, chunks: asyncio.Queue, out: FanIn, lookahead: int) -> None:
+async def _speak_chunks(ctx, voice: str, chunks: asyncio.Queue, out: FanIn) -> None:
     """Speak sentence chunks in order as they arrive; each becomes one audio.delta event whose
-    transcript is the chunk (after a space from the second on, so transcripts concatenate). The first
-    chunk is synthesised alone (nothing competes with it for the cores), later ones up to `lookahead` at
-    once. When the request ends early this task is cancelled: queued chunks are dropped, the ones being
-    spoken are cancelled in voice_tts (bls.infer)."""
-    async def texts():
-        while (chunk := await chunks.get()) is not _END:
-            yield chunk
-
+    transcript is the chunk (after a space from the second on, so transcripts concatenate). When the
+    request ends early this task is cancelled: queued chunks are dropped, the one being spoken is
+    cancelled in voice_tts (bls.infer)."""
     separator = ""
-    async for chunk, (audio, _) in ordered_map(texts(), lambda text: speak(ctx, text, voice, 1.0), lookahead,
-                                              first_alone=True):
+    while (chunk := await chunks.get()) is not _END:
+        audio, _ = await speak(ctx, chunk, voice, 1.0)
         await out.put(({"type": "audio.delta", "sample_rate": SAMPLE_RATE, "transcript": separator + chunk}, audio))
         separator = " "
