@@ -28,16 +28,14 @@ class HeartbeatReader:
         Models that never reported one (e.g. ensembles, which have no stub) are not judged here.
         Raises httpx.HTTPError if the metrics endpoint cannot be read."""
         beats = (await self._by_model((HEARTBEAT,)))[HEARTBEAT]
-        now = time.time()
-        return [m for m in models if m in beats and now - beats[m] > stale_after_s]
+        return _stale(models, beats, stale_after_s)
 
     async def unhealthy_models(self, models: list[str], stale_after_s: float) -> list[str]:
         """Models among `models` with a stale heartbeat (as `stale_models`) or a worker loop that is
         restarting (omni_model_healthy 0). Raises httpx.HTTPError if the metrics cannot be read."""
         values = await self._by_model((HEARTBEAT, HEALTHY))
-        beats, healthy = values[HEARTBEAT], values[HEALTHY]
-        now = time.time()
-        return [m for m in models if (m in beats and now - beats[m] > stale_after_s) or healthy.get(m, 1.0) == 0]
+        stale = set(_stale(models, values[HEARTBEAT], stale_after_s))
+        return [m for m in models if m in stale or values[HEALTHY].get(m, 1.0) == 0]
 
     async def _by_model(self, names: tuple[str, ...]) -> dict[str, dict[str, float]]:
         if self._client is None:
@@ -54,3 +52,10 @@ class HeartbeatReader:
         if self._client is not None:
             await self._client.aclose()
             self._client = None
+
+
+def _stale(models: list[str], beats: dict[str, float], stale_after_s: float) -> list[str]:
+    """Models among `models` whose heartbeat (unix time) in `beats` is older than stale_after_s; models
+    without one are not judged."""
+    now = time.time()
+    return [m for m in models if m in beats and now - beats[m] > stale_after_s]

@@ -159,7 +159,10 @@ class BatchLoop:
 
 
 def asks_to_stop(cancelled) -> bool:
-    """A request's `cancelled()` probe, made safe: a probe that fails never cancels the request."""
+    """A request's optional `cancelled()` probe, made safe: no probe, or a probe that fails, never
+    cancels the request."""
+    if cancelled is None:
+        return False
     try:
         return bool(cancelled())
     except Exception:  # noqa: BLE001

@@ -131,7 +131,7 @@ class DenoiseLoop(BatchLoop):
 
     # ---- loop thread ----------------------------------------------------------------------------
     def _iterate(self, admitted: list[_Entry]) -> None:
-        gone = [e for e in self._running.values() if e.cancelled is not None and asks_to_stop(e.cancelled)]
+        gone = [e for e in self._running.values() if asks_to_stop(e.cancelled)]
         if gone:
             self._finish_aborted(gone)
         groups: dict[Hashable, list[_Entry]] = {}

@@ -174,7 +174,7 @@ class EngineLoop(BatchLoop):
 
     def _drop_cancelled(self, requests: list[EngineRequest]) -> None:
         """Abort requests whose caller gave up, before any (more) prefill work on them."""
-        gone = [r for r in requests if r.cancelled is not None and asks_to_stop(r.cancelled)]
+        gone = [r for r in requests if asks_to_stop(r.cancelled)]
         if gone:
             self._finish_all(gone, "abort")
 
