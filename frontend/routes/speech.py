@@ -164,15 +164,14 @@ async def voices(request: Request, model: str | None = None):
                 request.app.state.control.check(p)
             continue
         try:
-            async for event, _ in pipeline_stream.events(triton(request), p.entry, {"action": "voices"},
-                                                          request.state.request_id):
-                if event.get("type") == "voices":
-                    listed += [{"id": v, "model": p.name} for v in event["voices"]]
-                    defaults[p.name] = event.get("default")
+            event = await pipeline_stream.voices(triton(request), p.entry, request.state.request_id)
         except APIError as exc:
             if exc.status >= 500:
                 raise
-            # a custom chat pipeline that does not speak rejects the action: it has no voices
+            event = None  # a custom chat pipeline that does not speak rejects the action: it has no voices
+        if event is not None:
+            listed += [{"id": v, "model": p.name} for v in event["voices"]]
+            defaults[p.name] = event.get("default")
     if model and not defaults:
         raise APIError(404, f"no loaded pipeline named '{model}' has voices", param="model", code="model_not_found")
     return {"object": "list", "voices": listed, "default": defaults}
