@@ -4,7 +4,9 @@ pipeline that speaks (speech and chat pipelines).
 Speech pipeline REQUEST JSON: {"input": str, "voice": str, "speed": float} -> events
 {"type": "audio.delta", "sample_rate"} + AUDIO float32, then {"type": "done", "usage":
 {"input_tokens", "output_tokens", "total_tokens"}}. Any speaking pipeline (speech or chat) answers
-{"action": "voices"} with one event {"type": "voices", "voices": [str], "default": str}.
+{"action": "voices"} with one event {"type": "voices", "voices": [str], "default": str}; with a "voice"
+added it first checks that name as a request's voice (a 400 naming `voice` if unknown) and the event
+adds "voice": the name it resolves to (omni_frontend.pipeline_stream.voices).
 
 Bodies: `pcm` streams raw PCM16 as each chunk is spoken; `wav` and the compressed formats are whole files
 sent when the speech is complete (a WAV file carries its real RIFF/data sizes); `stream_format: "sse"`
