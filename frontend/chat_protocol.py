@@ -82,11 +82,12 @@ class AudioParams(BaseModel):
 
 
 class StreamOptions(BaseModel):
+    model_config = ConfigDict(strict=True)  # nested models keep their own config: strict as ChatRequest
     include_usage: bool = False
 
 
 class Message(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Annotated[str | list[dict] | None, WithJsonSchema(_CONTENT_SCHEMA)] = None
 

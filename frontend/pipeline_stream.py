@@ -31,6 +31,19 @@ async def events(client: TritonClient, model: str, body: dict, request_id: str,
         yield json.loads(raw.reshape(-1)[0]), (data if data is not None and data.size else None)
 
 
+async def voices(client: TritonClient, model: str, request_id: str, voice: str | None = None) -> dict | None:
+    """The pipeline's answer to REQUEST {"action": "voices"}: {"type": "voices", "voices": [str], "default": str},
+    or None when it answers with no such event (a pipeline that does not speak). With `voice`, the pipeline
+    first checks that name as a request's `voice` would be checked, and the event adds "voice": the name it
+    resolves to. Raises APIError (400, param "voice", for a voice the pipeline refuses)."""
+    body = {"action": "voices"} if voice is None else {"action": "voices", "voice": voice}
+    found = None
+    async for event, _ in events(client, model, body, request_id):
+        if event.get("type") == "voices":
+            found = event
+    return found
+
+
 async def until_disconnect(request: Request, work):
     """Awaits coroutine `work` unless the HTTP client goes away first; then cancels it (which
     cancels its Triton stream) and raises APIError 499 (client closed request: logged and counted

@@ -7,15 +7,22 @@ be encodable Unicode before anything reaches a tokenizer, phonemizer or encoder.
 JSON may spell a lone UTF-16 surrogate ("\\ud800"); Python's json module turns it into a str that
 no UTF-8 encoder accepts, so it would fail deep inside a stage. Multipart form fields, query
 strings and paths cannot carry one (Starlette decodes them as UTF-8 or Latin-1).
+
+Value formats more than one route checks live here too (LANGUAGE_CODE).
 """
 from __future__ import annotations
 
+import re
 
 from fastapi import Request
 from starlette.requests import HTTPConnection
 from starlette.exceptions import HTTPException
 
 from omni_frontend.errors import APIError, bad_request
+
+# an ISO-639-1 (or -3) language code as Whisper takes it: /v1/audio/transcriptions `language`, realtime
+# `audio.input.transcription.language`
+LANGUAGE_CODE = re.compile(r"[a-z]{2,3}")
 
 
 class BodyLimitMiddleware:

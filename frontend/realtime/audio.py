@@ -52,14 +52,15 @@ class InputDecoder:
             self._g711.sample_rate, self._g711.layout = rate, "mono"
         self._resampler = None if rate == STAGE_RATE else _resampler(STAGE_RATE)
 
-    def decode(self, data: bytes) -> np.ndarray:
-        """float32 [samples] at 16 kHz for one payload. Raises ProtocolError for a PCM payload of odd length."""
+    def decode(self, data: bytes, param: str = "audio") -> np.ndarray:
+        """float32 [samples] at 16 kHz for one payload. Raises ProtocolError (naming `param`, the client
+        event's field) for a PCM payload of odd length."""
         if self._g711 is not None:
             frames = self._g711.decode(av.Packet(data)) if data else []
             pcm = np.concatenate([f.to_ndarray().reshape(-1) for f in frames]) if frames else np.zeros(0, np.int16)
         else:
             if len(data) % 2:
-                raise ProtocolError("PCM16 audio must have an even number of bytes", code="invalid_audio", param="audio")
+                raise ProtocolError("PCM16 audio must have an even number of bytes", code="invalid_audio", param=param)
             pcm = np.frombuffer(data, dtype="<i2")
         return _run(self._resampler, pcm.astype(np.float32) / 32768.0, self.rate)
 

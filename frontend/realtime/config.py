@@ -16,7 +16,8 @@ import dataclasses
 import pydantic
 from openai.types.realtime import RealtimeSessionCreateRequest, RealtimeTranscriptionSessionCreateRequest
 
-from omni_frontend.realtime.protocol import ProtocolError, validation_error
+from omni_frontend.realtime.protocol import ProtocolError, check
+from omni_frontend.validation import LANGUAGE_CODE
 
 INPUT_PCM_RATES = (24000, 16000, 8000)
 G711_RATE = 8000
@@ -29,7 +30,9 @@ SERVER_VAD = {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, 
 # semantic_vad is served by the same Silero VAD; eagerness picks how long a pause ends the turn.
 SEMANTIC_SILENCE_MS = {"low": 1000, "medium": 500, "auto": 500, "high": 250}
 MAX_OUTPUT_TOKENS = 4096
-_SCHEMAS = {"realtime": RealtimeSessionCreateRequest, "transcription": RealtimeTranscriptionSessionCreateRequest}
+_SCHEMAS = {"realtime": pydantic.TypeAdapter(RealtimeSessionCreateRequest),
+            "transcription": pydantic.TypeAdapter(RealtimeTranscriptionSessionCreateRequest)}
+READ_ONLY = ("object", "id")  # set by the server (session.created); an update may echo them, they are kept
 
 
 def default_session(model: str, session_id: str) -> dict:
@@ -94,7 +97,7 @@ def _format(spec: dict | None, rates: tuple[int, ...], param: str) -> tuple[str,
     if kind != "audio/pcm" or rate not in rates:
         raise ProtocolError(f"{param}: unsupported audio format {spec!r}; supported: audio/pcm at "
                             f"{' / '.join(map(str, rates))} Hz, audio/pcmu, audio/pcma", code="unsupported_audio_format",
-                            param=param)
+                            param=f"{param}.rate" if kind == "audio/pcm" else f"{param}.type")
     return "pcm", rate
 
 
@@ -110,16 +113,18 @@ def _schema_copy(session: dict) -> dict:
 
 def validate(session: dict, event_id: str | None = None) -> SessionSettings:
     """Effective settings of a merged session. Raises ProtocolError (param = the field, prefixed
-    "session.") for anything the SDK schema or this server does not accept."""
+    "session.") for anything the SDK schema (strict types, no unknown fields) or this server does not
+    accept. The voice is checked by the session against its pipeline (`RealtimeSession._check_voice`)."""
     kind = session.get("type", "realtime")
     if kind not in _SCHEMAS:
         raise ProtocolError(f"session.type must be 'realtime' or 'transcription', got {kind!r}", param="session.type",
                             event_id=event_id)
+    checked = _schema_copy(session)
+    for key in READ_ONLY:
+        checked.pop(key, None)
+    check(_SCHEMAS[kind], checked, event_id, prefix="session.")
     try:
-        _SCHEMAS[kind].model_validate(_schema_copy(session))
         return _settings(session, kind)
-    except pydantic.ValidationError as exc:
-        raise validation_error(exc, event_id, prefix="session.") from None
     except ProtocolError as exc:
         exc.event_id = event_id
         if exc.param and not exc.param.startswith("session."):
@@ -132,32 +137,91 @@ def _settings(session: dict, kind: str) -> SessionSettings:
     audio_in, audio_out = audio.get("input") or {}, audio.get("output") or {}
     input_format, input_rate = _format(audio_in.get("format"), INPUT_PCM_RATES, "audio.input.format")
     output_format, output_rate = _format(audio_out.get("format"), (OUTPUT_PCM_RATE,), "audio.output.format")
-    for name, value, default in (("tools", session.get("tools"), []), ("prompt", session.get("prompt"), None),
-                                 ("audio.input.noise_reduction", audio_in.get("noise_reduction"), None)):
-        if value not in (default, None):
+    transcription = audio_in.get("transcription")
+    for name, value in (("tools", session.get("tools")), ("prompt", session.get("prompt")),
+                        ("audio.input.noise_reduction", audio_in.get("noise_reduction")),
+                        ("audio.input.transcription.keywords", (transcription or {}).get("keywords")),
+                        ("audio.input.transcription.languages", (transcription or {}).get("languages"))):
+        if value:
             raise ProtocolError(f"{name} is not supported by this server", code="unsupported_feature", param=name)
+    language = (transcription or {}).get("language")
+    if language is not None and not LANGUAGE_CODE.fullmatch(language):
+        raise ProtocolError(f"audio.input.transcription.language must be an ISO-639-1 code such as 'en', got {language!r}",
+                            param="audio.input.transcription.language")
     if audio_out.get("speed") not in (None, 1, 1.0):
         raise ProtocolError("audio.output.speed other than 1.0 is not supported by the voice pipeline",
                             code="unsupported_feature", param="audio.output.speed")
     vad, create, interrupt = _turn_detection(audio_in.get("turn_detection"))
-    modalities = session.get("output_modalities") or ["audio"]
-    if not modalities:
-        raise ProtocolError("output_modalities must not be empty", param="output_modalities")
-    tokens = session.get("max_output_tokens", "inf")
-    if tokens not in ("inf", None) and not (isinstance(tokens, int) and 1 <= tokens <= MAX_OUTPUT_TOKENS):
-        raise ProtocolError(f"max_output_tokens must be 'inf' or an integer in [1, {MAX_OUTPUT_TOKENS}]",
-                            param="max_output_tokens")
-    transcription = audio_in.get("transcription")
-    voice = audio_out.get("voice") or DEFAULT_VOICE
     return SessionSettings(
-        kind=kind, instructions=session.get("instructions") or "", audio_out="audio" in modalities,
-        voice=voice if isinstance(voice, str) else voice.get("id", DEFAULT_VOICE),
+        kind=kind, instructions=session.get("instructions") or "",
+        audio_out=_audio_out(session.get("output_modalities"), True, "output_modalities"),
+        voice=voice_name(audio_out.get("voice")) or DEFAULT_VOICE,
         input_format=input_format, input_rate=input_rate, output_format=output_format, output_rate=output_rate,
         vad=vad, create_response=create and kind == "realtime", interrupt_response=interrupt and kind == "realtime",
         transcribe=transcription is not None or kind == "transcription",
         transcription_language=(transcription or {}).get("language") or "en",
         transcription_prompt=(transcription or {}).get("prompt"),
-        max_tokens=None if tokens in ("inf", None) else tokens)
+        max_tokens=_max_tokens(session.get("max_output_tokens"), None, "max_output_tokens"))
+
+
+def voice_name(voice: str | dict | None) -> str | None:
+    """The voice id of an `audio.output.voice` value (a name, or a custom voice `{"id": ...}`)."""
+    return voice.get("id") if isinstance(voice, dict) else voice
+
+
+def _audio_out(modalities: list[str] | None, default: bool, param: str) -> bool:
+    if modalities is None:
+        return default
+    if not modalities:
+        raise ProtocolError(f"{param} must not be empty: ['audio'] or ['text']", param=param)
+    return "audio" in modalities
+
+
+def _max_tokens(tokens: int | str | None, default: int | None, param: str) -> int | None:
+    """None for "inf"; `default` when not given. Raises ProtocolError outside [1, MAX_OUTPUT_TOKENS]."""
+    if tokens is None:
+        return default
+    if tokens != "inf" and not 1 <= tokens <= MAX_OUTPUT_TOKENS:
+        raise ProtocolError(f"{param} must be 'inf' or an integer in [1, {MAX_OUTPUT_TOKENS}], got {tokens}", param=param)
+    return None if tokens == "inf" else tokens
+
+
+@dataclasses.dataclass(frozen=True)
+class ResponseSettings:
+    """What one response does: a `response.create` event's `response` object over the session's settings.
+    voice: the voice id (checked against the pipeline by the session); in_conversation: False for
+    `conversation: "none"` (out of band); output_format / output_rate as in SessionSettings."""
+
+    audio_out: bool
+    voice: str
+    instructions: str
+    max_tokens: int | None
+    in_conversation: bool
+    output_format: str
+    output_rate: int
+
+
+def response_settings(spec: dict, session: SessionSettings) -> ResponseSettings:
+    """Settings of a `response.create` event's `response` (already checked against the SDK's
+    RealtimeResponseCreateParams: strict types, no unknown fields). Raises ProtocolError (param
+    "response.<field>") for a value this server does not accept, before anything runs."""
+    for name, given in (("input", spec.get("input") is not None), ("tools", bool(spec.get("tools"))),
+                        ("prompt", spec.get("prompt") is not None)):
+        if given:
+            raise ProtocolError(f"response.{name} is not supported by this server", code="unsupported_feature",
+                                param=f"response.{name}")
+    conversation = spec.get("conversation")
+    if conversation not in (None, "auto", "none"):
+        raise ProtocolError(f"response.conversation must be 'auto' or 'none', got {conversation!r}",
+                            param="response.conversation")
+    audio_out = (spec.get("audio") or {}).get("output") or {}
+    output_format, output_rate = ((session.output_format, session.output_rate) if audio_out.get("format") is None else
+                                  _format(audio_out["format"], (OUTPUT_PCM_RATE,), "response.audio.output.format"))
+    return ResponseSettings(
+        audio_out=_audio_out(spec.get("output_modalities"), session.audio_out, "response.output_modalities"),
+        voice=voice_name(audio_out.get("voice")) or session.voice, instructions=spec.get("instructions") or session.instructions,
+        max_tokens=_max_tokens(spec.get("max_output_tokens"), session.max_tokens, "response.max_output_tokens"),
+        in_conversation=conversation != "none", output_format=output_format, output_rate=output_rate)
 
 
 def _turn_detection(spec: dict | None) -> tuple[dict | None, bool, bool]:

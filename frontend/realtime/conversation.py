@@ -55,8 +55,9 @@ class Item:
 
 
 def item_from_client(spec: dict, decode_audio) -> Item:
-    """An Item from a `conversation.item.create` item (message items only). decode_audio(base64) ->
-    float32 16 kHz. Raises ProtocolError for other item types, roles or content part types."""
+    """An Item from a `conversation.item.create` item (message items only). decode_audio(base64, param) ->
+    float32 16 kHz, where param is the part's field (`item.content[2].audio`) for its errors. Raises
+    ProtocolError for other item types, roles or content part types."""
     if spec.get("type") != "message":
         raise ProtocolError(f"item type {spec.get('type')!r} is not supported (only 'message')", param="item.type",
                             code="unsupported_item")
@@ -70,7 +71,8 @@ def item_from_client(spec: dict, decode_audio) -> Item:
         if kind == "input_audio":
             if not part.get("audio"):
                 raise ProtocolError("input_audio parts need base64 'audio'", param=f"item.content[{index}].audio")
-            parts.append(Part(kind, text=part.get("transcript") or "", audio=decode_audio(part["audio"])))
+            audio = decode_audio(part["audio"], f"item.content[{index}].audio")
+            parts.append(Part(kind, text=part.get("transcript") or "", audio=audio))
         else:
             parts.append(Part(kind, text=part.get("text") or part.get("transcript") or ""))
     if not parts:
@@ -92,15 +94,17 @@ class Conversation:
         if previous_item_id is None:
             index = len(self.items)
         else:
-            index = 0 if previous_item_id == "root" else self.index(previous_item_id) + 1
+            index = 0 if previous_item_id == "root" else self.index(previous_item_id, "previous_item_id") + 1
         self.items.insert(index, item)
         return self.items[index - 1].id if index else None
 
-    def index(self, item_id: str) -> int:
+    def index(self, item_id: str, param: str = "item_id") -> int:
+        """Position of the item; raises ProtocolError (item_not_found, naming the client event's field
+        `param`) when there is none."""
         for index, item in enumerate(self.items):
             if item.id == item_id:
                 return index
-        raise ProtocolError(f"no item with id {item_id!r}", param="item_id", code="item_not_found")
+        raise ProtocolError(f"no item with id {item_id!r}", param=param, code="item_not_found")
 
     def get(self, item_id: str) -> Item:
         return self.items[self.index(item_id)]
@@ -137,8 +141,8 @@ def truncate(item: Item, content_index: int, audio_end_ms: int) -> None:
                             code="invalid_value")
     part = item.parts[content_index]
     total = sum(ms for _, ms in part.spoken)
-    if audio_end_ms > total + 1:
-        raise ProtocolError(f"audio_end_ms {audio_end_ms} is past the end of the audio ({total:.0f} ms)",
+    if not 0 <= audio_end_ms <= total + 1:
+        raise ProtocolError(f"audio_end_ms {audio_end_ms} is outside the audio (0 to {total:.0f} ms)",
                             param="audio_end_ms", code="invalid_value")
     heard, elapsed = [], 0.0
     for text, ms in part.spoken:

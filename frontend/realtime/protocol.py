@@ -46,8 +46,10 @@ def decode(text: str | bytes) -> dict:
     """Parse one client WebSocket message into the event dict (as sent, for lossless session merges).
 
     Raises ProtocolError: invalid_json, unknown_event (a type that is not a GA client event),
-    invalid_unicode (a string holds a lone UTF-16 surrogate, as the HTTP routes refuse), or
-    invalid_value (the event does not match its SDK model; param names the field)."""
+    invalid_unicode (a string holds a lone UTF-16 surrogate, as the HTTP routes refuse),
+    invalid_value (the event does not match its SDK model with strict types; param names the field in
+    the event's own notation, e.g. `item.content[0].audio`) or unknown_parameter (a field the model
+    does not define)."""
     try:
         event = json.loads(text)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -64,22 +66,92 @@ def decode(text: str | bytes) -> dict:
         raise ProtocolError(f"{found[0]} is not valid Unicode: it holds a lone UTF-16 surrogate at character "
                             f"{found[1]}", code="invalid_unicode", param=found[0], event_id=event_id)
     if kind != "session.update":  # sessions are merged first, then validated whole (config.validate)
-        try:
-            _CLIENT.validate_python(event)
-        except pydantic.ValidationError as exc:
-            raise validation_error(exc, event_id, skip=1) from None
+        check(_CLIENT, event, event_id)
     elif not isinstance(event.get("session"), dict):
         raise ProtocolError("session.update needs a 'session' object", param="session", event_id=event_id)
+    else:
+        unknown = next((key for key in event if key not in ("type", "event_id", "session")), None)
+        if unknown is not None:
+            raise ProtocolError(f"unknown parameter '{unknown}'", code="unknown_parameter", param=unknown,
+                                event_id=event_id)
+        if event.get("event_id") is not None and event_id is None:
+            raise ProtocolError("event_id: Input should be a valid string", param="event_id")
     return event
 
 
-def validation_error(exc: pydantic.ValidationError, event_id: str | None, skip: int = 0, prefix: str = "") -> ProtocolError:
-    """The first pydantic error as a ProtocolError whose param is the dotted field path (union-branch
-    names dropped; `skip` leading path parts dropped)."""
-    first = exc.errors()[0]
-    loc = [str(p) for p in first["loc"][skip:] if not (isinstance(p, str) and (p[:1].isupper() or "[" in p))]
-    param = prefix + ".".join(loc)
-    return ProtocolError(f"{param or 'event'}: {first['msg']}", param=param or None, event_id=event_id)
+def check(schema, data: dict, event_id: str | None = None, prefix: str = "") -> None:
+    """Validate `data` against an SDK model or TypeAdapter with strict types ("5" is not an integer, "yes"
+    not a boolean: the value is used as sent, so it must already have the type) and no unknown fields.
+
+    Raises ProtocolError: invalid_value (param = `prefix` + the field's path in `data`, e.g.
+    `item.content[0].audio`) or unknown_parameter (a field the model does not define)."""
+    try:
+        validated = schema.validate_python(data, strict=True)
+    except pydantic.ValidationError as exc:
+        error = _intended_error(exc.errors(), data)
+        param = prefix + field_path(data, error["loc"], error["type"] == "missing")
+        raise ProtocolError(f"{param or 'event'}: {error['msg']}", param=param or None, event_id=event_id) from None
+    unknown = _unknown_field(validated)
+    if unknown:
+        raise ProtocolError(f"unknown parameter '{prefix}{unknown}'", code="unknown_parameter",
+                            param=prefix + unknown, event_id=event_id)
+
+
+def field_path(data, loc: tuple, last_is_field: bool = False) -> str:
+    """The path of pydantic error location `loc` in `data`, as the client wrote it (`audio.output.voice`,
+    `item.content[0].type`): location parts that are not keys or indices of `data` (union branch names such
+    as `ServerVad` or `str`) are left out; `last_is_field` keeps a last part absent from `data` (a missing field)."""
+    node, path = data, ""
+    for index, part in enumerate(loc):
+        if isinstance(node, dict) and isinstance(part, str) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node, path = node[part], f"{path}[{part}]"
+            continue
+        elif not (last_is_field and index == len(loc) - 1):
+            continue
+        path = f"{path}.{part}" if path else str(part)
+    return path
+
+
+def _intended_error(errors: list[dict], data) -> dict:
+    """The error of the union branch the client meant. A smart union (client events, conversation items,
+    audio formats, turn detection) reports every branch's errors; a branch whose `type` or `role` does not
+    match the input (literal_error or missing right under the branch name) is another kind of object, so
+    its errors are left out. When every branch is another kind, the closest one's mismatch is reported:
+    `role` before `type` (the type matched), fewest mismatches first."""
+    mismatches: dict[tuple, list[dict]] = {}
+    for error in errors:
+        loc = error["loc"]
+        if error["type"] in ("literal_error", "missing") and loc and loc[-1] in ("type", "role") \
+                and field_path(data, loc[:-1]) == field_path(data, loc[:-2]):  # the parent is a branch name
+            mismatches.setdefault(loc[:-1], []).append(error)
+    for error in errors:
+        if not any(error["loc"][:len(branch)] == branch for branch in mismatches):
+            return error
+    closest = min(mismatches.values(), key=lambda found: (any(e["loc"][-1] == "type" for e in found), len(found)))[0]
+    path = field_path(data, closest["loc"], True)
+    expected = dict.fromkeys(e["ctx"]["expected"] for found in mismatches.values() for e in found
+                             if e["type"] == "literal_error" and field_path(data, e["loc"], True) == path)
+    if len(expected) > 1:  # every branch's value for the field, not only the closest one's
+        return {**closest, "msg": f"Input should be one of {', '.join(expected)}"}
+    return closest
+
+
+def _unknown_field(model, path: str = "") -> str | None:
+    """Path of the first field of a validated SDK model tree that its model does not define, or None."""
+    if isinstance(model, list):
+        return next((found for index, child in enumerate(model) if (found := _unknown_field(child, f"{path}[{index}]"))),
+                    None)
+    if not isinstance(model, pydantic.BaseModel):
+        return None
+    for name in model.model_extra or {}:
+        return f"{path}.{name}" if path else name
+    for name in model.model_fields_set:
+        found = _unknown_field(getattr(model, name), f"{path}.{name}" if path else name)
+        if found:
+            return found
+    return None
 
 
 def encode(event: dict) -> str:

@@ -35,18 +35,13 @@ MIN_COMMIT_MS = 100  # OpenAI: a commit needs at least 100 ms of audio
 
 
 class Response:
-    """The state of one response while it runs."""
+    """The state of one response while it runs (`settings`: session_config.response_settings of its spec)."""
 
-    def __init__(self, spec: dict, settings: session_config.SessionSettings):
+    def __init__(self, spec: dict, settings: session_config.ResponseSettings):
         self.id = new_id("resp")
-        self.spec = spec
-        self.audio_out = "audio" in (spec.get("output_modalities") or (["audio"] if settings.audio_out else ["text"]))
-        voice = ((spec.get("audio") or {}).get("output") or {}).get("voice") or settings.voice
-        self.voice = voice if isinstance(voice, str) else voice.get("id")
-        self.instructions = spec.get("instructions") or settings.instructions
-        tokens = spec.get("max_output_tokens", settings.max_tokens)
-        self.max_tokens = None if tokens in (None, "inf") else tokens
-        self.in_conversation = spec.get("conversation", "auto") != "none"
+        self.spec, self.settings = spec, settings
+        self.audio_out, self.voice, self.instructions = settings.audio_out, settings.voice, settings.instructions
+        self.max_tokens, self.in_conversation = settings.max_tokens, settings.in_conversation
         self.item: Item | None = None
         self.reason = "client_cancelled"
         self.usage = None
@@ -157,7 +152,7 @@ class RealtimeSession:
             raise
 
     async def _on_session_update(self, event: dict) -> None:
-        update = event["session"]
+        update = {k: v for k, v in event["session"].items() if k not in session_config.READ_ONLY}
         base = self.session
         if update.get("type") == "transcription" and base.get("type") != "transcription":
             base = {"type": "transcription", "object": "realtime.transcription_session", "id": base["id"],
@@ -169,7 +164,9 @@ class RealtimeSession:
         if merged.get("type") == "realtime":
             merged["model"] = self.model  # the connection's pipeline; a session cannot switch models
         settings = session_config.validate(merged, event.get("event_id"))
-        old = self.settings
+        if settings.kind == "realtime" and settings.voice != self.settings.voice:
+            await self._check_voice(settings.voice, "session.audio.output.voice")
+        old = self.settings  # nothing of the session changes before every check has passed
         self.session, self.settings = merged, settings
         if (settings.input_format, settings.input_rate) != (old.input_format, old.input_rate):
             self.decoder = InputDecoder(settings.input_format, settings.input_rate)
@@ -210,7 +207,7 @@ class RealtimeSession:
                             "on the client and send conversation.item.truncate", code="unsupported_event")
 
     async def _on_conversation_item_create(self, event: dict) -> None:
-        item = item_from_client(event["item"], lambda b64: self.decoder.decode(b64decode(b64, "item.content.audio")))
+        item = item_from_client(event["item"], lambda b64, param: self.decoder.decode(b64decode(b64, param), param))
         previous = self.conversation.add(item, event.get("previous_item_id"))
         await self._announce(item, previous)
         if not item.transcribed.is_set():
@@ -237,10 +234,10 @@ class RealtimeSession:
             raise ProtocolError(f"conversation already has an active response {self.response.id}",
                                 code="conversation_already_has_active_response")
         spec = event.get("response") or {}
-        if spec.get("input") is not None or spec.get("tools"):
-            raise ProtocolError("response.input and response.tools are not supported by this server",
-                                code="unsupported_feature", param="response.input")
-        self._start_response(spec)
+        settings = session_config.response_settings(spec, self.settings)
+        if settings.audio_out and settings.voice != self.settings.voice:
+            await self._check_voice(settings.voice, "response.audio.output.voice")
+        self._start_response(spec, settings)
 
     async def _on_response_cancel(self, event: dict) -> None:
         wanted = event.get("response_id")
@@ -268,7 +265,7 @@ class RealtimeSession:
         await self._announce(item, previous)
         self._spawn(self._transcribe(item))
         if self.settings.create_response and self.response is None:
-            self._start_response({})
+            self._start_response({}, session_config.response_settings({}, self.settings))
 
     async def _announce(self, item: Item, previous: str | None) -> None:
         await self.send({"type": "conversation.item.added", "item": item.wire(), "previous_item_id": previous})
@@ -364,8 +361,20 @@ class RealtimeSession:
                 await self._commit(audio, item_id)
 
     # -- responses ---------------------------------------------------------------------------------
-    def _start_response(self, spec: dict) -> None:
-        response = Response(spec, self.settings)
+    async def _check_voice(self, voice: str, param: str) -> None:
+        """Ask the pipeline whether it speaks `voice` (its own check of a request's voice), so that an
+        unknown voice is refused by the event that sets it, not when a response runs. Raises ProtocolError
+        naming `param` (the field of the client event)."""
+        try:
+            await pipeline_stream.voices(self.triton, self.pipeline.entry, self.request_id, voice)
+        except APIError as exc:
+            if exc.status >= 500:
+                raise ProtocolError(f"could not check the voice: {exc.message}", code=exc.code or "pipeline_error",
+                                    type=exc.type) from None
+            raise ProtocolError(exc.message, code=exc.code or "invalid_value", param=param) from None
+
+    def _start_response(self, spec: dict, settings: session_config.ResponseSettings) -> None:
+        response = Response(spec, settings)
         self.response = response
         response.task = asyncio.create_task(self._respond(response))
 
@@ -404,8 +413,8 @@ class RealtimeSession:
         except APIError as exc:
             status = "failed"
             details = {"type": "failed", "error": {"type": exc.type, "code": exc.code or "pipeline_error"}}
-            await self.error(ProtocolError(exc.message, code=exc.code or "pipeline_error", param=exc.param,
-                                           type=exc.type))
+            # the pipeline's param names a field of its own request, not of a client event: none to point at
+            await self.error(ProtocolError(exc.message, code=exc.code or "pipeline_error", type=exc.type))
         except Exception as exc:  # noqa: BLE001 - the session survives our own bugs too; the client is told
             log.exception("realtime response %s failed", response.id)
             status, details = "failed", {"type": "failed", "error": {"type": "server_error", "code": "internal_error"}}
@@ -423,7 +432,7 @@ class _Output:
 
     def __init__(self, session: RealtimeSession, response: Response):
         self.session, self.response = session, response
-        settings = session.settings
+        settings = response.settings
         self.encoder = OutputEncoder(settings.output_format, settings.output_rate)
         self.part = Part("output_audio" if response.audio_out else "output_text")
         self.finish_reason = None

@@ -34,7 +34,7 @@ from omni_frontend import images as codec
 from omni_frontend import pipeline_stream
 from omni_frontend.errors import APIError, bad_request
 from omni_frontend.pipelines import IMAGE, Pipeline
-from omni_frontend.routes.common import config, pipeline_for, triton
+from omni_frontend.routes.common import config, form_bool, pipeline_for, triton
 
 router = APIRouter()
 FILES_PATH = "/files/images/"
@@ -47,9 +47,11 @@ MAX_UPLOAD_PIXELS = 4096 * 4096
 
 
 class ImageOptions(BaseModel):
-    """The fields both routes share (OpenAI's, then the diffusion extensions)."""
+    """The fields both routes share (OpenAI's, then the diffusion extensions). Types are strict, as
+    OpenAI's API is typed: `"n": "2"` or `"stream": "true"` in JSON is a 400 naming the field; the edits
+    form's strings are converted by `_typed` first."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     prompt: str
     model: str | None = None
     n: int = Field(default=1, ge=1, le=10)
@@ -170,14 +172,16 @@ async def edits(request: Request):
 
 
 def _typed(fields: dict[str, str]) -> dict:
-    """Form strings -> JSON values for the numeric fields (booleans are left to pydantic: true/false,
-    1/0, yes/no, on/off; anything else is a 400)."""
+    """Form strings -> JSON values for the numeric and boolean fields (booleans: true/false, 1/0, yes/no,
+    on/off; anything else is a 400 naming the field)."""
     typed: dict = dict(fields)
     for name, value in fields.items():
         if name in ("n", "output_compression", "partial_images", "seed", "num_inference_steps"):
             typed[name] = _number(value, name, int)
         elif name == "true_cfg_scale":
             typed[name] = _number(value, name, float)
+        elif name == "stream":
+            typed[name] = form_bool(value, name)
     return typed
 
 

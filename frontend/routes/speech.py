@@ -4,7 +4,9 @@ pipeline that speaks (speech and chat pipelines).
 Speech pipeline REQUEST JSON: {"input": str, "voice": str, "speed": float} -> events
 {"type": "audio.delta", "sample_rate"} + AUDIO float32, then {"type": "done", "usage":
 {"input_tokens", "output_tokens", "total_tokens"}}. Any speaking pipeline (speech or chat) answers
-{"action": "voices"} with one event {"type": "voices", "voices": [str], "default": str}.
+{"action": "voices"} with one event {"type": "voices", "voices": [str], "default": str}; with a "voice"
+added it first checks that name as a request's voice (a 400 naming `voice` if unknown) and the event
+adds "voice": the name it resolves to (omni_frontend.pipeline_stream.voices).
 
 Bodies: `pcm` streams raw PCM16 as each chunk is spoken; `wav` and the compressed formats are whole files
 sent when the speech is complete (a WAV file carries its real RIFF/data sizes); `stream_format: "sse"`
@@ -164,15 +166,14 @@ async def voices(request: Request, model: str | None = None):
                 request.app.state.control.check(p)
             continue
         try:
-            async for event, _ in pipeline_stream.events(triton(request), p.entry, {"action": "voices"},
-                                                          request.state.request_id):
-                if event.get("type") == "voices":
-                    listed += [{"id": v, "model": p.name} for v in event["voices"]]
-                    defaults[p.name] = event.get("default")
+            event = await pipeline_stream.voices(triton(request), p.entry, request.state.request_id)
         except APIError as exc:
             if exc.status >= 500:
                 raise
-            # a custom chat pipeline that does not speak rejects the action: it has no voices
+            event = None  # a custom chat pipeline that does not speak rejects the action: it has no voices
+        if event is not None:
+            listed += [{"id": v, "model": p.name} for v in event["voices"]]
+            defaults[p.name] = event.get("default")
     if model and not defaults:
         raise APIError(404, f"no loaded pipeline named '{model}' has voices", param="model", code="model_not_found")
     return {"object": "list", "voices": listed, "default": defaults}

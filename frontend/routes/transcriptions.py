@@ -14,7 +14,6 @@ text, one `transcript.text.done` with the text and usage, then `data: [DONE]`.
 from __future__ import annotations
 
 import json
-import re
 
 import numpy as np
 from fastapi import APIRouter, Request
@@ -30,6 +29,7 @@ from omni_frontend.errors import APIError, bad_request
 from omni_frontend.pipeline_stream import until_disconnect
 from omni_frontend.pipelines import TRANSCRIPTION, Pipeline
 from omni_frontend.routes.common import config, form_bool, pipeline_for, triton
+from omni_frontend.validation import LANGUAGE_CODE
 
 router = APIRouter()
 _FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
@@ -115,7 +115,7 @@ async def transcriptions(request: Request):
     if any(g not in ("word", "segment") for g in granularities):
         raise bad_request("timestamp_granularities must be 'word' and/or 'segment'", param="timestamp_granularities")
     language = form.get("language") or None
-    if language is not None and not re.fullmatch(r"[a-z]{2,3}", language):
+    if language is not None and not LANGUAGE_CODE.fullmatch(language):
         raise bad_request("language must be an ISO-639-1 code such as 'en'", param="language")
     stream = form_bool(form.get("stream"), "stream")
     pipeline = pipeline_for(request, form.get("model"), TRANSCRIPTION, "transcriptions")

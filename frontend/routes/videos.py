@@ -31,7 +31,7 @@ from starlette.datastructures import UploadFile
 
 from omni_frontend.config import FrontendConfig
 from omni_frontend.errors import APIError, bad_request
-from omni_frontend.pipelines import VIDEO, Pipeline
+from omni_frontend.pipelines import VIDEO
 from omni_frontend.routes.common import config, pipeline_for
 from omni_frontend.videos import encoding
 from omni_frontend.videos.runner import VideoRunner, save_reference
@@ -147,13 +147,6 @@ def _reference_image(reference: dict | None, upload: bytes | None, max_pixels: i
         raise bad_request(f"input_reference: {exc}", param="input_reference", code="invalid_image") from exc
 
 
-def _video_pipeline(request: Request, model: str | None) -> Pipeline:
-    try:
-        return pipeline_for(request, model, VIDEO, "videos")
-    except APIError as exc:  # an unknown model is a bad value of the `model` field here, as at OpenAI
-        raise APIError(400, exc.message, param="model", code=exc.code) if exc.status == 404 and model else exc
-
-
 def resolve_params(req: VideoCreateRequest, described: dict) -> tuple[dict, str, str]:
     """Pipeline REQUEST fields, the `seconds` string and the `size` string for a create request, with the
     pipeline's defaults filled in. Raises APIError 400 naming the field that breaks a limit."""
@@ -211,7 +204,7 @@ async def create_video(request: Request):
         raise RequestValidationError(exc.errors()) from exc
     if not req.prompt.strip():
         raise bad_request("prompt must not be empty", param="prompt", code="empty_prompt")
-    pipeline = _video_pipeline(request, req.model)
+    pipeline = pipeline_for(request, req.model, VIDEO, "videos")  # an unknown model: 404, as on every route
     described = await runner.describe(pipeline.name)
     params, seconds, size = resolve_params(req, described)
     image = _reference_image(req.input_reference, upload, described["limits"]["max_reference_pixels"])

@@ -37,13 +37,22 @@ def read_json(tensor: np.ndarray):
 
 
 def wants_voices(body: dict) -> bool:
-    """True for the REQUEST {"action": "voices"}, which every pipeline that speaks answers with voices_event."""
+    """True for the REQUEST {"action": "voices"[, "voice": name]}, which every pipeline that speaks answers
+    with voices_event."""
     return body.get("action") == "voices"
 
 
-def voices_event(voices, default: str) -> dict:
-    """The one event answering {"action": "voices"}: the voice names a request may pass, and the default."""
-    return {"type": "voices", "voices": list(voices), "default": default}
+def voices_event(voices, default: str, body: dict | None = None, resolve=None) -> dict:
+    """The one event answering {"action": "voices"}: the voice names a request may pass, and the default.
+
+    When the REQUEST `body` names a "voice", `resolve(voice)` (the pipeline's own check of a request's
+    `voice`, e.g. omni_backends.voice.tts.resolve_voice) runs first, so a name the pipeline would refuse
+    raises its RequestError (param "voice") now, and the event adds "voice": the name it resolves to.
+    Clients check a voice this way before they use it (the realtime session at `session.update`)."""
+    event = {"type": "voices", "voices": list(voices), "default": default}
+    if (body or {}).get("voice") is not None:
+        event["voice"] = resolve(body["voice"])
+    return event
 
 
 def encode_event(event: dict, audio: np.ndarray | None = None) -> dict[str, np.ndarray]:

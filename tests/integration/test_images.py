@@ -224,6 +224,14 @@ GEN = {"model": "qwen_image", "prompt": "a cat", "size": "64x64"}
     ({**GEN, "n": 11}, 400, "n"),
     ({**GEN, "response_format": "bmp"}, 400, "response_format"),
     ({**GEN, "model": "qwen_image_edit"}, 400, "model"),
+    # OpenAI's API is typed: a JSON string is not a number, a number not a boolean (these used to be coerced)
+    ({**GEN, "n": "2"}, 400, "n"),
+    ({**GEN, "seed": "7"}, 400, "seed"),
+    ({**GEN, "num_inference_steps": 2.5}, 400, "num_inference_steps"),
+    ({**GEN, "true_cfg_scale": "4"}, 400, "true_cfg_scale"),
+    ({**GEN, "output_compression": True}, 400, "output_compression"),
+    ({**GEN, "stream": "true"}, 400, "stream"),
+    ({**GEN, "stream": 1, "partial_images": 1}, 400, "stream"),
 ])
 def test_bad_generation_input_is_a_4xx_before_any_model_work(image_server, body, status, param):
     before = _stage_requests(image_server)

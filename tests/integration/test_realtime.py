@@ -272,6 +272,90 @@ def test_realtime_rejects_misbehaving_clients_and_keeps_serving(voice_server):
     assert httpx.get(f"{voice_server.base_url}/health").status_code == 200
 
 
+def _refused(ws, event: dict) -> tuple[dict, dict]:
+    """Send `event` (with event_id "evt_bad"), read its `error` event, then send a harmless session.update:
+    (the error, the session.updated that follows it directly: nothing was started in between)."""
+    ws.send(json.dumps({**event, "event_id": "evt_bad"}))
+    error = json.loads(ws.recv(timeout=60))
+    ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "instructions": "Be brief."}}))
+    return error, json.loads(ws.recv(timeout=60))
+
+
+def test_unknown_voice_is_refused_by_session_update_and_the_session_keeps_its_voice(voice_server):
+    """An unknown voice used to be accepted by session.update and to fail only at response.create. The
+    pipeline's own voice check now runs at the update: an error naming session.audio.output.voice, and the
+    session keeps its voice and answers with speech."""
+    url = voice_server.base_url.replace("http", "ws") + "/v1/realtime?model=voice"
+    with websockets.sync.client.connect(url) as ws:
+        assert json.loads(ws.recv())["type"] == "session.created"
+        error, updated = _refused(ws, {"type": "session.update", "session": {
+            "type": "realtime", "audio": {"output": {"voice": "nope"}}}})
+        assert error["type"] == "error", error
+        assert (error["error"]["type"], error["error"]["param"], error["error"]["event_id"]) == (
+            "invalid_request_error", "session.audio.output.voice", "evt_bad")
+        assert "nope" in error["error"]["message"] and "jf_alpha" in error["error"]["message"]  # lists the voices
+        assert updated["type"] == "session.updated" and updated["session"]["audio"]["output"]["voice"] == "alloy"
+        ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "audio": {  # a shipped voice
+            "output": {"voice": "jf_nezumi"}, "input": {"turn_detection": None}}}}))
+        assert json.loads(ws.recv(timeout=60))["session"]["audio"]["output"]["voice"] == "jf_nezumi"
+        ws.send(json.dumps({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+                                                                         "content": [{"type": "input_text", "text": "Hi"}]}}))
+        ws.send(json.dumps({"type": "response.create", "response": {"max_output_tokens": 4}}))
+        events = []
+        while not events or events[-1]["type"] != "response.done":
+            events.append(json.loads(ws.recv(timeout=120)))
+    assert [e for e in events if e["type"] == "error"] == []
+    assert events[-1]["response"]["status"] in ("completed", "incomplete")
+    assert events[-1]["response"]["audio"]["output"]["voice"] == "jf_nezumi"
+    audio = b"".join(base64.b64decode(e["delta"]) for e in events if e["type"] == "response.output_audio.delta")
+    assert len(audio) > RATE // 10 and np.abs(np.frombuffer(audio, "<i2")).max() > 1000  # it spoke
+
+
+VOICE_PART = base64.b64encode(b"\0\1\2").decode()  # 3 bytes: not whole PCM16 samples
+
+
+@pytest.mark.parametrize("event, code, param", [
+    ({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"turn_detection": {
+        "threshold": "0.5"}}}}}, "invalid_value", "session.audio.input.turn_detection.threshold"),
+    ({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"turn_detection": {
+        "type": "semantic_vad", "eagerness": "sometimes"}}}}}, "invalid_value", "session.audio.input.turn_detection.eagerness"),
+    ({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"format": {
+        "type": "audio/pcm", "rate": 44100}}}}}, "unsupported_audio_format", "session.audio.input.format.rate"),
+    ({"type": "session.update", "session": {"type": "realtime", "audio": {"output": {"format": {
+        "type": "audio/opus"}}}}}, "invalid_value", "session.audio.output.format.type"),
+    ({"type": "session.update", "session": {"type": "realtime", "max_output_tokens": 0}}, "invalid_value",
+     "session.max_output_tokens"),
+    ({"type": "conversation.item.truncate", "item_id": "item_1", "content_index": 0, "audio_end_ms": "5"},
+     "invalid_value", "audio_end_ms"),
+    ({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
+        {"type": "input_txt", "text": "hi"}]}}, "invalid_value", "item.content[0].type"),
+    ({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
+        {"type": "input_text", "text": "hi"}, {"type": "input_audio", "audio": VOICE_PART}]}},
+     "invalid_audio", "item.content[1].audio"),
+    ({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
+        {"type": "input_audio", "audio": "not base64!"}]}}, "invalid_base64", "item.content[0].audio"),
+    ({"type": "conversation.item.create", "previous_item_id": "item_nope", "item": {"type": "message", "role": "user",
+                                                                                   "content": [{"type": "input_text", "text": "hi"}]}},
+     "item_not_found", "previous_item_id"),
+    ({"type": "response.create", "response": {"tools": [{"type": "function", "name": "f"}]}}, "unsupported_feature",
+     "response.tools"),
+    ({"type": "response.create", "response": {"audio": {"output": {"voice": "nope"}}}}, "invalid_value",
+     "response.audio.output.voice"),
+    ({"type": "response.create", "response": {"voice": "echo"}}, "unknown_parameter", "response.voice"),
+])
+def test_error_events_name_the_wrong_field_of_the_client_event(voice_server, event, code, param):
+    """Every refused event gets an `error` whose param is the wrong field in the event's own notation
+    (indices in brackets), its event_id, and nothing starts: the next event is served at once."""
+    url = voice_server.base_url.replace("http", "ws") + "/v1/realtime?model=voice"
+    with websockets.sync.client.connect(url) as ws:
+        ws.recv()
+        error, updated = _refused(ws, event)
+    assert error["type"] == "error", error
+    assert (error["error"]["type"], error["error"]["code"], error["error"]["param"], error["error"]["event_id"]) == (
+        "invalid_request_error", code, param, "evt_bad"), error
+    assert updated["type"] == "session.updated" and updated["session"]["audio"]["output"]["voice"] == "alloy"
+
+
 def test_a_response_cancelled_before_it_starts_still_ends_and_frees_the_session(voice_server):
     """response.cancel right behind response.create used to cancel the task before its first step: no
     response.created / response.done, and every later response.create was refused as already active."""

@@ -201,12 +201,15 @@ REFERENCE_PNG = base64.b64encode(_png()).decode()
     ({"seconds": "soon"}, "seconds", None),
     ({"seconds": "60"}, "seconds", None),                       # 961 frames: over the model's 81
     ({"num_frames": 10}, "num_frames", None),                   # not 4k+1
-    ({"model": "sora-3"}, "model", "model_not_found"),
     ({"prompt": ""}, "prompt", "empty_prompt"),
     ({"prompt": None}, "prompt", "invalid_value"),
     ({"num_inference_steps": 0}, "num_inference_steps", "invalid_value"),
     ({"num_inference_steps": 201}, "num_inference_steps", None),
     ({"seed": "7"}, "seed", "invalid_value"),                   # JSON types are strict
+    ({"fps": "16"}, "fps", "invalid_value"),
+    ({"num_frames": 5.0}, "num_frames", "invalid_value"),
+    ({"guidance_scale": "4"}, "guidance_scale", "invalid_value"),
+    ({"num_inference_steps": True}, "num_inference_steps", "invalid_value"),
     ({"resolution": "hd"}, "resolution", "invalid_value"),      # unknown field
     ({"input_reference": {"image_url": f"data:image/png;base64,{REFERENCE_PNG}"}}, "input_reference",
      "unsupported_parameter"),                                  # text-to-video checkpoint
@@ -221,6 +224,11 @@ def test_bad_create_requests_get_400(wan_server, body, param, code):
 
 def test_bad_lookups_get_404_and_400(wan_server):
     base = wan_server.base_url
+    # an unknown model is a 404 model_not_found, as on the chat, speech and image routes (it was a 400 here)
+    unknown = httpx.post(f"{base}/v1/videos", json={"prompt": "a cat", "model": "sora-3"})
+    assert unknown.status_code == 404, unknown.text
+    assert (unknown.json()["error"]["type"], unknown.json()["error"]["param"], unknown.json()["error"]["code"]) == (
+        "not_found_error", "model", "model_not_found")
     for method, path in (("GET", "/v1/videos/video_nope"), ("DELETE", "/v1/videos/video_nope"),
                          ("GET", "/v1/videos/video_nope/content")):
         response = httpx.request(method, base + path)

@@ -140,6 +140,14 @@ def test_chat_audio_object_is_validated_strictly(audio, param):
     assert ".".join(str(p) for p in info.value.errors()[0]["loc"]) == param
 
 
+@pytest.mark.parametrize("fields, param", [({"stream_options": {"include_usage": "yes"}}, "stream_options.include_usage"),
+                                           ({"max_tokens": "10"}, "max_tokens"), ({"stream": 1}, "stream")])
+def test_chat_json_types_are_strict_in_nested_objects_too(fields, param):
+    with pytest.raises(pydantic.ValidationError) as info:
+        ChatRequest(model="voice", messages=USER, **fields)
+    assert ".".join(str(p) for p in info.value.errors()[0]["loc"]) == param
+
+
 def test_request_limits():
     limits = RequestLimits(max_text_chars=10, max_messages=2, max_audio_seconds=0.6)
     for request, param, code in [

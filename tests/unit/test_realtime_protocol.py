@@ -1,6 +1,8 @@
 """Realtime session configuration, event codec, input/output audio and conversation logic (no server)."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -45,16 +47,91 @@ def test_format_type_change_replaces_the_object_and_rates_are_checked():
 
 
 @pytest.mark.parametrize("update, param", [
-    ({"output_modalities": ["video"]}, "session.output_modalities.0"),
+    ({"output_modalities": ["video"]}, "session.output_modalities[0]"),
     ({"max_output_tokens": 0}, "session.max_output_tokens"),
     ({"audio": {"input": {"turn_detection": {"threshold": 1.5}}}}, "session.audio.input.turn_detection.threshold"),
     ({"tools": [{"type": "function", "name": "f"}]}, "session.tools"),
     ({"type": "chat"}, "session.type"),
+    # strict types: the value is used as sent (a string threshold used to fail later, as a TypeError)
+    ({"audio": {"input": {"turn_detection": {"threshold": "0.5"}}}}, "session.audio.input.turn_detection.threshold"),
+    ({"audio": {"input": {"turn_detection": {"silence_duration_ms": True}}}},
+     "session.audio.input.turn_detection.silence_duration_ms"),
+    ({"audio": {"input": {"turn_detection": {"create_response": "yes"}}}},
+     "session.audio.input.turn_detection.create_response"),
+    ({"audio": {"input": {"turn_detection": {"prefix_padding_ms": -1}}}},
+     "session.audio.input.turn_detection.prefix_padding_ms"),
+    ({"audio": {"input": {"turn_detection": {"type": "semantic_vad", "threshold": 0.5}}}},
+     "session.audio.input.turn_detection.threshold"),                       # not a semantic_vad field
+    ({"audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "soon"}}}},
+     "session.audio.input.turn_detection.eagerness"),
+    ({"audio": {"output": {"voice": 5}}}, "session.audio.output.voice"),    # not "...voice.str" (a union branch)
+    ({"audio": {"output": {"voicee": "echo"}}}, "session.audio.output.voicee"),
+    ({"audio": {"input": {"format": {"type": "audio/pcm", "rate": 44100}}}}, "session.audio.input.format.rate"),
+    ({"audio": {"output": {"format": {"type": "audio/opus"}}}}, "session.audio.output.format.type"),
+    ({"audio": {"input": {"transcription": {"language": "english"}}}}, "session.audio.input.transcription.language"),
+    ({"audio": {"input": {"transcription": {"keywords": ["Triton"]}}}}, "session.audio.input.transcription.keywords"),
+    ({"output_modalities": []}, "session.output_modalities"),
+    ({"max_output_tokens": 4097}, "session.max_output_tokens"),
 ])
 def test_invalid_sessions_name_the_field(update, param):
     with pytest.raises(ProtocolError) as info:
         config.validate(_session(**update))
     assert info.value.param == param
+
+
+def test_vad_switched_on_without_a_type_names_the_missing_type():
+    off = config.merge(_session(), {"audio": {"input": {"turn_detection": None}}})
+    with pytest.raises(ProtocolError) as info:
+        config.validate(config.merge(off, {"audio": {"input": {"turn_detection": {"threshold": 0.3}}}}))
+    assert info.value.param == "session.audio.input.turn_detection.type"
+
+
+@pytest.mark.parametrize("event, code, param, says", [
+    ({"type": "conversation.item.truncate", "item_id": "i", "content_index": 0, "audio_end_ms": "5"},
+     "invalid_value", "audio_end_ms", "integer"),                           # was "item" (another event's field)
+    ({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+                                                   "content": [{"type": "input_audio", "audio": 5}]}},
+     "invalid_value", "item.content[0].audio", "string"),
+    ({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+                                                   "content": [{"type": "input_txt", "text": "hi"}]}},
+     "invalid_value", "item.content[0].type", "input_text"),
+    ({"type": "conversation.item.create", "item": {"type": "message", "role": "robot", "content": []}},
+     "invalid_value", "item.role", "'user'"),
+    ({"type": "conversation.item.create", "item": {"type": "note", "role": "user", "content": []}},
+     "invalid_value", "item.type", "'message'"),
+    ({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+                                                   "content": [{"type": "input_text", "text": "hi", "lang": "en"}]}},
+     "unknown_parameter", "item.content[0].lang", "unknown"),
+    ({"type": "response.create", "response": {"max_output_tokens": "7"}}, "invalid_value",
+     "response.max_output_tokens", "integer"),
+    ({"type": "response.create", "response": {"voice": "echo"}}, "unknown_parameter", "response.voice", "unknown"),
+    ({"type": "response.create", "response": {"audio": {"output": {"format": {"type": "audio/pcm", "rate": 8000}}}}},
+     "invalid_value", "response.audio.output.format.rate", "24000"),
+    ({"type": "input_audio_buffer.append"}, "invalid_value", "audio", "required"),
+    ({"type": "conversation.item.delete"}, "invalid_value", "item_id", "required"),
+    ({"type": "session.update", "session": {}, "sesion": {}}, "unknown_parameter", "sesion", "unknown"),
+])
+def test_bad_client_events_name_the_field_in_their_own_notation(event, code, param, says):
+    with pytest.raises(ProtocolError) as info:
+        decode(json.dumps({**event, "event_id": "evt_7"}))
+    error = info.value
+    assert (error.code, error.param, error.event_id, error.type) == (code, param, "evt_7", "invalid_request_error")
+    assert says in error.message, error.message
+
+
+def test_response_settings_refuse_what_the_response_cannot_honour():
+    session = config.validate(_session())
+    for spec, param in [({"tools": [{"type": "function", "name": "f"}]}, "response.tools"),
+                        ({"input": []}, "response.input"), ({"conversation": "conv_2"}, "response.conversation"),
+                        ({"output_modalities": []}, "response.output_modalities"),
+                        ({"max_output_tokens": 0}, "response.max_output_tokens")]:
+        with pytest.raises(ProtocolError) as info:
+            config.response_settings(spec, session)
+        assert info.value.param == param, spec
+    settings = config.response_settings({"audio": {"output": {"voice": {"id": "echo"}, "format": {"type": "audio/pcmu"}}},
+                                         "max_output_tokens": "inf", "conversation": "none"}, session)
+    assert (settings.voice, settings.output_format, settings.output_rate) == ("echo", "pcmu", 8000)
+    assert settings.max_tokens is None and not settings.in_conversation and settings.audio_out
 
 
 def test_semantic_vad_maps_eagerness_to_silence():

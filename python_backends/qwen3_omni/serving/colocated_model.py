@@ -112,7 +112,8 @@ class TritonPythonModel(AsyncDecoupledModel):
     async def handle(self, ctx):
         body = ctx.body()
         if events.wants_voices(body):
-            yield events.voices_event(self.voices, self.default_voice), None
+            yield events.voices_event(self.voices, self.default_voice, body,
+                                      lambda v: turns.resolve_voice(v, self.voices)), None
             return
         modalities, voice = turns.validate(body, self.voices, self.default_voice)
         pipeline = self.pipeline

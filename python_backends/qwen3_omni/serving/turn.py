@@ -33,10 +33,16 @@ def validate(body: dict, voices: Sequence[str], default_voice: str) -> tuple[lis
         raise RequestError(f"modalities must be a non-empty subset of {list(MODALITIES)}", param="modalities")
     if "audio" not in modalities:
         return modalities, None
-    voice = str(body.get("voice") or default_voice).lower()
-    if voice not in voices:
-        raise RequestError(f"unknown voice {body.get('voice')!r}; valid voices: {', '.join(voices)}", param="voice")
-    return modalities, voice
+    return modalities, resolve_voice(body.get("voice") or default_voice, voices)
+
+
+def resolve_voice(name, voices: Sequence[str]) -> str:
+    """The checkpoint's speaker for a requested voice name (case-insensitive). Raises RequestError (param
+    "voice") listing `voices` when it is unknown."""
+    found = str(name).lower()
+    if found not in voices:
+        raise RequestError(f"unknown voice {name!r}; valid voices: {', '.join(voices)}", param="voice")
+    return found
 
 
 def thinker_request(thinker, body: dict, input_audio: np.ndarray | None,

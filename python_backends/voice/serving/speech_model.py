@@ -25,7 +25,7 @@ class TritonPythonModel(AsyncDecoupledModel):
     async def handle(self, ctx):
         body = ctx.body()
         if events.wants_voices(body):
-            yield events.voices_event(self.voices, DEFAULT_VOICE), None
+            yield events.voices_event(self.voices, DEFAULT_VOICE, body, lambda v: resolve_voice(v, self.voices)), None
             return
         text = body.get("input")
         if not isinstance(text, str) or not text.strip():

@@ -34,7 +34,7 @@ class TritonPythonModel(AsyncDecoupledModel):
     async def handle(self, ctx):
         body = ctx.body()
         if events.wants_voices(body):
-            yield events.voices_event(self.voices, DEFAULT_VOICE), None
+            yield events.voices_event(self.voices, DEFAULT_VOICE, body, lambda v: resolve_voice(v, self.voices)), None
             return
         modalities = body.get("modalities") or ["text", "audio"]
         voice = resolve_voice(body.get("voice"), self.voices) if "audio" in modalities else None
