@@ -34,6 +34,7 @@ class BatchStageModel:
 
     def initialize(self, args: dict) -> None:
         self.model_name, self.model_config, self.parameters = model_config.load(args)
+        model_config.apply_nice(self.parameters)
         self.input_names = [i["name"] for i in self.model_config["input"]]
         self.metrics = StageMetrics(self.model_name)
         self.cancel_token = CancelToken()

@@ -93,6 +93,7 @@ class AsyncDecoupledModel:
 
     def initialize(self, args: dict) -> None:
         self.model_name, self.model_config, self.parameters = model_config.load(args)
+        model_config.apply_nice(self.parameters)
         self.metrics = StageMetrics(self.model_name)
         self.setup(args)
 

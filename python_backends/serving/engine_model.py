@@ -53,6 +53,7 @@ class EngineStageModel:
 
     def initialize(self, args: dict) -> None:
         self.model_name, self.model_config, self.parameters = model_config.load(args)
+        model_config.apply_nice(self.parameters)
         self.metrics = StageMetrics(self.model_name)
         self.loop = self.build_loop(args)
         self.loop.observe = self.metrics.observe

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 
@@ -19,6 +20,20 @@ def int_parameter(parameters: dict, name: str, default: int) -> int:
         return int(raw) if raw.strip() else default
     except ValueError:
         raise ValueError(f"config parameter {name!r} must be an integer, got {raw!r}") from None
+
+
+def apply_nice(parameters: dict) -> int:
+    """Lowers this stub process's CPU priority by the parameter `nice` (0-19; 0 or absent: unchanged) and
+    returns the niceness added. Each model instance is its own process, so a stage that must not compete
+    with another for the cores (e.g. the voice LLM, which writes text far faster than speech is spoken,
+    against the TTS that makes the audio a listener waits for) gives way under load and still runs at full
+    speed when the cores are free. Raises ValueError for a value outside 0-19."""
+    nice = int_parameter(parameters, "nice", 0)
+    if not 0 <= nice <= 19:
+        raise ValueError(f"config parameter 'nice' must be within 0-19, got {nice}")
+    if nice:
+        os.nice(nice)
+    return nice
 
 
 def sequence_idle_seconds(config: dict, default_s: float = 120.0) -> float:

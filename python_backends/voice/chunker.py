@@ -1,14 +1,16 @@
 """Sentence chunker for LLM -> TTS streaming: turns text deltas into speakable chunks.
 
-Chunks start small and grow toward sentences, so speech starts while the LLM is still writing and each
-next chunk is synthesised while the previous one plays (Kokoro's cost is about proportional to the audio
-it makes, so a chunk up to ~2x longer than the one playing is ready in time):
+Chunks start small and grow toward sentences, so speech starts while the LLM is still writing (a first
+chunk of 2-3 words is heard ~0.5 s after its text, where a sentence takes seconds) and each next chunk is
+synthesised while the previous one plays (Kokoro's cost is about proportional to the audio it makes, so a
+chunk up to ~2x longer than the one playing is ready about in time):
 - chunk 0 ends at the first clause boundary (, ; : or a sentence end) once it holds `first_min_words`
   words, or after `first_max_words` words when no boundary came;
 - chunk k > 0 ends at a sentence end (. ! ?) once it holds `min_words` words, or at a clause boundary
   once it holds `first_min_words * growth**k` words (so after a few chunks only sentences end chunks);
-- a line break always ends a chunk; a later chunk longer than `max_words` is cut at its last clause
-  boundary (or, without one, at a word boundary).
+- a line break always ends a chunk; chunk k holds at most `first_max_words * growth**k` words (and never
+  more than `max_words`): a longer one is cut at its last clause boundary (or, without one, at a word
+  boundary).
 A boundary counts only once the character after it has arrived and is whitespace ("3.5" and "1,000"
 stay whole), and common abbreviations ("Mr.", "e.g.") do not end a sentence. `flush()` returns the rest.
 Joining the chunks with single spaces gives back the text with its whitespace runs collapsed.
@@ -26,7 +28,7 @@ _ABBREVIATIONS = {"mr", "mrs", "ms", "dr", "st", "vs", "etc", "e.g", "i.e", "jr"
 class SentenceChunker:
     """Feed text deltas with `feed`, get speakable chunks (stripped, never empty); call `flush` at the end."""
 
-    def __init__(self, first_min_words: int = 3, first_max_words: int = 6, min_words: int = 4, max_words: int = 40,
+    def __init__(self, first_min_words: int = 2, first_max_words: int = 3, min_words: int = 4, max_words: int = 40,
                  growth: float = 2.0):
         self.first_min_words, self.first_max_words = first_min_words, first_max_words
         self.min_words, self.max_words, self.growth = min_words, max_words, growth
@@ -53,7 +55,7 @@ class SentenceChunker:
         first = not self._emitted
         clause_min = self.first_min_words * self.growth ** self._emitted
         sentence_min = self.first_min_words if first else self.min_words
-        limit = self.first_max_words if first else self.max_words
+        limit = min(self.max_words, round(self.first_max_words * self.growth ** self._emitted))
         for match in _CLAUSE_END.finditer(self._buffer, 0, len(self._buffer) if newline < 0 else newline):
             words = _word_count(self._buffer[:match.end()])
             if words > limit:
@@ -69,9 +71,10 @@ class SentenceChunker:
         return None
 
     def _long_cut(self, limit: int) -> int:
-        """Cut an over-long chunk at its last clause boundary within `limit` words, else after word `limit`."""
+        """Cut an over-long chunk at its last clause boundary within `limit` words (one that leaves at least
+        `first_min_words` words), else after word `limit`."""
         for match in reversed(list(_CLAUSE_END.finditer(self._buffer))):
-            if self.min_words <= _word_count(self._buffer[:match.end()]) <= limit:
+            if self.first_min_words <= _word_count(self._buffer[:match.end()]) <= limit:
                 return match.end()
         return list(_WORD.finditer(self._buffer))[limit - 1].end()
 

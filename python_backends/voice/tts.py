@@ -7,6 +7,12 @@ The graph has a fixed batch size of 1 and no padding mask, so a batch of texts r
 phoneme chunk. A chunk holds at most 510 phonemes (the style table has one row per length); longer text
 is split at clause ends, then at word boundaries, never truncated. No torch.
 
+Tail frames: the graph predicts a duration (in 25 ms frames) for the pad token that ends a call, up to ~0.3 s
+of silence that the decoder renders and `trim_edges` then cuts. The session runs the graph with one more input,
+`duration_cap` (`capped_graph`), that limits it to what the trimming keeps (a chunk cut mid-sentence, as the
+first chunk of a reply usually is, then renders ~12 % less audio). The leading pad is left alone: capping it
+too made the first word of a call unintelligible (Whisper heard "The weather" as "Whether").
+
 Speed: Kokoro's duration predictor scales phoneme durations unevenly above ~1.25x (measured: speed 4.0 gave 0.42x
 the duration instead of 0.25x), so faster speeds are synthesised at NATIVE_MAX_SPEED and the rest of the
 tempo change is done by FFmpeg's pitch-preserving `atempo` (`audio.time_stretch`).
@@ -37,6 +43,12 @@ NATIVE_MAX_SPEED = 1.25  # Kokoro scales durations by 1/speed within ~4 % up to 
 LEAD_S = 0.03
 PAUSE_AFTER_S = {".": 0.45, "!": 0.45, "?": 0.45, ",": 0.12, ";": 0.2, ":": 0.2}
 PAUSE_OTHER_S = 0.06  # a chunk cut between words
+FRAME_S = 0.025  # one predicted duration unit: 600 samples at 24 kHz
+# frames rendered for the pad token after the last phoneme at speed 1.0 (with the duration of a final "."
+# itself, more than the longest PAUSE_AFTER_S)
+TAIL_FRAMES = 6
+# the node of Kokoro v1.0's ONNX export whose output is each token's duration in frames (rounded, >= 1)
+DURATION_NODE = "/encoder/Clip"
 # OpenAI's voice names (what SDK users pass) mapped onto the shipped style vectors.
 OPENAI_VOICES = {"alloy": "jf_alpha", "nova": "jf_alpha", "marin": "jf_alpha", "shimmer": "jf_nezumi",
                  "coral": "jf_nezumi", "fable": "jf_tebukuro", "sage": "jf_gongitsune", "ash": "jm_kumo",
@@ -84,7 +96,10 @@ class KokoroTTS:
         options = ort.SessionOptions()
         options.intra_op_num_threads = intra_op_num_threads or int(os.environ.get(THREADS_ENV, 0)) or min(2, os.cpu_count() or 1)
         options.inter_op_num_threads = 1
-        self._session = ort.InferenceSession(str(files.onnx), sess_options=options, providers=["CPUExecutionProvider"])
+        # idle intra-op threads sleep instead of spinning: the cores are shared with the LLM and the ASR
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        self._session = ort.InferenceSession(capped_graph(files.onnx), sess_options=options,
+                                             providers=["CPUExecutionProvider"])
         self._vocab: dict[str, int] = json.loads(files.vocab.read_text(encoding="utf-8"))["vocab"]
         self._pauses = {self._vocab[mark]: pause for mark, pause in PAUSE_AFTER_S.items() if mark in self._vocab}
         with np.load(files.voices) as table:
@@ -134,13 +149,14 @@ class KokoroTTS:
                 "tokens": np.array([[0, *ids, 0]], dtype=np.int64),
                 "style": style[len(ids) - 1][None, :],
                 "speed": np.array([native], dtype=np.float32),
+                "duration_cap": duration_caps(len(ids), native),
             }
             options = ort.RunOptions()
             forget = cancel.on_set(lambda: setattr(options, "terminate", True)) if cancel is not None else None
             try:
                 if cancel is not None:
                     cancel.check()
-                pcm = np.asarray(self._session.run(None, feeds, run_options=options)[0], dtype=np.float32).reshape(-1)
+                pcm = np.asarray(self._session.run(["audio"], feeds, run_options=options)[0], dtype=np.float32).reshape(-1)
             except Exception as exc:
                 if cancel is not None and cancel.is_set():
                     raise Interrupted("speech synthesis cancelled") from exc
@@ -168,6 +184,40 @@ class KokoroTTS:
         """Speech for each text: a list of float32 [samples] arrays at 24 kHz (one graph call per chunk;
         the ONNX graph has a fixed batch size of 1)."""
         return [self.synthesize(text, voice, speed) for text in texts]
+
+
+def duration_caps(phonemes: int, speed: float) -> np.ndarray:
+    """The `duration_cap` input for a call over `phonemes` ids at `speed`: float32 [1, phonemes + 2], frames;
+    TAIL_FRAMES (scaled by 1/speed, as the predicted durations are) for the closing pad token, no limit for
+    the others."""
+    caps = np.full((1, phonemes + 2), np.finfo(np.float32).max, dtype=np.float32)
+    caps[0, -1] = np.ceil(TAIL_FRAMES / speed)
+    return caps
+
+
+def capped_graph(path) -> bytes:
+    """Kokoro's ONNX graph (file `path`) with one more input, `duration_cap` float32 [1, tokens]: each token's
+    predicted duration (frames, the output of DURATION_NODE) becomes min(duration, cap) before the frames are
+    laid out; the capped durations are a second output, `durations` float32 [1, tokens] (the audio holds
+    exactly FRAME_S * sum(durations) seconds). Returns the serialized model for `onnxruntime.InferenceSession`.
+    Raises ValueError when the graph has no DURATION_NODE (another export of Kokoro)."""
+    import onnx
+
+    model = onnx.load(str(path))
+    graph = model.graph
+    node = next((n for n in graph.node if n.name == DURATION_NODE), None)
+    if node is None:
+        raise ValueError(f"{path}: no node {DURATION_NODE!r}; not the Kokoro v1.0 ONNX export this stage expects")
+    durations, capped = node.output[0], node.output[0] + "_capped"
+    for consumer in graph.node:
+        consumer.input[:] = [capped if name == durations else name for name in consumer.input]
+    graph.input.append(onnx.helper.make_tensor_value_info("duration_cap", onnx.TensorProto.FLOAT, [1, "tokens"]))
+    position = list(graph.node).index(node) + 1
+    graph.node.insert(position, onnx.helper.make_node("Min", [durations, "duration_cap"], [capped],
+                                                      name=DURATION_NODE + "_cap"))
+    graph.node.append(onnx.helper.make_node("Identity", [capped], ["durations"], name="durations"))
+    graph.output.append(onnx.helper.make_tensor_value_info("durations", onnx.TensorProto.FLOAT, [1, "tokens"]))
+    return model.SerializeToString()
 
 
 def _split_long(ids: list[int], space: int) -> list[list[int]]:

@@ -18,7 +18,8 @@ def _run(text: str, pieces: int = 1, **options) -> list[str]:
 def test_first_chunk_at_first_clause_then_sentences():
     text = "The capital of France is Paris, a city on the Seine. It has many museums, parks and cafes. Enjoy!"
     assert _run(text) == [
-        "The capital of France is Paris,",
+        "The capital of",                          # chunk 0: no clause boundary within 3 words
+        "France is Paris,",                        # chunk 1 (<= 6 words): its clause boundary
         "a city on the Seine.",
         "It has many museums, parks and cafes.",
         "Enjoy!",
@@ -39,11 +40,11 @@ def test_first_chunk_waits_for_min_words():
 
 def test_numbers_and_abbreviations_do_not_split():
     text = "Mr. Smith paid 3.5 dollars, or 1,000 cents, for it. Dr. Jones did not."
-    assert _run(text) == ["Mr. Smith paid 3.5 dollars,", "or 1,000 cents, for it.", "Dr. Jones did not."]
+    assert _run(text, first_min_words=3, first_max_words=6) == ["Mr. Smith paid 3.5 dollars,", "or 1,000 cents, for it.", "Dr. Jones did not."]
 
 
 def test_boundary_needs_the_next_character():
-    chunker = SentenceChunker()
+    chunker = SentenceChunker(first_max_words=6)
     assert chunker.feed("It costs three dollars.") == []  # "." might be a decimal point until a space arrives
     assert chunker.feed(" Next") == ["It costs three dollars."]
     assert chunker.flush() == ["Next"]
@@ -51,25 +52,25 @@ def test_boundary_needs_the_next_character():
 
 def test_overlong_sentence_is_cut_at_a_clause_or_word_boundary():
     words = " ".join(f"w{i}" for i in range(25))
-    assert _run(f"Start here, then go. {words}", max_words=10) == [
+    assert _run(f"Start here, then go. {words}", first_min_words=3, first_max_words=6, max_words=10) == [
         "Start here, then go.", " ".join(f"w{i}" for i in range(10)),
         " ".join(f"w{i}" for i in range(10, 20)), " ".join(f"w{i}" for i in range(20, 25))]
 
 
 def test_line_breaks_end_chunks_and_symbols_alone_are_dropped():
-    assert _run("Here is a list of things\n- apples and pears\n***\n") == [
+    assert _run("Here is a list of things\n- apples and pears\n***\n", first_max_words=6) == [
         "Here is a list of things", "- apples and pears"]
 
 
 def test_flush_resets_for_a_new_stream():
-    chunker = SentenceChunker()
+    chunker = SentenceChunker(first_min_words=3, first_max_words=6)
     chunker.feed("One two three four, five six.")
     assert chunker.flush() == ["five six."]
     assert chunker.feed("Again one two, x") == ["Again one two,"]
 
 
 def test_sentence_before_a_line_break_is_cut_first():
-    assert _run("Sure, here it is. Two items follow\n") == ["Sure, here it is.", "Two items follow"]
+    assert _run("Sure, here it is. Two items follow\n", first_max_words=4) == ["Sure, here it is.", "Two items follow"]
 
 
 def test_long_first_sentence_is_cut_after_first_max_words():
@@ -81,7 +82,7 @@ def test_long_first_sentence_is_cut_after_first_max_words():
 def test_chunks_grow_from_a_clause_toward_sentences():
     text = ("Well, I think so, and here is why, in a few words. Paris has many old bridges, wide "
             "avenues, quiet parks and busy cafes, and its museums hold art from many centuries. The end.")
-    chunks = _run(text)
+    chunks = _run(text, first_min_words=3, first_max_words=6)
     assert chunks == [
         "Well, I think so,",                                   # chunk 0: first clause with >= 3 words
         "and here is why, in a few words.",                    # chunk 1: clauses need >= 6 words
@@ -89,10 +90,24 @@ def test_chunks_grow_from_a_clause_toward_sentences():
         "and its museums hold art from many centuries.",       # later: sentence ends only
         "The end.",
     ]
+    assert _run(text) == [                                     # the defaults: 2 words min, 3 words max at first
+        "Well, I think",                                       # no boundary after >= 2 words within 3 words
+        "so, and here is why,",                                # chunk 1 (<= 6 words): its last clause boundary
+        "in a few words.",                                     # chunk 2: a sentence end after >= 4 words
+        "Paris has many old bridges, wide avenues, quiet parks and busy cafes, and its museums hold art from many "
+        "centuries.",                                          # chunk 3: clauses need >= 16 words, 24 at most
+        "The end.",
+    ]
 
 
-def test_first_chunk_is_cut_after_six_words_without_a_boundary():
-    assert _run("Once upon a time there was a cat who loved the sea.")[0] == "Once upon a time there was"
+def test_chunk_word_limits_grow_from_first_max_words():
+    """Without boundaries chunk k holds first_max_words * growth**k words (3, 6, 12, ...), at most max_words."""
+    words = [f"w{i}" for i in range(60)]
+    chunks = _run(" ".join(words))
+    assert [len(c.split()) for c in chunks] == [3, 6, 12, 24, 15]
+    assert [len(c.split()) for c in _run(" ".join(words), max_words=10)] == [3, 6, 10, 10, 10, 10, 10, 1]
+    assert _run("Once upon a time there was a cat who loved the sea.") == [
+        "Once upon a", "time there was a cat who", "loved the sea."]
 
 
 def test_order_and_completeness_for_any_delta_split():

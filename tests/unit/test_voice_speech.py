@@ -90,6 +90,36 @@ def test_chunked_reply_joins_without_clicks_and_is_heard_as_well_as_one_call(tts
     assert wer["chunked"] <= wer["whole"] + 1 / len(REPLY.split()), wer
 
 
+def test_duration_cap_renders_the_same_audio_without_a_limit_and_only_shortens_the_closing_pad():
+    """The session runs Kokoro's graph plus `duration_cap` (tts.capped_graph): with no limit it renders exactly
+    what the original graph renders; with the default caps only the closing pad token's frames (25 ms each) go."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    onnx_path = tts_module.kokoro_files(tts_module.model_home() / tts_module.KOKORO_DIR_NAME).onnx
+    original = ort.InferenceSession(str(onnx_path), sess_options=options, providers=["CPUExecutionProvider"])
+    capped = ort.InferenceSession(tts_module.capped_graph(onnx_path), sess_options=options,
+                                  providers=["CPUExecutionProvider"])
+    speaker = tts_module.KokoroTTS(warmup=False)
+    ids = speaker.tokenize("The capital of France")[0]  # a chunk cut mid-sentence: a long closing pad
+    feeds = {"tokens": np.array([[0, *ids, 0]], dtype=np.int64),
+             "style": speaker._styles[tts_module.DEFAULT_VOICE][len(ids) - 1][None, :],
+             "speed": np.array([1.0], dtype=np.float32)}
+    reference = original.run(None, feeds)[0]
+    unlimited = np.full((1, len(ids) + 2), np.finfo(np.float32).max, dtype=np.float32)
+    audio, durations = capped.run(None, {**feeds, "duration_cap": unlimited})
+    assert np.array_equal(audio, reference)
+    frame = round(tts_module.FRAME_S * tts_module.SAMPLE_RATE)
+    assert audio.size == frame * durations.sum()
+    short, short_durations = capped.run(None, {**feeds, "duration_cap": tts_module.duration_caps(len(ids), 1.0)})
+    assert durations[0, -1] > tts_module.TAIL_FRAMES == short_durations[0, -1]  # the cap did cut the closing pad
+    assert np.array_equal(short_durations[0, :-1], durations[0, :-1])          # and nothing else
+    assert short.size == frame * short_durations.sum()
+    caps = tts_module.duration_caps(len(ids), 0.5)
+    assert caps[0, -1] == 2 * tts_module.TAIL_FRAMES and (caps[0, :-1] > 1e30).all()
+
+
 @pytest.mark.parametrize("speed", [0.2, 4.5])
 def test_speed_out_of_range_is_a_request_error(tts, speed):
     with pytest.raises(ValueError, match="speed") as info:
