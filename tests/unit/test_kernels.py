@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import omni_kernels as ok
-from omni_kernels import attention, backend, moe
+from omni_kernels import attention, backend, moe_routing
 from omni_kernels.moe_configs import GemmConfig, MoeConfig
 
 # Triton 3.6's interpreter converts 1-element arrays to ints the way numpy 1.25+ deprecates
@@ -298,7 +298,7 @@ def test_moe_routing_layout(T, renormalize):
     E, top_k, block_m = 16, 4, 8
     logits = distinct_logits(T, E, FP32)
     with poisoned_allocations():
-        routing = moe.moe_route(logits, top_k, renormalize, block_m)
+        routing = moe_routing.moe_route(logits, top_k, renormalize, block_m)
     ref_w, ref_ids = ok.moe_topk_reference(logits, top_k, renormalize)
     order = ref_ids.sort(dim=1)
     assert torch.equal(routing.topk_ids.long(), order.values)
