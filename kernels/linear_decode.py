@@ -38,7 +38,8 @@ class LinearConfig:
 
 # (out features N, in features K) -> config, tuned on the H200 for the Qwen3-Omni decoders' o_proj / down_proj;
 # other shapes get `linear_config`'s rule (about 2-4 programs per SM).
-LINEAR_CONFIGS: dict[tuple[int, int], LinearConfig] = {}
+LINEAR_CONFIGS: dict[tuple[int, int], LinearConfig] = {
+}
 
 
 def linear_config(n: int, k: int) -> LinearConfig:

@@ -82,14 +82,19 @@ MOE_CONFIGS: dict[tuple[int, int], list[tuple[int, MoeConfig]]] = {
 # path above runs. First guesses (run 8 measures them against the grouped path).
 DEFAULT_DECODE_CONFIGS: list[tuple[int, DecodeConfig]] = [(1, DecodeConfig(16, 256, 128, 4, 3))]
 DECODE_CONFIGS: dict[tuple[int, int], list[tuple[int, DecodeConfig]]] = {
-    THINKER: [(2, DecodeConfig(16, 256, 128, 4, 3, True))],
-    TALKER: [(2, DecodeConfig(16, 256, 128, 4, 3))],
+    THINKER: [
+        (2, DecodeConfig(16, 128, 256, 4, 3, True)),
+    ],
+    TALKER: [
+        (2, DecodeConfig(16, 128, 256, 4, 3, True)),
+    ],
 }
 
 
 def decode_tokens(hidden: int | None, inter: int | None) -> int:
-    """Up to how many tokens the one-launch decode path runs for experts of this shape."""
-    return DECODE_CONFIGS.get((hidden, inter), DEFAULT_DECODE_CONFIGS)[-1][0]
+    """Up to how many tokens the one-launch decode path runs for experts of this shape (0: never)."""
+    table = DECODE_CONFIGS.get((hidden, inter), DEFAULT_DECODE_CONFIGS)
+    return table[-1][0] if table else 0
 
 
 def moe_config(num_tokens: int, hidden: int | None = None, inter: int | None = None,

@@ -49,6 +49,9 @@ class MoeModel:
 MOE_MODELS = (MoeModel("thinker", 128, 2048, 768, 8), MoeModel("talker", 128, 1024, 384, 6))
 THINKER_HIDDEN, HEADS, KV_HEADS, HEAD_DIM, MROPE_SECTION = 2048, 32, 4, 128, (24, 20, 20)
 CODE_PREDICTOR_INTER = 3072
+# decode_linear: (name, in features, out features) of the o_proj / down_proj that the norm epilogue follows
+LINEAR_SHAPES = (("thinker o_proj", HEADS * HEAD_DIM, THINKER_HIDDEN), ("talker o_proj", 16 * HEAD_DIM, 1024),
+                 ("code predictor down_proj", CODE_PREDICTOR_INTER, 1024))
 ATTENTION_COLUMNS, ATTENTION_MAX_ROWS = 1024, 64   # decode attention: cached columns, most rows timed
 
 
@@ -93,7 +96,8 @@ def distinct_logits(T: int, E: int, dtype, device) -> torch.Tensor:
 
 
 def cases(ok, tokens: list[int], device: str, dtype=torch.bfloat16, random: bool = True,
-          ops: tuple[str, ...] = ("rms_norm", "silu_and_mul", "apply_mrope", "fused_moe", "decode_attention"),
+          ops: tuple[str, ...] = ("rms_norm", "silu_and_mul", "apply_mrope", "fused_moe", "decode_attention",
+                                  "decode_linear"),
           ) -> list[Case]:
     """Every op at every token count. `random=False` allocates without filling (compile-only use)."""
     out: list[Case] = []
@@ -152,8 +156,44 @@ def cases(ok, tokens: list[int], device: str, dtype=torch.bfloat16, random: bool
                               for _, lg, *_ in sets) / len(sets)
                     return int(hit * expert_bytes + 2 * T * m.hidden * es + T * m.experts * es)
 
-                out.append(Case("fused_moe", f"fused_moe {m.name} E{m.experts} top{m.top_k}", T, ok.fused_moe,
-                                ok.fused_moe_reference, sets, moe_bytes, flops=6 * T * m.top_k * m.hidden * m.inter))
+                name = f"fused_moe {m.name} E{m.experts} top{m.top_k}"
+                flops = 6 * T * m.top_k * m.hidden * m.inter
+                if T <= ok.moe_configs.decode_tokens(m.hidden, m.inter):
+                    # the one-launch path with a kept workspace (as the engine runs it), and the grouped path's
+                    # four launches on the same inputs: the same-run before/after
+                    workspace = ok.SplitKWorkspace(T, m.hidden, device)
+                    grouped = ok.moe_configs.moe_config(T, m.hidden, m.inter, one_launch=False)
+                    out.append(Case("fused_moe", name, T, lambda *a, w=workspace: ok.fused_moe(*a, workspace=w),
+                                    ok.fused_moe_reference, sets, moe_bytes, flops=flops))
+                    out.append(Case("fused_moe", f"{name} 4 launches", T,
+                                    lambda *a, c=grouped: ok.fused_moe(*a, config=c), ok.fused_moe_reference, sets,
+                                    moe_bytes, flops=flops))
+                else:
+                    out.append(Case("fused_moe", name, T, ok.fused_moe, ok.fused_moe_reference, sets, moe_bytes,
+                                    flops=flops))
+        if "decode_linear" in ops and T <= 16:
+            out.extend(_linear_cases(ok, T, dtype, device, random, es))
+    return out
+
+
+def _linear_cases(ok, T: int, dtype, device: str, random: bool, es: int) -> list[Case]:
+    """decode_linear with the residual add + RMSNorm epilogue at the decoders' o_proj / down_proj shapes, and the
+    unfused pair it replaces (torch's linear, then the rms_norm kernel: two launches) on the same inputs."""
+    import torch.nn.functional as F
+
+    out = []
+    for name, K, N in LINEAR_SHAPES:
+        def make(K=K, N=N):
+            return (_tensor((T, K), dtype, device, random), _tensor((N, K), dtype, device, random, K ** -0.5),
+                    _tensor((T, N), dtype, device, random), _tensor((N,), dtype, device, random))
+        sets = _rotating(make, N * K * es, random)
+        moved = lambda T=T, K=K, N=N: (N * K + T * K + 3 * T * N + N) * es   # weight, x, residual in; normed, sum out
+        workspace = ok.SplitKWorkspace(T, N, device)
+        fused = lambda x, w, r, nw, ws=workspace: ok.decode_linear(x, w, ws, r, nw, 1e-6)
+        reference = lambda x, w, r, nw: ok.decode_linear_reference(x, w, r, nw, 1e-6)
+        unfused = lambda x, w, r, nw: ok.rms_norm(F.linear(x, w), nw, 1e-6, r)
+        out.append(Case("decode_linear", f"decode_linear+norm {name}", T, fused, reference, sets, moved))
+        out.append(Case("decode_linear", f"linear, rms_norm {name}", T, unfused, reference, sets, moved))
     return out
 
 
