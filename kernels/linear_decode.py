@@ -36,20 +36,30 @@ class LinearConfig:
     num_stages: int = 4
 
 
-# (out features N, in features K) -> config, tuned on the H200 for the Qwen3-Omni decoders' o_proj / down_proj;
-# other shapes get `linear_config`'s rule (about 2-4 programs per SM).
-LINEAR_CONFIGS: dict[tuple[int, int], LinearConfig] = {
+# (out features N, in features K) -> config at one row, tuned on the H200 for the Qwen3-Omni decoders' linears
+# (`scripts/bench_kernels --tune-decode`); None: torch's linear (+ rms_norm) was faster for that shape. Shapes
+# not in the table get `linear_config`'s rule.
+LINEAR_CONFIGS: dict[tuple[int, int], LinearConfig | None] = {
 }
 
 
 def linear_config(n: int, k: int) -> LinearConfig:
-    """The table's config for weights [n, k], else 16-column blocks and a K split giving >= 256 programs
+    """The table's config for weights [n, k], else 32-column blocks and a K split giving >= 256 programs
     (BLOCK_K 128; each split a multiple of it)."""
-    if (n, k) in LINEAR_CONFIGS:
+    if LINEAR_CONFIGS.get((n, k)) is not None:
         return LINEAR_CONFIGS[(n, k)]
-    blocks = triton.cdiv(n, 16)
+    blocks = triton.cdiv(n, 32)
     split = max(1, min(triton.cdiv(256, blocks), triton.cdiv(k, 128)))
-    return LinearConfig(16, 128, split)
+    return LinearConfig(32, 128, split, 4, 3)
+
+
+def decode_linear_faster(n: int, k: int, with_norm: bool) -> bool:
+    """Whether `decode_linear` should replace torch's linear for weights [n, k] at decode sizes: with the norm
+    epilogue (it saves the norm's launch) unless the table marks the shape slower; a plain linear only where the
+    table has a config (it measured faster)."""
+    if (n, k) in LINEAR_CONFIGS:
+        return LINEAR_CONFIGS[(n, k)] is not None
+    return with_norm
 
 
 def decode_linear_reference(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None,
@@ -86,7 +96,8 @@ def _decode_linear_kernel(x_ptr, w_ptr, out_ptr, acc_ptr, count_ptr, res_ptr, su
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     tl.atomic_add(acc_ptr + m[:, None] * N + n[None, :], acc, mask=m_ok[:, None] & n_ok[None, :], sem="relaxed")
-    _finish_rows(acc_ptr, count_ptr, out_ptr, res_ptr, sum_ptr, norm_ptr, T, N, eps, NORM, HAS_RESIDUAL, BLOCK_W)
+    _finish_rows(acc_ptr, count_ptr, out_ptr, res_ptr, sum_ptr, norm_ptr, T, N, eps, tl.num_programs(0), NORM,
+                 HAS_RESIDUAL, BLOCK_W)
 
 
 def decode_linear(x: torch.Tensor, weight: torch.Tensor, workspace: SplitKWorkspace | None = None,
@@ -118,7 +129,7 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor, workspace: SplitKWorksp
     k_split = triton.cdiv(triton.cdiv(K, config.SPLIT_K), config.BLOCK_K) * config.BLOCK_K
     out, summed = finish_outputs(T, N, x, residual)
     grid = (triton.cdiv(N, config.BLOCK_N) * triton.cdiv(K, k_split),)
-    _decode_linear_kernel[grid](x, weight, out, workspace.accumulator, workspace.counter,
+    _decode_linear_kernel[grid](x, weight, out, workspace.accumulator, workspace.counters,
                                 out if residual is None else residual, summed,
                                 out if norm_weight is None else norm_weight, float(eps), T, N, K, x.stride(0),
                                 weight.stride(0), k_split, BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K,

@@ -49,9 +49,18 @@ class MoeModel:
 MOE_MODELS = (MoeModel("thinker", 128, 2048, 768, 8), MoeModel("talker", 128, 1024, 384, 6))
 THINKER_HIDDEN, HEADS, KV_HEADS, HEAD_DIM, MROPE_SECTION = 2048, 32, 4, 128, (24, 20, 20)
 CODE_PREDICTOR_INTER = 3072
-# decode_linear: (name, in features, out features) of the o_proj / down_proj that the norm epilogue follows
-LINEAR_SHAPES = (("thinker o_proj", HEADS * HEAD_DIM, THINKER_HIDDEN), ("talker o_proj", 16 * HEAD_DIM, 1024),
-                 ("code predictor down_proj", CODE_PREDICTOR_INTER, 1024))
+# decode_linear: (name, in features, out features, with the residual add + norm epilogue) of the decoders' linears:
+# o_proj / down_proj (the norm follows them), q/k/v, the routers, the code predictor's gate/up
+LINEAR_SHAPES = (("thinker o_proj", HEADS * HEAD_DIM, THINKER_HIDDEN, True),
+                 ("thinker q/k/v", THINKER_HIDDEN, (HEADS + 2 * KV_HEADS) * HEAD_DIM, False),
+                 ("thinker router", THINKER_HIDDEN, 128, False),
+                 ("talker o_proj", 16 * HEAD_DIM, 1024, True),   # the code predictor's o_proj too
+                 ("talker q/k/v", 1024, (16 + 2 * 2) * HEAD_DIM, False),
+                 ("talker router", 1024, 128, False),
+                 ("code predictor q/k/v", 1024, (16 + 2 * 8) * HEAD_DIM, False),
+                 ("code predictor gate/up", 1024, 2 * CODE_PREDICTOR_INTER, False),
+                 ("code predictor down_proj", CODE_PREDICTOR_INTER, 1024, True))
+LINEAR_MAX_TOKENS = 4   # decode_linear's cases (the engine uses it up to this many rows)
 ATTENTION_COLUMNS, ATTENTION_MAX_ROWS = 1024, 64   # decode attention: cached columns, most rows timed
 
 
@@ -168,32 +177,71 @@ def cases(ok, tokens: list[int], device: str, dtype=torch.bfloat16, random: bool
                     out.append(Case("fused_moe", f"{name} 4 launches", T,
                                     lambda *a, c=grouped: ok.fused_moe(*a, config=c), ok.fused_moe_reference, sets,
                                     moe_bytes, flops=flops))
+                    out.extend(_router_moe_cases(ok, m, T, w13, w2, name, grouped, dtype, device, random, es, flops))
                 else:
                     out.append(Case("fused_moe", name, T, ok.fused_moe, ok.fused_moe_reference, sets, moe_bytes,
                                     flops=flops))
-        if "decode_linear" in ops and T <= 16:
+        if "decode_linear" in ops and T <= LINEAR_MAX_TOKENS:
             out.extend(_linear_cases(ok, T, dtype, device, random, es))
     return out
 
 
+def _router_moe_cases(ok, m: MoeModel, T: int, w13, w2, name: str, grouped, dtype, device: str, random: bool,
+                      es: int, flops: int) -> list[Case]:
+    """The router GEMM and the experts at a decode token count, three ways on the same inputs: the router inside
+    the one launch (as the engine runs it), torch's router GEMM + the one launch, and torch's router GEMM + the
+    grouped path's four launches (the engine before this path). Bytes: the experts hit, the router weight, hidden
+    in, output out."""
+    import torch.nn.functional as F
+
+    expert_bytes = 3 * m.hidden * m.inter * es
+    sets = _rotating(lambda: (_tensor((T, m.hidden), dtype, device, random),
+                              _tensor((m.experts, m.hidden), dtype, device, random, m.hidden ** -0.5 * 4), w13, w2,
+                              m.top_k), min(T * m.top_k, m.experts) * expert_bytes, random)
+
+    def moved(sets=sets):
+        hit = sum(int(torch.unique(torch.topk(F.linear(x, wg).float(), m.top_k, dim=-1).indices).numel())
+                  for x, wg, *_ in sets) / len(sets)
+        return int(hit * expert_bytes + m.experts * m.hidden * es + 2 * T * m.hidden * es)
+    inside = ok.SplitKWorkspace(T, m.hidden, device, scratch=m.experts)
+    after = ok.SplitKWorkspace(T, m.hidden, device)
+    reference = lambda x, wg, a, b, k: ok.fused_moe_reference(x, F.linear(x, wg), a, b, k)
+    return [Case("fused_moe", f"router+{name} 1 launch", T,
+                 lambda x, wg, a, b, k: ok.fused_moe(x, None, a, b, k, router_weight=wg, workspace=inside), reference,
+                 sets, moved, flops=flops),
+            Case("fused_moe", f"router GEMM, {name}", T,
+                 lambda x, wg, a, b, k: ok.fused_moe(x, F.linear(x, wg), a, b, k, workspace=after), reference, sets,
+                 moved, flops=flops),
+            Case("fused_moe", f"router GEMM, {name} 4 launches", T,
+                 lambda x, wg, a, b, k: ok.fused_moe(x, F.linear(x, wg), a, b, k, config=grouped), reference, sets,
+                 moved, flops=flops)]
+
+
 def _linear_cases(ok, T: int, dtype, device: str, random: bool, es: int) -> list[Case]:
-    """decode_linear with the residual add + RMSNorm epilogue at the decoders' o_proj / down_proj shapes, and the
-    unfused pair it replaces (torch's linear, then the rms_norm kernel: two launches) on the same inputs."""
+    """decode_linear at the decoders' linear shapes (with the residual add + RMSNorm epilogue where a norm follows),
+    and what it replaces on the same inputs: torch's linear (then the rms_norm kernel: two launches)."""
     import torch.nn.functional as F
 
     out = []
-    for name, K, N in LINEAR_SHAPES:
+    for name, K, N, norm in LINEAR_SHAPES:
         def make(K=K, N=N):
             return (_tensor((T, K), dtype, device, random), _tensor((N, K), dtype, device, random, K ** -0.5),
                     _tensor((T, N), dtype, device, random), _tensor((N,), dtype, device, random))
         sets = _rotating(make, N * K * es, random)
-        moved = lambda T=T, K=K, N=N: (N * K + T * K + 3 * T * N + N) * es   # weight, x, residual in; normed, sum out
+        # weight and x in, output out; with the norm also the residual and norm weight in, the sum out
+        moved = lambda T=T, K=K, N=N, norm=norm: (N * K + T * K + (3 * T * N + N if norm else T * N)) * es
         workspace = ok.SplitKWorkspace(T, N, device)
-        fused = lambda x, w, r, nw, ws=workspace: ok.decode_linear(x, w, ws, r, nw, 1e-6)
-        reference = lambda x, w, r, nw: ok.decode_linear_reference(x, w, r, nw, 1e-6)
-        unfused = lambda x, w, r, nw: ok.rms_norm(F.linear(x, w), nw, 1e-6, r)
-        out.append(Case("decode_linear", f"decode_linear+norm {name}", T, fused, reference, sets, moved))
-        out.append(Case("decode_linear", f"linear, rms_norm {name}", T, unfused, reference, sets, moved))
+        if norm:
+            fused = lambda x, w, r, nw, ws=workspace: ok.decode_linear(x, w, ws, r, nw, 1e-6)
+            reference = lambda x, w, r, nw: ok.decode_linear_reference(x, w, r, nw, 1e-6)
+            unfused = lambda x, w, r, nw: ok.rms_norm(F.linear(x, w), nw, 1e-6, r)
+            labels = (f"decode_linear+norm {name}", f"linear, rms_norm {name}")
+        else:
+            fused = lambda x, w, r, nw, ws=workspace: ok.decode_linear(x, w, ws)
+            reference = unfused = lambda x, w, r, nw: F.linear(x, w)
+            labels = (f"decode_linear {name}", f"torch linear {name}")
+        out.append(Case("decode_linear", labels[0], T, fused, reference, sets, moved))
+        out.append(Case("decode_linear", labels[1], T, unfused, reference, sets, moved))
     return out
 
 

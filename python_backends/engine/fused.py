@@ -7,11 +7,12 @@ decode attention — q/k norms, RoPE, cache write, grouped-query attention — i
 SiLU-and-mul after one gate+up GEMM); otherwise it calls the module itself, so the CPU path is
 transformers' own arithmetic (and the static engine's tokens equal the library's).
 
-Decode-step fusions (`set_step_fusion`, on by default): at decode sizes (<= DECODE_ROWS rows) the residual add
-and RMSNorm after o_proj, after a dense MLP's down_proj and after a sparse MoE block (the next layer's input
-norm) run inside the launch that produces their input (`omni_kernels.decode_linear`, `fused_moe` with a norm
-epilogue; the MoE itself one launch at the fewest tokens). Those kernels keep a zeroed split-K workspace per
-module (`WORKSPACE`), created on first use (the graphs' eager warm-up) and never replaced.
+Decode-step fusions (`set_step_fusion`, on by default): at decode sizes the residual add and RMSNorm after
+o_proj, after a dense MLP's down_proj (<= LINEAR_ROWS rows) and after a sparse MoE block (the next layer's input
+norm; <= DECODE_ROWS rows) run inside the launch that produces their input (`omni_kernels.decode_linear`,
+`fused_moe` with a norm epilogue; the MoE itself one launch at the fewest tokens, its router GEMM included),
+and the linears that the tuning table marks faster as `decode_linear` (q/k/v, a dense MLP's gate/up) use it. Those kernels keep a zeroed split-K
+workspace per module (`WORKSPACE`), created on first use (the graphs' eager warm-up) and never replaced.
 """
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ _KERNELS = ("rms_norm", "fused_moe", "silu_and_mul", "apply_mrope", "decode_atte
             "SplitKWorkspace", "enabled")
 FUSED = "omni_fused_weight"   # attribute holding the concatenated weight of fused projections
 WORKSPACE = "omni_splitk_workspace"   # attribute holding a module's split-K workspace (decode-step fusions)
-DECODE_ROWS = 16   # rows up to which the decode-step fusions run (decode_linear's limit)
+DECODE_ROWS = 16   # rows up to which the MoE norm epilogue runs (decode_linear's limit; the workspaces' rows)
+LINEAR_ROWS = 4    # rows up to which decode_linear replaces torch's linear (its atomics outgrow the gain beyond)
 
 
 def available() -> bool:
@@ -59,16 +61,17 @@ def set_step_fusion(flag: bool) -> None:
     _step_fusion = bool(flag)
 
 
-def step_fusion_active(x: torch.Tensor) -> bool:
-    """True when the decode-step fusions apply to a step on rows x [T, ...]."""
-    return _step_fusion and x.shape[0] <= DECODE_ROWS and active(x)
+def step_fusion_active(x: torch.Tensor, rows: int = DECODE_ROWS) -> bool:
+    """True when the decode-step fusions apply to a step on rows x [T, ...] (at most `rows` of them)."""
+    return _step_fusion and x.shape[0] <= rows and active(x)
 
 
-def _workspace(module: torch.nn.Module, width: int, device: torch.device):
-    """The module's split-K workspace [DECODE_ROWS, width] (made once; CUDA graphs keep its address)."""
+def _workspace(module: torch.nn.Module, width: int, device: torch.device, scratch: int = 0):
+    """The module's split-K workspace [DECODE_ROWS, width] (+ scratch values per row; made once: CUDA graphs keep
+    its address)."""
     workspace = getattr(module, WORKSPACE, None)
     if workspace is None:
-        workspace = omni_kernels.SplitKWorkspace(DECODE_ROWS, width, device)
+        workspace = omni_kernels.SplitKWorkspace(DECODE_ROWS, width, device, scratch)
         setattr(module, WORKSPACE, workspace)
     return workspace
 
@@ -148,20 +151,23 @@ def dense_mlp(mlp: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
     fused = getattr(mlp, FUSED, None)
     if fused is None or not active(h):
         return mlp(h)
-    return mlp.down_proj(omni_kernels.silu_and_mul(torch.nn.functional.linear(h, fused)))
+    return mlp.down_proj(omni_kernels.silu_and_mul(linear(mlp, h, fused)))
 
 
 def _fused_moe(mlp: torch.nn.Module, h: torch.Tensor, **norm):
-    """`omni_kernels.fused_moe` over a sparse block's router and experts (the one-launch decode path and its
-    workspace with the step fusions, else the grouped path), with an optional norm epilogue."""
+    """`omni_kernels.fused_moe` over a sparse block's router and experts, with an optional norm epilogue: with the
+    step fusions the one-launch decode path (at its token counts) with the router inside the launch and the
+    block's workspace, else the grouped path after the router's GEMM."""
     gate, experts = mlp.gate, mlp.experts
-    config = None
-    if not step_fusion_active(h):
-        config = omni_kernels.moe_configs.moe_config(h.shape[0], h.shape[1], experts.down_proj.shape[-1],
-                                                     one_launch=False)
+    if step_fusion_active(h):
+        return omni_kernels.fused_moe(h, None, experts.gate_up_proj, experts.down_proj, gate.top_k,
+                                      renormalize=gate.norm_topk_prob, router_weight=gate.weight,
+                                      workspace=_workspace(mlp, h.shape[1], h.device, scratch=gate.weight.shape[0]),
+                                      **norm)
+    config = omni_kernels.moe_configs.moe_config(h.shape[0], h.shape[1], experts.down_proj.shape[-1],
+                                                 one_launch=False)
     return omni_kernels.fused_moe(h, torch.nn.functional.linear(h, gate.weight), experts.gate_up_proj,
-                                  experts.down_proj, gate.top_k, renormalize=gate.norm_topk_prob, config=config,
-                                  workspace=_workspace(mlp, h.shape[1], h.device) if config is None else None, **norm)
+                                  experts.down_proj, gate.top_k, renormalize=gate.norm_topk_prob, config=config, **norm)
 
 
 def moe(mlp: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
@@ -183,14 +189,27 @@ def moe(mlp: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
     return routed
 
 
-def linear_norm(linear: torch.nn.Linear, x: torch.Tensor, norm: torch.nn.Module, residual: torch.Tensor):
-    """`(norm(linear(x) + residual), linear(x) + residual)` for a bias-free linear (o_proj, down_proj) and the
+def _decode_linear_for(weight: torch.Tensor, x: torch.Tensor, with_norm: bool) -> bool:
+    return step_fusion_active(x, LINEAR_ROWS) and omni_kernels.linear_decode.decode_linear_faster(
+        weight.shape[0], weight.shape[1], with_norm)
+
+
+def linear(owner: torch.nn.Module, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """`F.linear(x, weight)` for a bias-free weight owned by `owner` (the router's `gate.weight`, the fused q/k/v
+    weight of an attention module): `decode_linear` at decode sizes where the tuning table measured it faster."""
+    if _decode_linear_for(weight, x, with_norm=False):
+        return omni_kernels.decode_linear(x, weight, _workspace(owner, weight.shape[0], x.device))
+    return torch.nn.functional.linear(x, weight)
+
+
+def linear_norm(proj: torch.nn.Linear, x: torch.Tensor, norm: torch.nn.Module, residual: torch.Tensor):
+    """`(norm(proj(x) + residual), proj(x) + residual)` for a bias-free linear (o_proj, down_proj) and the
     RMSNorm after the residual add: one `decode_linear` launch with the step fusions, else the linear and
     `rms_norm`."""
-    if linear.bias is None and step_fusion_active(x):
-        return omni_kernels.decode_linear(x, linear.weight, _workspace(linear, linear.out_features, x.device),
+    if proj.bias is None and _decode_linear_for(proj.weight, x, with_norm=True):
+        return omni_kernels.decode_linear(x, proj.weight, _workspace(proj, proj.out_features, x.device),
                                           residual, norm.weight, norm.variance_epsilon)
-    return rms_norm(norm, linear(x), residual)
+    return rms_norm(norm, proj(x), residual)
 
 
 def mlp_norm(mlp: torch.nn.Module, h: torch.Tensor, norm: torch.nn.Module, residual: torch.Tensor):
@@ -203,6 +222,6 @@ def mlp_norm(mlp: torch.nn.Module, h: torch.Tensor, norm: torch.nn.Module, resid
             return _fused_moe(mlp, h, residual=residual, norm_weight=norm.weight, eps=norm.variance_epsilon)
         fused_gate_up = getattr(mlp, FUSED, None)
         if getattr(mlp, "experts", None) is None and fused_gate_up is not None:
-            inter = omni_kernels.silu_and_mul(torch.nn.functional.linear(h, fused_gate_up))
+            inter = omni_kernels.silu_and_mul(linear(mlp, h, fused_gate_up))
             return linear_norm(mlp.down_proj, inter, norm, residual)
     return rms_norm(norm, moe(mlp, h), residual)

@@ -163,7 +163,7 @@ class StaticDecoder:
         """Self-attention of one decode token per row up to o_proj: [B, heads * head_dim] (o_proj's input)."""
         batch = h.shape[0]
         if self.fused_qkv:
-            q, k, v = torch.nn.functional.linear(h, getattr(attn, fused.FUSED)).split(
+            q, k, v = fused.linear(attn, h, getattr(attn, fused.FUSED)).split(
                 [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], -1)
         else:
             q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
