@@ -37,9 +37,18 @@ class LinearConfig:
 
 
 # (out features N, in features K) -> config at one row, tuned on the H200 for the Qwen3-Omni decoders' linears
-# (`scripts/bench_kernels --tune-decode`); None: torch's linear (+ rms_norm) was faster for that shape. Shapes
-# not in the table get `linear_config`'s rule.
+# (`scripts/bench_kernels --tune-decode`, run 9, bench/results/tune_decode_h200_run9.json); None: torch's linear
+# (+ rms_norm) was faster for that shape. Shapes not in the table get `linear_config`'s rule.
 LINEAR_CONFIGS: dict[tuple[int, int], LinearConfig | None] = {
+    (2048, 4096): LinearConfig(BLOCK_N=64, BLOCK_K=128, SPLIT_K=8, num_warps=4, num_stages=3),    # thinker o_proj
+    (5120, 2048): None,                                                                          # thinker q/k/v
+    (128, 2048): LinearConfig(BLOCK_N=32, BLOCK_K=128, SPLIT_K=8, num_warps=4, num_stages=3),     # thinker router
+    (1024, 2048): LinearConfig(BLOCK_N=64, BLOCK_K=128, SPLIT_K=16, num_warps=4, num_stages=3),   # talker o_proj
+    (2560, 1024): None,                                                                          # talker q/k/v
+    (128, 1024): LinearConfig(BLOCK_N=32, BLOCK_K=128, SPLIT_K=16, num_warps=4, num_stages=3),    # talker router
+    (4096, 1024): None,                                                                          # predictor q/k/v
+    (6144, 1024): None,                                                                          # predictor gate/up
+    (1024, 3072): LinearConfig(BLOCK_N=64, BLOCK_K=128, SPLIT_K=16, num_warps=4, num_stages=3),   # predictor down
 }
 
 
@@ -129,7 +138,7 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor, workspace: SplitKWorksp
     k_split = triton.cdiv(triton.cdiv(K, config.SPLIT_K), config.BLOCK_K) * config.BLOCK_K
     out, summed = finish_outputs(T, N, x, residual)
     grid = (triton.cdiv(N, config.BLOCK_N) * triton.cdiv(K, k_split),)
-    _decode_linear_kernel[grid](x, weight, out, workspace.accumulator, workspace.counters,
+    _decode_linear_kernel[grid](x, weight, out, workspace.accumulator, workspace.counter,
                                 out if residual is None else residual, summed,
                                 out if norm_weight is None else norm_weight, float(eps), T, N, K, x.stride(0),
                                 weight.stride(0), k_split, BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K,

@@ -215,13 +215,11 @@ def moe_sum(slots_out: torch.Tensor, top_k: int) -> torch.Tensor:
 def fused_moe(hidden: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, top_k: int,
               renormalize: bool = True, config: MoeConfig | DecodeConfig | None = None,
               workspace: SplitKWorkspace | None = None, residual: torch.Tensor | None = None,
-              norm_weight: torch.Tensor | None = None, eps: float = 1e-6, router_weight: torch.Tensor | None = None):
+              norm_weight: torch.Tensor | None = None, eps: float = 1e-6):
     """Routed experts of a Qwen3-Omni sparse MoE block, optionally followed by the decoder's residual add and
     next RMSNorm.
 
-    hidden: [T, H] bf16/fp16/fp32; router_logits: [T, E] (the gate linear's output, any float dtype), or None
-    with router_weight [E, H] (the gate linear's weight, hidden's dtype): the logits are `F.linear(hidden,
-    router_weight)`, computed inside the launch on the decode path (the workspace then needs scratch >= E);
+    hidden: [T, H] bf16/fp16/fp32; router_logits: [T, E] (the gate linear's output, any float dtype);
     w13: [E, 2I, H] (transformers' `gate_up_proj`, gate rows first), w2: [E, H, I] (`down_proj`), both in
     hidden's dtype with a contiguous last dim; top_k: experts per token (thinker 8, talker 6);
     renormalize: divide the top-k probabilities by their sum (`norm_topk_prob`). config: the path and its block
@@ -235,24 +233,15 @@ def fused_moe(hidden: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tens
     (router + experts) and the decoder layer's residual add + Qwen3OmniMoeThinkerTextRMSNorm.
     """
     ok = hidden.dim() == 2 and w13.dim() == 3
-    router = router_logits if router_logits is not None else router_weight
     if ok:
         (T, H), (E, two_i, H_w) = hidden.shape, w13.shape
-        ok = H_w == H and two_i % 2 == 0 and w2.shape == (E, H, two_i // 2)
+        ok = router_logits.shape == (T, E) and H_w == H and two_i % 2 == 0 and w2.shape == (E, H, two_i // 2)
         ok = ok and 0 < top_k <= E and w13.dtype == w2.dtype == hidden.dtype
-        if router_logits is not None:
-            ok = ok and router_logits.shape == (T, E)
-        else:
-            ok = ok and router_weight is not None and router_weight.shape == (E, H) and router_weight.dtype == hidden.dtype
     if not ok:
-        raise ValueError(f"fused_moe: hidden {tuple(hidden.shape)} {hidden.dtype}, router "
-                         f"{None if router is None else (tuple(router.shape), router.dtype)}, w13 {tuple(w13.shape)} "
-                         f"{w13.dtype}, w2 {tuple(w2.shape)} {w2.dtype}, top_k {top_k}")
-    backend = select("fused_moe", hidden, router, w13, w2)
-    one_launch = backend != "reference" and T > 0 and isinstance(config or moe_config(T, H, two_i // 2),
-                                                                 DecodeConfig)
-    if router_logits is None and not one_launch:   # the in-kernel router is the one-launch path's
-        router_logits = F.linear(hidden, router_weight)
+        raise ValueError(f"fused_moe: hidden {tuple(hidden.shape)} {hidden.dtype}, router_logits "
+                         f"{tuple(router_logits.shape)}, w13 {tuple(w13.shape)} {w13.dtype}, w2 {tuple(w2.shape)} "
+                         f"{w2.dtype}, top_k {top_k}")
+    backend = select("fused_moe", hidden, router_logits, w13, w2)
     if backend == "reference" or T == 0:
         out = fused_moe_reference(hidden, router_logits, w13, w2, top_k, renormalize)
         return out if norm_weight is None else rms_norm_reference(out, norm_weight, eps, residual)
@@ -260,9 +249,9 @@ def fused_moe(hidden: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tens
         raise ValueError("fused_moe: expert weights need a contiguous last dim")
     config = config or moe_config(T, H, two_i // 2)
     hidden = hidden if hidden.stride(-1) == 1 else hidden.contiguous()
-    if one_launch:
+    if isinstance(config, DecodeConfig):
         return fused_moe_decode(hidden, router_logits, w13, w2, top_k, renormalize, config, workspace, residual,
-                                norm_weight, eps, router_weight)
+                                norm_weight, eps)
     routing = moe_route(router_logits, top_k, renormalize, config.BLOCK_M)
     inter = moe_gate_up(hidden, w13, routing, config.gate_up)
     out = moe_sum(moe_down(inter, w2, routing, config.down), top_k)

@@ -79,14 +79,17 @@ MOE_CONFIGS: dict[tuple[int, int], list[tuple[int, MoeConfig]]] = {
 
 
 # The one-launch decode path, per expert shape: (largest token count, config); past the last bound the grouped
-# path above runs. First guesses (run 8 measures them against the grouped path).
-DEFAULT_DECODE_CONFIGS: list[tuple[int, DecodeConfig]] = [(1, DecodeConfig(16, 256, 128, 4, 3))]
+# path above runs. Tuned on the H200 (`scripts/bench_kernels --tune-decode --tokens 1,2,4`, runs 8-9,
+# bench/results/tune_decode_h200_run9.json): 64 / 32-column tiles of the MMA variant, 256-wide K steps, 512-row down
+# tiles. It won at 2 and 4 tokens too, but its results there were wrong on the H200 in runs 8-9 (one row right,
+# the others not; see the finish in `splitk`): the tables stop at one token until a run checks more.
+DEFAULT_DECODE_CONFIGS: list[tuple[int, DecodeConfig]] = [(1, DecodeConfig(32, 256, 512, 4, 3, True))]
 DECODE_CONFIGS: dict[tuple[int, int], list[tuple[int, DecodeConfig]]] = {
     THINKER: [
-        (2, DecodeConfig(16, 128, 256, 4, 3, True)),
+        (1, DecodeConfig(BLOCK_N=64, BLOCK_K=256, BLOCK_H=512, num_warps=4, num_stages=3, use_dot=True)),
     ],
     TALKER: [
-        (2, DecodeConfig(16, 128, 256, 4, 3, True)),
+        (1, DecodeConfig(BLOCK_N=32, BLOCK_K=256, BLOCK_H=512, num_warps=4, num_stages=3, use_dot=True)),
     ],
 }
 

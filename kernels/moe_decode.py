@@ -28,26 +28,24 @@ one); without one, each call allocates a zeroed workspace (one memset).
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from .backend import DOT_IN_FP32, helper, kernel, rounded, tl, triton
 from .moe_configs import DecodeConfig
-from .splitk import (SplitKWorkspace, _fence_every_thread, _finish_rows, _wait_for_count, finish_block, finish_outputs,
-                     norm_args, workspace_for)
-
-ROUTER_EXPERTS = 4   # experts per router program of the in-kernel router (one [4, H] weight tile in registers)
+from .splitk import SplitKWorkspace, _finish_rows, finish_block, finish_outputs, norm_args, workspace_for
 
 @helper
 def _slot_route(logits_ptr, t, logits_stride, E, j, TOP_K: tl.constexpr, TOP_K_POW2: tl.constexpr,
-                RENORM: tl.constexpr, BLOCK_E: tl.constexpr, WEIGHT_DT: tl.constexpr, LOAD_CACHE: tl.constexpr):
+                RENORM: tl.constexpr, BLOCK_E: tl.constexpr):
     # token t's expert of rank j (0 = highest probability; ties: lower id first) and its routing weight (fp32,
     # rounded to the logits' dtype). One bitonic top-k over int64 keys (probability bits above the inverted
     # expert id: probabilities are >= 0, so their bits order like the values) instead of top_k rounds of
     # arg-max, each two block-wide reductions, on every program's critical path.
     e = tl.arange(0, BLOCK_E)
     e_ok = e < E
-    logits = tl.load(logits_ptr + t * logits_stride + e, mask=e_ok, other=float("-inf"),
-                     cache_modifier=LOAD_CACHE).to(tl.float32)
+    logits = tl.load(logits_ptr + t * logits_stride + e, mask=e_ok, other=float("-inf")).to(tl.float32)
     p = tl.exp(logits - tl.max(logits, axis=0))
     p = p / tl.sum(p, axis=0)   # padded experts: exactly 0, and the highest ids, so never ahead of a real one
     keys = (p.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (BLOCK_E - 1 - e).to(tl.int64)
@@ -59,61 +57,25 @@ def _slot_route(logits_ptr, t, logits_stride, E, j, TOP_K: tl.constexpr, TOP_K_P
         probs = (top >> 32).to(tl.int32).to(tl.float32, bitcast=True)
         weight = weight / tl.sum(tl.where(rank < TOP_K, probs, 0.0), axis=0)
     expert = BLOCK_E - 1 - (key & 0xFFFFFFFF)
-    return expert, rounded(weight, WEIGHT_DT)
-
-
-@helper
-def _router_slice(x_ptr, router_ptr, scratch_ptr, r, T, E, H, x_stride, ROUTER_EXPERTS: tl.constexpr,
-                  BLOCK_HR: tl.constexpr):
-    # router programs: logits of experts r*ROUTER_EXPERTS.. for every token, the whole hidden row in one load (one
-    # memory round trip), rounded to the activation dtype as the gate linear's output is, into the scratch [T, E]
-    e = r * ROUTER_EXPERTS + tl.arange(0, ROUTER_EXPERTS)
-    e_ok = e < E
-    k = tl.arange(0, BLOCK_HR)
-    k_ok = k < H
-    w = tl.load(router_ptr + e[:, None] * H + k[None, :], mask=e_ok[:, None] & k_ok[None, :], other=0.0)
-    w = w.to(tl.float32)
-    for t in range(T):
-        xv = tl.load(x_ptr + t * x_stride + k, mask=k_ok, other=0.0).to(tl.float32)
-        logit = tl.sum(w * xv[None, :], axis=1)
-        tl.store(scratch_ptr + t * E + e, rounded(logit, x_ptr.dtype.element_ty), mask=e_ok)
+    return expert, rounded(weight, logits_ptr.dtype.element_ty)
 
 
 @kernel
-def _moe_decode_kernel(x_ptr, logits_ptr, router_ptr, scratch_ptr, w13_ptr, w2_ptr, out_ptr, acc_ptr, count_ptr,
-                       res_ptr, sum_ptr, norm_ptr, eps, T, E, H, I, x_stride, logits_stride, w13_stride_e,
-                       w13_stride_n, w2_stride_e, w2_stride_h, router_programs, TOP_K: tl.constexpr,
-                       TOP_K_POW2: tl.constexpr, RENORM: tl.constexpr, BLOCK_E: tl.constexpr, ROUTER: tl.constexpr,
-                       ROUTER_EXPERTS: tl.constexpr, BLOCK_HR: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, USE_DOT: tl.constexpr, EVEN_K: tl.constexpr,
-                       EVEN_H: tl.constexpr, DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr, NORM: tl.constexpr,
-                       HAS_RESIDUAL: tl.constexpr, BLOCK_W: tl.constexpr):
+def _moe_decode_kernel(x_ptr, logits_ptr, w13_ptr, w2_ptr, out_ptr, acc_ptr, count_ptr, res_ptr, sum_ptr, norm_ptr,
+                       eps, T, E, H, I, x_stride, logits_stride, w13_stride_e, w13_stride_n, w2_stride_e, w2_stride_h,
+                       TOP_K: tl.constexpr, TOP_K_POW2: tl.constexpr, RENORM: tl.constexpr, BLOCK_E: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, USE_DOT: tl.constexpr,
+                       EVEN_K: tl.constexpr, EVEN_H: tl.constexpr, DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                       NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_W: tl.constexpr):
     dt = out_ptr.dtype.element_ty
+    pid = tl.program_id(0)
     n_blocks = tl.cdiv(I, BLOCK_N)
-    if ROUTER:   # 0. the router in this launch: the first router_programs tickets compute the logits
-        ticket = tl.atomic_add(count_ptr + 1, 1, sem="relaxed")
-        if ticket < router_programs:
-            _router_slice(x_ptr, router_ptr, scratch_ptr, ticket, T, E, H, x_stride, ROUTER_EXPERTS, BLOCK_HR)
-            _fence_every_thread()
-            tl.debug_barrier()
-            tl.atomic_add(count_ptr + 2, 1, sem="release")
-            return
-        # the programs holding the first tickets are running and wait for nothing: no deadlock
-        _wait_for_count(count_ptr + 2, router_programs)
-        work = ticket - router_programs
-        slot = work // n_blocks
-        t = slot // TOP_K
-        expert, route_w = _slot_route(scratch_ptr, t, E, E, slot % TOP_K, TOP_K, TOP_K_POW2, RENORM, BLOCK_E, dt,
-                                      ".cg")
-    else:
-        work = tl.program_id(0)
-        slot = work // n_blocks
-        t = slot // TOP_K
-        # 1. the token's routing (every program of the token recomputes it from the E logits)
-        expert, route_w = _slot_route(logits_ptr, t, logits_stride, E, slot % TOP_K, TOP_K, TOP_K_POW2, RENORM,
-                                      BLOCK_E, logits_ptr.dtype.element_ty, "")
+    slot = pid // n_blocks
+    t = slot // TOP_K
+    # 1. the token's routing (every program of the token recomputes it from the E logits)
+    expert, route_w = _slot_route(logits_ptr, t, logits_stride, E, slot % TOP_K, TOP_K, TOP_K_POW2, RENORM, BLOCK_E)
     # 2. gate/up GEMV for BLOCK_N columns of I, SiLU-mul epilogue
-    n = (work % n_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n = (pid % n_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < I
     k = tl.arange(0, BLOCK_K)
     x_row = x_ptr + t.to(tl.int64) * x_stride
@@ -177,43 +139,52 @@ def _moe_decode_kernel(x_ptr, logits_ptr, router_ptr, scratch_ptr, w13_ptr, w2_p
         w2_ptrs += BLOCK_H * w2_stride_h
         acc_row += BLOCK_H
     # 4. the last program out: rounding (and the residual add + RMSNorm epilogue), workspace zeroed
-    _finish_rows(acc_ptr, count_ptr, out_ptr, res_ptr, sum_ptr, norm_ptr, T, H, eps,
-                 tl.num_programs(0) - router_programs, NORM, HAS_RESIDUAL, BLOCK_W)
+    _finish_rows(acc_ptr, count_ptr, out_ptr, res_ptr, sum_ptr, norm_ptr, T, H, eps, tl.num_programs(0), NORM,
+                 HAS_RESIDUAL, BLOCK_W)
 
 
-def fused_moe_decode(hidden: torch.Tensor, router_logits: torch.Tensor | None, w13: torch.Tensor, w2: torch.Tensor,
+def fused_moe_decode(hidden: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                      top_k: int, renormalize: bool, config: DecodeConfig, workspace: SplitKWorkspace | None = None,
                      residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
-                     eps: float = 1e-6, router_weight: torch.Tensor | None = None):
+                     eps: float = 1e-6):
     """The one-launch path of `moe.fused_moe` (same arguments, checked there): [T, H] in hidden's dtype, or with
     `norm_weight` the pair (RMSNorm(out [+ residual]) * norm_weight, out [+ residual]) as `rms_norm` returns it.
-    Without router_logits, the router_weight [E, H] (contiguous) is applied in the same launch: cdiv(E, 4) extra
-    programs compute the logits into the workspace's scratch (it needs scratch >= E) while the others wait.
     Raises ValueError when `workspace` does not fit or the norm arguments do not match."""
     T, H = hidden.shape
     E, inter = w13.shape[0], w13.shape[1] // 2
-    in_kernel_router = router_logits is None
-    workspace = workspace_for("fused_moe", workspace, T, H, hidden.device, E if in_kernel_router else 0)
+    config = fit_decode_config(config, hidden.dtype)
+    workspace = workspace_for("fused_moe", workspace, T, H, hidden.device)
     residual, norm_weight = norm_args("fused_moe", T, H, hidden.dtype, residual, norm_weight)
-    if in_kernel_router:
-        router_weight = router_weight.contiguous()
-        router_logits = router_weight   # unused by the kernel
-        router_programs = triton.cdiv(E, ROUTER_EXPERTS)
-    else:
-        router_logits = router_logits if router_logits.stride(-1) == 1 else router_logits.contiguous()
-        router_weight, router_programs = router_logits, 0   # unused by the kernel
+    if router_logits.stride(-1) != 1:
+        router_logits = router_logits.contiguous()
     out, summed = finish_outputs(T, H, hidden, residual)
-    grid = (router_programs + T * top_k * triton.cdiv(inter, config.BLOCK_N),)
-    _moe_decode_kernel[grid](hidden, router_logits, router_weight, workspace.scratch, w13, w2, out,
-                             workspace.accumulator, workspace.counters, out if residual is None else residual, summed,
-                             out if norm_weight is None else norm_weight, float(eps), T, E, H, inter,
-                             hidden.stride(0), router_logits.stride(0), w13.stride(0), w13.stride(1), w2.stride(0),
-                             w2.stride(1), router_programs, TOP_K=top_k, TOP_K_POW2=triton.next_power_of_2(top_k),
-                             RENORM=bool(renormalize), BLOCK_E=triton.next_power_of_2(E), ROUTER=in_kernel_router,
-                             ROUTER_EXPERTS=ROUTER_EXPERTS, BLOCK_HR=triton.next_power_of_2(H),
-                             BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K, BLOCK_H=config.BLOCK_H,
-                             USE_DOT=config.use_dot, EVEN_K=H % config.BLOCK_K == 0, EVEN_H=H % config.BLOCK_H == 0,
-                             DOT_F32=DOT_IN_FP32, DOT_PRECISION="ieee" if hidden.dtype == torch.float32 else "tf32",
+    grid = (T * top_k * triton.cdiv(inter, config.BLOCK_N),)
+    _moe_decode_kernel[grid](hidden, router_logits, w13, w2, out, workspace.accumulator, workspace.counter,
+                             out if residual is None else residual, summed, out if norm_weight is None else norm_weight,
+                             float(eps), T, E, H, inter, hidden.stride(0), router_logits.stride(0), w13.stride(0),
+                             w13.stride(1), w2.stride(0), w2.stride(1), TOP_K=top_k,
+                             TOP_K_POW2=triton.next_power_of_2(top_k), RENORM=bool(renormalize),
+                             BLOCK_E=triton.next_power_of_2(E), BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K,
+                             BLOCK_H=config.BLOCK_H, USE_DOT=config.use_dot, EVEN_K=H % config.BLOCK_K == 0,
+                             EVEN_H=H % config.BLOCK_H == 0, DOT_F32=DOT_IN_FP32,
+                             DOT_PRECISION="ieee" if hidden.dtype == torch.float32 else "tf32",
                              NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None, BLOCK_W=finish_block(H),
                              num_warps=config.num_warps, num_stages=config.num_stages)
     return out if residual is None else (out, summed)
+
+
+SHARED_MEMORY_LIMIT = 224 * 1024   # of the H100/H200's 227 KB per block
+
+
+def fit_decode_config(config: DecodeConfig, dtype: torch.dtype) -> DecodeConfig:
+    """The config with its pipelining depth lowered (then BLOCK_K and BLOCK_H halved) until its shared memory
+    fits: Triton keeps num_stages - 1 tiles of each pipelined loop (the gate/up loop: the padded row tile and two
+    weight tiles; the down loop: one weight tile), the larger loop's ring counts (as read from its out-of-resources
+    reports on the H200). The table is sized for bf16; fp32 tiles take twice the bytes."""
+    size = torch.tensor([], dtype=dtype).element_size()
+
+    def ring(c: DecodeConfig) -> int:
+        return max((16 + 2 * c.BLOCK_N) * c.BLOCK_K, c.BLOCK_H * c.BLOCK_N) * size
+    while ring(config) > SHARED_MEMORY_LIMIT and config.BLOCK_K > 16:
+        config = dataclasses.replace(config, BLOCK_K=config.BLOCK_K // 2, BLOCK_H=max(16, config.BLOCK_H // 2))
+    return dataclasses.replace(config, num_stages=max(1, min(config.num_stages, 1 + SHARED_MEMORY_LIMIT // ring(config))))

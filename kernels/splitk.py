@@ -18,53 +18,41 @@ import torch
 from .backend import HAVE_TRITON, INTERPRETED, helper, round_to, rounded, tl, triton
 
 _COMPILED = tl.constexpr(not INTERPRETED) if HAVE_TRITON else False
-_SPIN_LIMIT = tl.constexpr(1 << 22) if HAVE_TRITON else 0   # polls before a waiting program gives up (no GPU hang)
-
-
-COUNTERS = 4   # [0] programs finished, [1] tickets handed out, [2] producer programs done (`moe_decode`), spare
-_COUNTERS = tl.constexpr(COUNTERS) if HAVE_TRITON else COUNTERS
 
 
 class SplitKWorkspace:
-    """Zeroed fp32 accumulator [max_rows, width], int32 counters [COUNTERS] and an optional fp32 scratch
-    [max_rows, scratch] (values one launch's programs hand to others, e.g. the in-kernel router's logits) on
-    `device`.
+    """Zeroed fp32 accumulator [max_rows, width] and an int32 program counter on `device`.
 
-    Each launch that uses it leaves the accumulator and counters zeroed again (its last program resets them), so
-    one workspace serves every later launch on the same stream; launches that may run at once (different streams)
-    need different workspaces. Keep it alive as long as CUDA graphs that captured it.
+    Each launch that uses it leaves both zeroed again (its last program resets them), so one workspace serves
+    every later launch on the same stream; launches that may run at once (different streams) need different
+    workspaces. Keep it alive as long as CUDA graphs that captured it.
     """
 
-    def __init__(self, max_rows: int, width: int, device: torch.device | str, scratch: int = 0):
-        self.max_rows, self.width, self.scratch_width = max_rows, width, scratch
+    def __init__(self, max_rows: int, width: int, device: torch.device | str):
+        self.max_rows, self.width = max_rows, width
         self.accumulator = torch.zeros(max_rows * width, dtype=torch.float32, device=device)
-        self.counters = torch.zeros(COUNTERS, dtype=torch.int32, device=device)
-        self.scratch = torch.zeros(max(1, max_rows * scratch), dtype=torch.float32, device=device)
+        self.counter = torch.zeros(1, dtype=torch.int32, device=device)
 
-    def fits(self, rows: int, width: int, device: torch.device, scratch: int = 0) -> bool:
-        """True when a launch for `rows` rows of `width` outputs (and `scratch` values per row) on `device` can
-        use this workspace."""
-        return rows <= self.max_rows and width == self.width and scratch <= self.scratch_width \
-            and self.accumulator.device == device
+    def fits(self, rows: int, width: int, device: torch.device) -> bool:
+        """True when a launch for `rows` rows of `width` outputs on `device` can use this workspace."""
+        return rows <= self.max_rows and width == self.width and self.accumulator.device == device
 
-    def check(self, op: str, rows: int, width: int, device: torch.device, scratch: int = 0) -> "SplitKWorkspace":
+    def check(self, op: str, rows: int, width: int, device: torch.device) -> "SplitKWorkspace":
         """self, or ValueError naming `op` when it does not fit."""
-        if not self.fits(rows, width, device, scratch):
-            raise ValueError(f"{op}: workspace for {self.max_rows} x {self.width} (scratch {self.scratch_width}) on "
-                             f"{self.accumulator.device} cannot take {rows} x {width} (scratch {scratch}) on {device}")
+        if not self.fits(rows, width, device):
+            raise ValueError(f"{op}: workspace for {self.max_rows} x {self.width} on {self.accumulator.device} "
+                             f"cannot take {rows} x {width} on {device}")
         return self
 
     def is_clean(self) -> bool:
-        """True when the accumulator and counters are zero (as every launch leaves them)."""
-        return not self.accumulator.any() and not self.counters.any()
+        """True when the accumulator and the counter are zero (as every launch leaves them)."""
+        return not self.accumulator.any() and not self.counter.any()
 
 
-def workspace_for(op: str, workspace: SplitKWorkspace | None, rows: int, width: int, device: torch.device,
-                  scratch: int = 0) -> SplitKWorkspace:
+def workspace_for(op: str, workspace: SplitKWorkspace | None, rows: int, width: int,
+                  device: torch.device) -> SplitKWorkspace:
     """The caller's workspace (checked), or a new zeroed one for this call (one memset)."""
-    if workspace is None:
-        return SplitKWorkspace(rows, width, device, scratch)
-    return workspace.check(op, rows, width, device, scratch)
+    return SplitKWorkspace(rows, width, device) if workspace is None else workspace.check(op, rows, width, device)
 
 
 @helper
@@ -79,23 +67,11 @@ def _fence_every_thread():
 
 
 @helper
-def _wait_for_count(count_ptr, target):
-    # poll a counter (acquire) until it reaches target; only for counters that running programs raise (tickets make
-    # sure of it), bounded by _SPIN_LIMIT polls all the same
-    seen = tl.atomic_add(count_ptr, 0, sem="acquire")
-    polls = 0
-    while (seen < target) & (polls < _SPIN_LIMIT):
-        seen = tl.atomic_add(count_ptr, 0, sem="acquire")
-        polls += 1
-    _fence_every_thread()
-
-
-@helper
 def _finish_rows(acc_ptr, count_ptr, out_ptr, res_ptr, sum_ptr, norm_ptr, T, W, eps, programs,
                  NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_W: tl.constexpr):
     # Called by each of the `programs` adding programs after its atomic adds. The last one out: out[t] = rounded
     # acc[t] (NORM False), or sum[t] = rounded(acc[t]) + res[t] (rounded; HAS_RESIDUAL) and out[t] =
-    # RMSNorm(sum[t]) * norm weight with `rms_norm`'s roundings; then the accumulator and the counters are zeroed.
+    # RMSNorm(sum[t]) * norm weight with `rms_norm`'s roundings; then the accumulator and the counter are zeroed.
     # Rows are contiguous [T, W]; BLOCK_W >= W.
     _fence_every_thread()
     tl.debug_barrier()   # every thread's adds are performed before the counter's release
@@ -108,9 +84,9 @@ def _finish_rows(acc_ptr, count_ptr, out_ptr, res_ptr, sum_ptr, norm_ptr, T, W, 
             weight = tl.load(norm_ptr + cols, mask=ok, other=0.0).to(tl.float32)
         for t in range(T):
             row = t * W + cols
-            # .cg: read at L2, where the other programs' atomics landed (never a stale L1 line)
-            y = tl.load(acc_ptr + row, mask=ok, other=0.0, cache_modifier=".cg")
-            tl.store(acc_ptr + row, tl.zeros([BLOCK_W], tl.float32), mask=ok)
+            # volatile: read at L2 where the other programs' atomics landed, and never moved past the zeroing
+            # below (a plain load is side-effect free for the compiler; multi-row outputs read zeros on the H200)
+            y = tl.load(acc_ptr + row, mask=ok, other=0.0, volatile=True)
             if NORM:
                 y = rounded(y, dt)
                 if HAS_RESIDUAL:
@@ -119,7 +95,10 @@ def _finish_rows(acc_ptr, count_ptr, out_ptr, res_ptr, sum_ptr, norm_ptr, T, W, 
                 rstd = 1.0 / tl.sqrt_rn(tl.sum(y * y, axis=0) / W + eps)
                 y = rounded(y * rstd, dt) * weight
             tl.store(out_ptr + row, round_to(y, dt), mask=ok)
-        tl.store(count_ptr + tl.arange(0, _COUNTERS), tl.zeros([_COUNTERS], tl.int32))
+        tl.debug_barrier()   # every row is read (and written out) before any is zeroed
+        for t in range(T):
+            tl.store(acc_ptr + t * W + cols, tl.zeros([BLOCK_W], tl.float32), mask=ok)
+        tl.store(count_ptr, 0)
 
 
 def finish_outputs(rows: int, width: int, like: torch.Tensor, residual: torch.Tensor | None):

@@ -10,8 +10,8 @@ transformers' own arithmetic (and the static engine's tokens equal the library's
 Decode-step fusions (`set_step_fusion`, on by default): at decode sizes the residual add and RMSNorm after
 o_proj, after a dense MLP's down_proj (<= LINEAR_ROWS rows) and after a sparse MoE block (the next layer's input
 norm; <= DECODE_ROWS rows) run inside the launch that produces their input (`omni_kernels.decode_linear`,
-`fused_moe` with a norm epilogue; the MoE itself one launch at the fewest tokens, its router GEMM included),
-and the linears that the tuning table marks faster as `decode_linear` (q/k/v, a dense MLP's gate/up) use it. Those kernels keep a zeroed split-K
+`fused_moe` with a norm epilogue; the MoE itself one launch at the fewest tokens), and the linears that the
+tuning table marks faster (the routers) run as `decode_linear`. Those kernels keep a zeroed split-K
 workspace per module (`WORKSPACE`), created on first use (the graphs' eager warm-up) and never replaced.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ _KERNELS = ("rms_norm", "fused_moe", "silu_and_mul", "apply_mrope", "decode_atte
 FUSED = "omni_fused_weight"   # attribute holding the concatenated weight of fused projections
 WORKSPACE = "omni_splitk_workspace"   # attribute holding a module's split-K workspace (decode-step fusions)
 DECODE_ROWS = 16   # rows up to which the MoE norm epilogue runs (decode_linear's limit; the workspaces' rows)
-LINEAR_ROWS = 4    # rows up to which decode_linear replaces torch's linear (its atomics outgrow the gain beyond)
+LINEAR_ROWS = 1    # rows up to which decode_linear replaces torch's linear (measured and checked at one row)
 
 
 def available() -> bool:
@@ -66,12 +66,11 @@ def step_fusion_active(x: torch.Tensor, rows: int = DECODE_ROWS) -> bool:
     return _step_fusion and x.shape[0] <= rows and active(x)
 
 
-def _workspace(module: torch.nn.Module, width: int, device: torch.device, scratch: int = 0):
-    """The module's split-K workspace [DECODE_ROWS, width] (+ scratch values per row; made once: CUDA graphs keep
-    its address)."""
+def _workspace(module: torch.nn.Module, width: int, device: torch.device):
+    """The module's split-K workspace [DECODE_ROWS, width] (made once: CUDA graphs keep its address)."""
     workspace = getattr(module, WORKSPACE, None)
     if workspace is None:
-        workspace = omni_kernels.SplitKWorkspace(DECODE_ROWS, width, device, scratch)
+        workspace = omni_kernels.SplitKWorkspace(DECODE_ROWS, width, device)
         setattr(module, WORKSPACE, workspace)
     return workspace
 
@@ -155,19 +154,17 @@ def dense_mlp(mlp: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
 
 
 def _fused_moe(mlp: torch.nn.Module, h: torch.Tensor, **norm):
-    """`omni_kernels.fused_moe` over a sparse block's router and experts, with an optional norm epilogue: with the
-    step fusions the one-launch decode path (at its token counts) with the router inside the launch and the
-    block's workspace, else the grouped path after the router's GEMM."""
+    """`omni_kernels.fused_moe` over a sparse block's router (`linear`) and experts, with an optional norm
+    epilogue: with the step fusions the table's path (one launch at the fewest tokens) and the block's workspace,
+    else the grouped path."""
     gate, experts = mlp.gate, mlp.experts
-    if step_fusion_active(h):
-        return omni_kernels.fused_moe(h, None, experts.gate_up_proj, experts.down_proj, gate.top_k,
-                                      renormalize=gate.norm_topk_prob, router_weight=gate.weight,
-                                      workspace=_workspace(mlp, h.shape[1], h.device, scratch=gate.weight.shape[0]),
-                                      **norm)
-    config = omni_kernels.moe_configs.moe_config(h.shape[0], h.shape[1], experts.down_proj.shape[-1],
-                                                 one_launch=False)
-    return omni_kernels.fused_moe(h, torch.nn.functional.linear(h, gate.weight), experts.gate_up_proj,
-                                  experts.down_proj, gate.top_k, renormalize=gate.norm_topk_prob, config=config, **norm)
+    config = None
+    if not step_fusion_active(h):
+        config = omni_kernels.moe_configs.moe_config(h.shape[0], h.shape[1], experts.down_proj.shape[-1],
+                                                     one_launch=False)
+    return omni_kernels.fused_moe(h, linear(gate, h, gate.weight), experts.gate_up_proj, experts.down_proj,
+                                  gate.top_k, renormalize=gate.norm_topk_prob, config=config,
+                                  workspace=_workspace(mlp, h.shape[1], h.device) if config is None else None, **norm)
 
 
 def moe(mlp: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:

@@ -361,41 +361,6 @@ def test_fused_moe_decode_path_matches_reference(case, dtype):
     assert workspace.is_clean()
 
 
-def router_inputs(T, E, H, top_k, dtype):
-    """hidden [T, H] and a router weight [E, H] whose logits have no near-ties among each token's top_k + 1
-    (gaps of several bf16 steps), so the in-kernel router and torch's linear pick the same experts."""
-    for _ in range(100):
-        x, router = randn(T, H, dtype=dtype), randn(E, H, dtype=dtype, scale=4 * H ** -0.5)
-        top = torch.topk(F.linear(x.double(), router.double()), top_k + 1, dim=-1).values
-        if (-top.diff(dim=-1) > 0.05 * top.abs()[..., :-1].clamp(min=0.1)).all():
-            return x, router
-    raise AssertionError("no tie-free router inputs drawn")
-
-
-@needs_triton
-@pytest.mark.parametrize("case", DECODE_CASES, ids=lambda c: f"T{c[0][0]}-{'dot' if c[1].use_dot else 'fma'}")
-@pytest.mark.parametrize("dtype", [BF16, FP32], ids=["bf16", "fp32"])
-def test_fused_moe_decode_path_with_the_router_inside(case, dtype):
-    """router_weight instead of logits: the router's programs and the waiting expert programs of one launch equal
-    torch's gate linear followed by the reference; the workspace (with its logits scratch) is left zeroed."""
-    (T, E, H, I, top_k), config = case
-    x, router = router_inputs(T, E, H, top_k, dtype)
-    _, _, w13, w2 = moe_inputs(T, E, H, I, dtype)
-    workspace = ok.SplitKWorkspace(T, H, DEVICE, scratch=E)
-    norm_weight, residual = randn(H, dtype=dtype), randn(T, H, dtype=dtype)
-    ref_normed, ref_summed = moe_norm_reference(x, F.linear(x, router), w13, w2, top_k, norm_weight, residual)
-    for _ in range(REPEATS):
-        normed, summed = run_kernel("fused_moe", ok.fused_moe, x, None, w13, w2, top_k, config=config,
-                                    workspace=workspace, residual=residual, norm_weight=norm_weight,
-                                    router_weight=router)
-        assert_close("fused_moe", summed, ref_summed)
-        assert_close("fused_moe", normed, ref_normed)
-    assert workspace.is_clean()
-    with pytest.raises(ValueError, match="scratch"):   # the logits need the workspace's scratch
-        ok.fused_moe(x, None, w13, w2, top_k, config=config, workspace=ok.SplitKWorkspace(T, H, DEVICE),
-                     router_weight=router)
-
-
 @needs_triton
 def test_fused_moe_norm_epilogue_on_the_grouped_path():
     x, logits, w13, w2 = moe_inputs(21, 8, 80, 48, BF16)
