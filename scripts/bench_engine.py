@@ -8,7 +8,9 @@
              omni_kernels on vs off (when available), and the kernels without the fused decode attention
              (`on_unfused_attention`) or without the decode-step fusions (`on_unfused_step`: separate norm
              launches, four-launch MoE); the floor = (active weight bytes + KV bytes of the step) / measured
-             bandwidth; greedy tokens of a fixed prompt per mode; with --profile, each graph mode's kernels at
+             bandwidth; greedy tokens of a fixed (seeded) prompt per mode, and each mode's logits over the same 32
+             tokens (kernels-off's) against kernels-off's (relative / absolute difference, argmax flips and
+             whether they are near-ties of the random model); with --profile, each graph mode's kernels at
              batch 1 (torch.profiler over 20 replays: us per step by kernel, and the time between kernels)
   talker     frame time = talker decode step + the 15-step code predictor, static engine (graphs) vs
              transformers' forward with a DynamicCache (the "dynamic" engine), batch 1 and 16
@@ -136,6 +138,19 @@ def print_profile(label: str, prof: dict, top: int = 14) -> None:
         print(f"    {k['us_per_step']:8.1f} us  {k['per_step']:6.1f}x  {k['kernel']}", flush=True)
 
 
+def compare_logits(logits: torch.Tensor, reference: torch.Tensor) -> dict:
+    """Per-step logits [steps, vocab] of the same token sequence under two kernel modes: the largest relative
+    (||a - b|| / ||b|| per step) and absolute differences, the steps whose argmax differs, and whether every
+    differing argmax is a near-tie (the reference's top-2 gap below twice the largest absolute difference)."""
+    diff = (logits - reference).abs()
+    top2 = reference.topk(2, dim=-1).values
+    flips = (logits.argmax(-1) != reference.argmax(-1)).nonzero().flatten().tolist()
+    max_abs = float(diff.max())
+    return {"rel_max": float(((logits - reference).norm(dim=-1) / reference.norm(dim=-1)).max()), "abs_max": max_abs,
+            "argmax_differs_at": flips,
+            "flips_are_near_ties": all(float(top2[i, 0] - top2[i, 1]) < 2 * max_abs for i in flips)}
+
+
 def fill_slots(decoder, model_forward, prompt_embeds: torch.Tensor, count: int, cache_config) -> None:
     """Prefill one prompt with the library forward and place `count` copies of its KV in the decoder."""
     from transformers.cache_utils import DynamicCache
@@ -159,12 +174,27 @@ def bench_thinker(path, config, device, args, bw: float) -> dict:
     text_model = getattr(model.model, "language_model", model.model)
     text = config.thinker_config.text_config
     embed = model.get_input_embeddings()
-    prompt = torch.randint(0, min(1000, text.vocab_size), (args.prompt_tokens,), device=device)
+    generator = torch.Generator(device=device).manual_seed(0)   # the same prompt in every run
+    prompt = torch.randint(0, min(1000, text.vocab_size), (args.prompt_tokens,), device=device, generator=generator)
 
     def forward(ids, cache):
         positions = text_mrope_position_ids(torch.arange(ids.shape[-1], device=device)[None])
         return model(input_ids=ids[None], position_ids=positions, use_cache=True, **cache_kwargs(model, cache))
 
+    def decode_32(decoder, forced: list[int] | None) -> tuple[list[int], torch.Tensor]:
+        """32 greedy steps at batch 1 (or steps fed the `forced` tokens): (argmax ids, fp32 logits [32, vocab])."""
+        fill_slots(decoder, forward, prompt, 1, text)
+        ids, nxt, rows = [], int(forward(prompt, DynamicCache(config=text)).logits[0, -1].argmax()), []
+        for i in range(32):
+            feed = forced[i] if forced else nxt
+            ids.append(feed)
+            (logits,) = decoder.step(embed(torch.tensor([feed], device=device)), [args.prompt_tokens + i])
+            rows.append(logits[0])
+            nxt = int(logits[0].argmax())
+        decoder.remove(["r0"])
+        return ids, torch.stack(rows)
+
+    reference_logits = None   # kernels off, teacher-forced on their own greedy tokens
     result = {"active_weight_bytes": active_bytes(text), "modes": {}}
     for name, kernels, fused_attention, step_fusion in selected_modes(args):
         set_mode(kernels, fused_attention, step_fusion)
@@ -190,15 +220,13 @@ def bench_thinker(path, config, device, args, bw: float) -> dict:
                     entry["profile_batch_1"] = profile_steps(one)
                     print_profile(f"thinker {label} batch 1", entry["profile_batch_1"])
                 decoder.remove([f"r{i}" for i in range(batch)])
-            if graphs:   # greedy tokens of the fixed prompt, batch 1
-                fill_slots(decoder, forward, prompt, 1, text)
-                ids, nxt = [], int(forward(prompt, DynamicCache(config=text)).logits[0, -1].argmax())
-                for i in range(32):
-                    ids.append(nxt)
-                    (logits,) = decoder.step(embed(torch.tensor([nxt], device=device)), [args.prompt_tokens + i])
-                    nxt = int(logits[0].argmax())
-                decoder.remove(["r0"])
-                entry["greedy_tokens"] = ids
+            if graphs:   # greedy tokens of the fixed prompt, batch 1; logits fed kernels-off's tokens vs theirs
+                entry["greedy_tokens"], logits = decode_32(decoder, None)
+                if name == "off":
+                    reference_logits, reference_tokens = logits, entry["greedy_tokens"]
+                elif reference_logits is not None:
+                    entry["logits_vs_kernels_off"] = compare_logits(decode_32(decoder, reference_tokens)[1],
+                                                                    reference_logits)
                 entry["graphs"] = decoder.graphs.stats().__dict__
             result["modes"][label] = entry
             del decoder
@@ -216,6 +244,13 @@ def bench_thinker(path, config, device, args, bw: float) -> dict:
         if "kernels_on" in result["modes"]:
             result["greedy_equal_kernels_on_off"] = result["modes"]["kernels_on"]["greedy_equal_kernels_off"]
             result["greedy_common_prefix"] = result["modes"]["kernels_on"]["greedy_common_prefix_kernels_off"]
+    for label, entry in result["modes"].items():
+        if "logits_vs_kernels_off" in entry:
+            c = entry["logits_vs_kernels_off"]
+            print(f"thinker {label} vs kernels_off, 32 steps fed the same tokens: logits rel diff <= "
+                  f"{c['rel_max']:.1e}, abs <= {c['abs_max']:.3f}; argmax differs at steps {c['argmax_differs_at']} "
+                  f"(near-ties: {c['flips_are_near_ties']}); greedy common prefix "
+                  f"{entry['greedy_common_prefix_kernels_off']} of 32", flush=True)
     set_mode(True, True, True)
     del model
     return result
