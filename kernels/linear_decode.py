@@ -18,7 +18,7 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from .backend import DOT_IN_FP32, kernel, select, tl, triton
+from .backend import DOT_IN_FP32, dot_step, kernel, select, tl, triton
 from .norm import rms_norm_reference
 from .splitk import SplitKWorkspace, _finish_rows, finish_block, finish_outputs, norm_args, workspace_for
 
@@ -98,10 +98,7 @@ def _decode_linear_kernel(x_ptr, w_ptr, out_ptr, acc_ptr, count_ptr, res_ptr, su
     for k0 in range(k_start, k_end, BLOCK_K):
         k_ok = (k < k_end - k0) | EVEN_K
         a = tl.load(a_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        w = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-        if DOT_F32:
-            a, w = a.to(tl.float32), w.to(tl.float32)
-        acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
+        acc = dot_step(a, w_ptrs, k_ok[:, None] & n_ok[None, :], acc, DOT_F32, DOT_PRECISION)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     tl.atomic_add(acc_ptr + m[:, None] * N + n[None, :], acc, mask=m_ok[:, None] & n_ok[None, :], sem="relaxed")

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .backend import DOT_IN_FP32, helper, kernel, round_to, rounded, select, tl, triton
+from .backend import DOT_IN_FP32, dot_step, helper, kernel, round_to, rounded, select, tl, triton
 from .moe_configs import DecodeConfig, GemmConfig, MoeConfig, moe_config
 from .moe_decode import fused_moe_decode
 from .moe_routing import MoeRouting, moe_route, moe_topk_reference
@@ -85,19 +85,10 @@ def _moe_gate_up_kernel(x_ptr, w_ptr, out_ptr, sorted_ptr, block_expert_ptr, blo
     acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        if EVEN_K:
-            a = tl.load(a_ptrs, mask=m_ok[:, None], other=0.0)
-            g = tl.load(g_ptrs, mask=n_ok[None, :], other=0.0)
-            u = tl.load(u_ptrs, mask=n_ok[None, :], other=0.0)
-        else:
-            k_ok = k < K - k0
-            a = tl.load(a_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-            g = tl.load(g_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-            u = tl.load(u_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-        if DOT_F32:
-            a, g, u = a.to(tl.float32), g.to(tl.float32), u.to(tl.float32)
-        acc_g = tl.dot(a, g, acc_g, input_precision=DOT_PRECISION)
-        acc_u = tl.dot(a, u, acc_u, input_precision=DOT_PRECISION)
+        k_ok = (k < K - k0) | EVEN_K
+        a = tl.load(a_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        acc_g = dot_step(a, g_ptrs, k_ok[:, None] & n_ok[None, :], acc_g, DOT_F32, DOT_PRECISION)
+        acc_u = dot_step(a, u_ptrs, k_ok[:, None] & n_ok[None, :], acc_u, DOT_F32, DOT_PRECISION)
         a_ptrs += BLOCK_K
         g_ptrs += BLOCK_K
         u_ptrs += BLOCK_K
@@ -122,16 +113,9 @@ def _moe_down_kernel(a_ptr, w_ptr, out_ptr, weights_ptr, sorted_ptr, block_exper
     w_ptrs = w_ptr + expert.to(tl.int64) * w_stride_e + n[None, :] * w_stride_n + k[:, None]
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        if EVEN_K:
-            a = tl.load(a_ptrs, mask=m_ok[:, None], other=0.0)
-            w = tl.load(w_ptrs, mask=n_ok[None, :], other=0.0)
-        else:
-            k_ok = k < K - k0
-            a = tl.load(a_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-            w = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-        if DOT_F32:
-            a, w = a.to(tl.float32), w.to(tl.float32)
-        acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
+        k_ok = (k < K - k0) | EVEN_K
+        a = tl.load(a_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        acc = dot_step(a, w_ptrs, k_ok[:, None] & n_ok[None, :], acc, DOT_F32, DOT_PRECISION)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     dt = out_ptr.dtype.element_ty

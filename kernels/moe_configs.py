@@ -38,16 +38,13 @@ class MoeConfig:
 
 @dataclasses.dataclass(frozen=True)
 class DecodeConfig:
-    """The one-launch decode path (`moe_decode`): one program per token-slot and BLOCK_N columns of I; BLOCK_K
-    hidden elements per gate/up step, BLOCK_H hidden rows per down step; use_dot: the token's row as a 16-row
-    MMA tile (Triton pipelines the weight loads as async copies, num_stages deep; BLOCK_N >= 16) instead of
-    fp32 FMA on the weight tiles."""
+    """The one-launch decode path (`moe_decode`): one program per token-slot and BLOCK_N (>= 16) columns of I;
+    BLOCK_K hidden elements per gate/up step, BLOCK_H hidden rows per down step, num_stages async-copy stages."""
     BLOCK_N: int
     BLOCK_K: int
     BLOCK_H: int
     num_warps: int = 4
     num_stages: int = 3
-    use_dot: bool = False
 
 
 # Per expert shape (hidden H, intermediate I): (largest token count of the bucket, config), the first bucket
@@ -80,16 +77,16 @@ MOE_CONFIGS: dict[tuple[int, int], list[tuple[int, MoeConfig]]] = {
 
 # The one-launch decode path, per expert shape: (largest token count, config); past the last bound the grouped
 # path above runs. Tuned on the H200 (`scripts/bench_kernels --tune-decode --tokens 1,2,4`, runs 8-9,
-# bench/results/tune_decode_h200_run9.json): 64 / 32-column tiles of the MMA variant, 256-wide K steps, 512-row down
+# bench/results/tune_decode_h200_run9.json): 64 / 32-column tiles, 256-wide K steps, 512-row down
 # tiles. It won at 2 and 4 tokens too, but its results there were wrong on the H200 in runs 8-9 (one row right,
 # the others not; see the finish in `splitk`): the tables stop at one token until a run checks more.
-DEFAULT_DECODE_CONFIGS: list[tuple[int, DecodeConfig]] = [(1, DecodeConfig(32, 256, 512, 4, 3, True))]
+DEFAULT_DECODE_CONFIGS: list[tuple[int, DecodeConfig]] = [(1, DecodeConfig(32, 256, 512, 4, 3))]
 DECODE_CONFIGS: dict[tuple[int, int], list[tuple[int, DecodeConfig]]] = {
     THINKER: [
-        (1, DecodeConfig(BLOCK_N=64, BLOCK_K=256, BLOCK_H=512, num_warps=4, num_stages=3, use_dot=True)),
+        (1, DecodeConfig(BLOCK_N=64, BLOCK_K=256, BLOCK_H=512, num_warps=4, num_stages=3)),
     ],
     TALKER: [
-        (1, DecodeConfig(BLOCK_N=32, BLOCK_K=256, BLOCK_H=512, num_warps=4, num_stages=3, use_dot=True)),
+        (1, DecodeConfig(BLOCK_N=32, BLOCK_K=256, BLOCK_H=512, num_warps=4, num_stages=3)),
     ],
 }
 

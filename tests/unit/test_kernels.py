@@ -324,15 +324,15 @@ def test_moe_routing_layout(T, renormalize):
 
 REPEATS = 20 if CUDA else 1   # launches per check of the split-K kernels (their cross-program ordering)
 
-# The one-launch decode path: FMA and MMA-tile variants, K/N/H tails, several tokens. CPU: small shapes; CUDA: the
-# thinker's and talker's experts with the kinds of tiles the table uses.
-DECODE_CASES = [((1, 128, 2048, 768, 8), DecodeConfig(16, 128, 256, 4, 3, True)),
-                ((2, 128, 2048, 768, 8), DecodeConfig(32, 256, 512, 4, 4, True)),
-                ((1, 128, 2048, 768, 8), DecodeConfig(16, 256, 256, 8, 1)),
-                ((3, 128, 1024, 384, 6), DecodeConfig(16, 128, 128, 4, 3, True))] if CUDA else \
-    [((1, 16, 64, 32, 8), DecodeConfig(16, 32, 16, 4, 1)),           # FMA tiles, every slot of one token
+# The one-launch decode path: tile widths, K/N/H tails, several tokens. CPU: small shapes; CUDA: the thinker's
+# and talker's experts with the kinds of tiles the table uses.
+DECODE_CASES = [((1, 128, 2048, 768, 8), DecodeConfig(64, 256, 512, 4, 3)),
+                ((2, 128, 2048, 768, 8), DecodeConfig(32, 256, 512, 4, 4)),
+                ((1, 128, 2048, 768, 8), DecodeConfig(16, 128, 256, 4, 3)),
+                ((3, 128, 1024, 384, 6), DecodeConfig(32, 128, 128, 4, 3))] if CUDA else \
+    [((1, 16, 64, 32, 8), DecodeConfig(16, 32, 16, 4, 1)),           # every slot of one token
      ((3, 16, 80, 48, 6), DecodeConfig(32, 32, 32, 4, 1)),           # K, N and H tails, three tokens
-     ((2, 8, 64, 32, 2), DecodeConfig(16, 64, 64, 4, 1, True))]      # the MMA-tile variant
+     ((2, 8, 64, 32, 2), DecodeConfig(16, 64, 64, 4, 1))]
 
 
 def moe_norm_reference(x, logits, w13, w2, top_k, norm_weight, residual):
@@ -340,7 +340,7 @@ def moe_norm_reference(x, logits, w13, w2, top_k, norm_weight, residual):
 
 
 @needs_triton
-@pytest.mark.parametrize("case", DECODE_CASES, ids=lambda c: f"T{c[0][0]}-{'dot' if c[1].use_dot else 'fma'}")
+@pytest.mark.parametrize("case", DECODE_CASES, ids=lambda c: f"T{c[0][0]}-N{c[1].BLOCK_N}")
 @pytest.mark.parametrize("dtype", [BF16, FP32], ids=["bf16", "fp32"])
 def test_fused_moe_decode_path_matches_reference(case, dtype):
     """The one-launch path alone, and with the residual add + RMSNorm epilogue; one workspace serves every call
