@@ -155,3 +155,13 @@ def rounded(x, dtype: tl.constexpr):
 # Triton 3.6's interpreter multiplies bf16 tiles as raw bits (wrong results), so interpreted GEMMs upcast
 # their tiles to fp32 (exact for bf16/fp16) before `tl.dot`; compiled GEMMs feed bf16 to the tensor cores.
 DOT_IN_FP32 = INTERPRETED
+
+
+@helper
+def dot_step(a, b_ptrs, b_mask, acc, DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """acc + a @ B for the B tile at b_ptrs (masked elements 0): one K step of the GEMM kernels (a loaded by
+    the caller, shared between several B tiles; the loads feeding `tl.dot` are what Triton pipelines)."""
+    b = tl.load(b_ptrs, mask=b_mask, other=0.0)
+    if DOT_F32:
+        a, b = a.to(tl.float32), b.to(tl.float32)
+    return tl.dot(a, b, acc, input_precision=DOT_PRECISION)

@@ -1,6 +1,9 @@
 """Block sizes of the fused-MoE kernels, per token-count bucket (the table `scripts/bench_kernels --tune-moe`
 measures candidates for; edit it with the winners it prints).
 
+At the fewest tokens the one-launch decode path (`moe_decode`, `DecodeConfig`) runs; past `decode_tokens` the
+grouped path (`MoeConfig`) below.
+
 BLOCK_M is shared by both grouped GEMMs because it is the alignment of the expert-sorted token layout.
 Decode (1-64 tokens, at most a few rows per expert): BLOCK_M 16 (the smallest MMA tile), narrow BLOCK_N so
 that ~8 experts x (N / BLOCK_N) programs cover the 132 SMs, long BLOCK_K (contiguous weight rows, 16-byte
@@ -27,9 +30,21 @@ class GemmConfig:
 
 @dataclasses.dataclass(frozen=True)
 class MoeConfig:
+    """The grouped path (`moe.fused_moe`: route + align, gate_up GEMM, down GEMM, top-k sum)."""
     BLOCK_M: int
     gate_up: GemmConfig
     down: GemmConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeConfig:
+    """The one-launch decode path (`moe_decode`): one program per token-slot and BLOCK_N (>= 16) columns of I;
+    BLOCK_K hidden elements per gate/up step, BLOCK_H hidden rows per down step, num_stages async-copy stages."""
+    BLOCK_N: int
+    BLOCK_K: int
+    BLOCK_H: int
+    num_warps: int = 4
+    num_stages: int = 3
 
 
 # Per expert shape (hidden H, intermediate I): (largest token count of the bucket, config), the first bucket
@@ -60,10 +75,35 @@ MOE_CONFIGS: dict[tuple[int, int], list[tuple[int, MoeConfig]]] = {
 }
 
 
-def moe_config(num_tokens: int, hidden: int | None = None, inter: int | None = None) -> MoeConfig:
+# The one-launch decode path, per expert shape: (largest token count, config); past the last bound the grouped
+# path above runs. Tuned on the H200 (`scripts/bench_kernels --tune-decode --tokens 1,2,4`, runs 8-9,
+# bench/results/tune_decode_h200_run9.json): 64 / 32-column tiles, 256-wide K steps, 512-row down
+# tiles. It won at 2 and 4 tokens too, but its results there were wrong on the H200 in runs 8-9 (one row right,
+# the others not; see the finish in `splitk`): the tables stop at one token until a run checks more.
+DEFAULT_DECODE_CONFIGS: list[tuple[int, DecodeConfig]] = [(1, DecodeConfig(32, 256, 512, 4, 3))]
+DECODE_CONFIGS: dict[tuple[int, int], list[tuple[int, DecodeConfig]]] = {
+    THINKER: [
+        (1, DecodeConfig(BLOCK_N=64, BLOCK_K=256, BLOCK_H=512, num_warps=4, num_stages=3)),
+    ],
+    TALKER: [
+        (1, DecodeConfig(BLOCK_N=32, BLOCK_K=256, BLOCK_H=512, num_warps=4, num_stages=3)),
+    ],
+}
+
+
+def decode_tokens(hidden: int | None, inter: int | None) -> int:
+    """Up to how many tokens the one-launch decode path runs for experts of this shape (0: never)."""
+    table = DECODE_CONFIGS.get((hidden, inter), DEFAULT_DECODE_CONFIGS)
+    return table[-1][0] if table else 0
+
+
+def moe_config(num_tokens: int, hidden: int | None = None, inter: int | None = None,
+               one_launch: bool = True) -> MoeConfig | DecodeConfig:
     """The table's config for `num_tokens` tokens of experts with hidden size `hidden` and intermediate size
-    `inter` (the shape's own table when it has one, else DEFAULT_CONFIGS)."""
-    for bound, config in MOE_CONFIGS.get((hidden, inter), DEFAULT_CONFIGS):
+    `inter` (the shape's own tables when it has them, else the defaults): a DecodeConfig up to
+    `decode_tokens(hidden, inter)` tokens unless `one_launch` is False, else the grouped path's MoeConfig."""
+    decode = DECODE_CONFIGS.get((hidden, inter), DEFAULT_DECODE_CONFIGS) if one_launch else []
+    for bound, config in [*decode, *MOE_CONFIGS.get((hidden, inter), DEFAULT_CONFIGS)]:
         if num_tokens <= bound:
             return config
     raise AssertionError("the last bucket is unbounded")

@@ -5,8 +5,13 @@
 
   bandwidth  device-to-device copy of 2 GiB: (bytes read + written) / time, the HBM ceiling of this run
   thinker    decode step of the static engine (`StaticDecoder`) at batch 1, 4, 16: CUDA graphs vs eager,
-             omni_kernels on vs off (when available); the floor = (active weight bytes + KV bytes of the
-             step) / measured bandwidth; greedy tokens of a fixed prompt with kernels on and off
+             omni_kernels on vs off (when available), and the kernels without the fused decode attention
+             (`on_unfused_attention`) or without the decode-step fusions (`on_unfused_step`: separate norm
+             launches, four-launch MoE); the floor = (active weight bytes + KV bytes of the step) / measured
+             bandwidth; greedy tokens of a fixed (seeded) prompt per mode, and each mode's logits over the same 32
+             tokens (kernels-off's) against kernels-off's (relative / absolute difference, argmax flips and
+             whether they are near-ties of the random model); with --profile, each graph mode's kernels at
+             batch 1 (torch.profiler over 20 replays: us per step by kernel, and the time between kernels)
   talker     frame time = talker decode step + the 15-step code predictor, static engine (graphs) vs
              transformers' forward with a DynamicCache (the "dynamic" engine), batch 1 and 16
   overlap    thinker steps and talker frames at once on two threads / CUDA streams (the co-located
@@ -82,6 +87,70 @@ def kv_bytes(text_config, length: int, element_size: int = 2) -> int:
         head_dim(text_config)
 
 
+# (name, kernels on, fused decode attention, decode-step fusions): the A/B modes of the thinker and talker parts
+MODES = (("off", False, True, True), ("on", True, True, True), ("on_unfused_step", True, True, False),
+         ("on_unfused_attention", True, False, True))
+
+
+def set_mode(kernels: bool, fused_attention: bool, step_fusion: bool) -> None:
+    from omni_backends.engine import fused
+
+    fused.set_enabled(kernels)
+    fused.set_fused_attention(fused_attention)
+    fused.set_step_fusion(step_fusion)
+
+
+def selected_modes(args) -> list[tuple[str, bool, bool, bool]]:
+    from omni_backends.engine import fused
+
+    return [m for m in MODES if m[0] in args.modes.split(",") and (m[0] == "off" or fused.available())]
+
+
+def profile_steps(step, steps: int = 20) -> dict:
+    """torch.profiler over `steps` calls of step(): per kernel name, launches and device us per step, and the
+    step's device time not covered by any kernel (launch gaps, host waits)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        start.record()
+        for _ in range(steps):
+            step()
+        end.record()
+        torch.cuda.synchronize()
+    kernels = []
+    for event in prof.key_averages():
+        total = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
+        if total > 0 and event.count >= steps:
+            kernels.append({"kernel": event.key[:90], "per_step": event.count / steps, "us_per_step": total / steps})
+    kernels.sort(key=lambda k: -k["us_per_step"])
+    step_us = start.elapsed_time(end) * 1e3 / steps
+    busy = sum(k["us_per_step"] for k in kernels)
+    return {"step_us": step_us, "kernel_us": busy, "idle_us": step_us - busy,
+            "launches_per_step": sum(k["per_step"] for k in kernels), "kernels": kernels}
+
+
+def print_profile(label: str, prof: dict, top: int = 14) -> None:
+    print(f"  profile {label}: {prof['step_us']:.0f} us per step, kernels {prof['kernel_us']:.0f} us "
+          f"({prof['launches_per_step']:.0f} launches), between kernels {prof['idle_us']:.0f} us", flush=True)
+    for k in prof["kernels"][:top]:
+        print(f"    {k['us_per_step']:8.1f} us  {k['per_step']:6.1f}x  {k['kernel']}", flush=True)
+
+
+def compare_logits(logits: torch.Tensor, reference: torch.Tensor) -> dict:
+    """Per-step logits [steps, vocab] of the same token sequence under two kernel modes: the largest relative
+    (||a - b|| / ||b|| per step) and absolute differences, the steps whose argmax differs, and whether every
+    differing argmax is a near-tie (the reference's top-2 gap below twice the largest absolute difference)."""
+    diff = (logits - reference).abs()
+    top2 = reference.topk(2, dim=-1).values
+    flips = (logits.argmax(-1) != reference.argmax(-1)).nonzero().flatten().tolist()
+    max_abs = float(diff.max())
+    return {"rel_max": float(((logits - reference).norm(dim=-1) / reference.norm(dim=-1)).max()), "abs_max": max_abs,
+            "argmax_differs_at": flips,
+            "flips_are_near_ties": all(float(top2[i, 0] - top2[i, 1]) < 2 * max_abs for i in flips)}
+
+
 def fill_slots(decoder, model_forward, prompt_embeds: torch.Tensor, count: int, cache_config) -> None:
     """Prefill one prompt with the library forward and place `count` copies of its KV in the decoder."""
     from transformers.cache_utils import DynamicCache
@@ -97,7 +166,6 @@ def fill_slots(decoder, model_forward, prompt_embeds: torch.Tensor, count: int, 
 def bench_thinker(path, config, device, args, bw: float) -> dict:
     from transformers.cache_utils import DynamicCache
 
-    from omni_backends.engine import fused
     from omni_backends.engine.runner import cache_kwargs, text_mrope_position_ids
     from omni_backends.qwen3_omni.decoder import StaticDecoder
     from omni_backends.qwen3_omni.loading import load_thinker
@@ -106,19 +174,31 @@ def bench_thinker(path, config, device, args, bw: float) -> dict:
     text_model = getattr(model.model, "language_model", model.model)
     text = config.thinker_config.text_config
     embed = model.get_input_embeddings()
-    prompt = torch.randint(0, min(1000, text.vocab_size), (args.prompt_tokens,), device=device)
+    generator = torch.Generator(device=device).manual_seed(0)   # the same prompt in every run
+    prompt = torch.randint(0, min(1000, text.vocab_size), (args.prompt_tokens,), device=device, generator=generator)
 
     def forward(ids, cache):
         positions = text_mrope_position_ids(torch.arange(ids.shape[-1], device=device)[None])
         return model(input_ids=ids[None], position_ids=positions, use_cache=True, **cache_kwargs(model, cache))
 
-    modes = [("off", False, True)] + ([("on", True, True), ("on_unfused_attention", True, False)]
-                                      if fused.available() else [])
+    def decode_32(decoder, forced: list[int] | None) -> tuple[list[int], torch.Tensor]:
+        """32 greedy steps at batch 1 (or steps fed the `forced` tokens): (argmax ids, fp32 logits [32, vocab])."""
+        fill_slots(decoder, forward, prompt, 1, text)
+        ids, nxt, rows = [], int(forward(prompt, DynamicCache(config=text)).logits[0, -1].argmax()), []
+        for i in range(32):
+            feed = forced[i] if forced else nxt
+            ids.append(feed)
+            (logits,) = decoder.step(embed(torch.tensor([feed], device=device)), [args.prompt_tokens + i])
+            rows.append(logits[0])
+            nxt = int(logits[0].argmax())
+        decoder.remove(["r0"])
+        return ids, torch.stack(rows)
+
+    reference_logits = None   # kernels off, teacher-forced on their own greedy tokens
     result = {"active_weight_bytes": active_bytes(text), "modes": {}}
-    for name, kernels, fused_attention in modes:
-        fused.set_enabled(kernels)
-        fused.set_fused_attention(fused_attention)
-        for graphs in ((True, False) if fused_attention else (True,)):
+    for name, kernels, fused_attention, step_fusion in selected_modes(args):
+        set_mode(kernels, fused_attention, step_fusion)
+        for graphs in ((True, False) if name in ("off", "on") and args.eager else (True,)):
             label = f"kernels_{name}" + ("" if graphs else "_eager")
             decoder = StaticDecoder(text_model, head=lambda h: (model.lm_head(h).float(),), slots=max(args.batches),
                                     max_len=args.prompt_tokens + 2 * args.steps + 64, graphs=graphs, name=label)
@@ -136,28 +216,42 @@ def bench_thinker(path, config, device, args, bw: float) -> dict:
                 floor_ms = (active_bytes(text) + batch * kv_bytes(text, length)) / bw * 1e3
                 entry[f"batch_{batch}"] = {"ms_per_step": ms, "floor_ms": floor_ms, "x_floor": ms / floor_ms,
                                            "tokens_per_s": batch * 1e3 / ms}
+                if args.profile and graphs and batch == 1 and device.startswith("cuda"):
+                    entry["profile_batch_1"] = profile_steps(one)
+                    print_profile(f"thinker {label} batch 1", entry["profile_batch_1"])
                 decoder.remove([f"r{i}" for i in range(batch)])
-            if graphs:   # greedy tokens of the fixed prompt, batch 1
-                fill_slots(decoder, forward, prompt, 1, text)
-                ids, nxt = [], int(forward(prompt, DynamicCache(config=text)).logits[0, -1].argmax())
-                for i in range(32):
-                    ids.append(nxt)
-                    (logits,) = decoder.step(embed(torch.tensor([nxt], device=device)), [args.prompt_tokens + i])
-                    nxt = int(logits[0].argmax())
-                decoder.remove(["r0"])
-                entry["greedy_tokens"] = ids
+            if graphs:   # greedy tokens of the fixed prompt, batch 1; logits fed kernels-off's tokens vs theirs
+                entry["greedy_tokens"], logits = decode_32(decoder, None)
+                if name == "off":
+                    reference_logits, reference_tokens = logits, entry["greedy_tokens"]
+                elif reference_logits is not None:
+                    entry["logits_vs_kernels_off"] = compare_logits(decode_32(decoder, reference_tokens)[1],
+                                                                    reference_logits)
                 entry["graphs"] = decoder.graphs.stats().__dict__
             result["modes"][label] = entry
             del decoder
             torch.cuda.empty_cache() if device.startswith("cuda") else None
             print(f"thinker {label}: " + ", ".join(f"{k} {v['ms_per_step']:.2f} ms ({v['x_floor']:.2f}x floor)"
                                                    for k, v in entry.items() if k.startswith("batch")), flush=True)
-    if "kernels_on" in result["modes"]:
-        on, off = result["modes"]["kernels_on"]["greedy_tokens"], result["modes"]["kernels_off"]["greedy_tokens"]
-        result["greedy_equal_kernels_on_off"] = on == off
-        result["greedy_common_prefix"] = next((i for i, (a, b) in enumerate(zip(on, off)) if a != b), len(on))
-    fused.set_enabled(True)
-    fused.set_fused_attention(True)
+    if "kernels_off" in result["modes"]:
+        off = result["modes"]["kernels_off"]["greedy_tokens"]
+        for label, entry in result["modes"].items():
+            if "greedy_tokens" in entry and label != "kernels_off":
+                on = entry["greedy_tokens"]
+                entry["greedy_equal_kernels_off"] = on == off
+                entry["greedy_common_prefix_kernels_off"] = next((i for i, (a, b) in enumerate(zip(on, off))
+                                                                  if a != b), len(on))
+        if "kernels_on" in result["modes"]:
+            result["greedy_equal_kernels_on_off"] = result["modes"]["kernels_on"]["greedy_equal_kernels_off"]
+            result["greedy_common_prefix"] = result["modes"]["kernels_on"]["greedy_common_prefix_kernels_off"]
+    for label, entry in result["modes"].items():
+        if "logits_vs_kernels_off" in entry:
+            c = entry["logits_vs_kernels_off"]
+            print(f"thinker {label} vs kernels_off, 32 steps fed the same tokens: logits rel diff <= "
+                  f"{c['rel_max']:.1e}, abs <= {c['abs_max']:.3f}; argmax differs at steps {c['argmax_differs_at']} "
+                  f"(near-ties: {c['flips_are_near_ties']}); greedy common prefix "
+                  f"{entry['greedy_common_prefix_kernels_off']} of 32", flush=True)
+    set_mode(True, True, True)
     del model
     return result
 
@@ -165,7 +259,6 @@ def bench_thinker(path, config, device, args, bw: float) -> dict:
 def bench_talker(path, config, device, args) -> dict:
     from transformers.cache_utils import DynamicCache
 
-    from omni_backends.engine import fused
     from omni_backends.engine.runner import cache_kwargs
     from omni_backends.qwen3_omni.loading import load_talker
     from omni_backends.qwen3_omni.talker_static import CodePredictorFrames, TalkerDecode
@@ -182,11 +275,8 @@ def bench_talker(path, config, device, args) -> dict:
                       generation_step=0, **cache_kwargs(talker, cache))
 
     result = {"modes": {}}
-    modes = [("off", False, True)] + ([("on", True, True), ("on_unfused_attention", True, False)]
-                                      if fused.available() else [])
-    for name, kernels, fused_attention in modes:
-        fused.set_enabled(kernels)
-        fused.set_fused_attention(fused_attention)
+    for name, kernels, fused_attention, step_fusion in selected_modes(args):
+        set_mode(kernels, fused_attention, step_fusion)
         decode = TalkerDecode(talker, slots=max(args.batches), max_len=40 + args.steps + 16)
         frames = CodePredictorFrames(talker, max_batch=max(args.batches))
         entry = {}
@@ -204,6 +294,9 @@ def bench_talker(path, config, device, args) -> dict:
             predictor = timed_ms(lambda: frames(embeds, code0, [True] * batch, [None] * batch), 16)
             entry[f"batch_{batch}"] = {"frame_ms": ms, "code_predictor_ms": predictor,
                                        "frames_per_s": batch * 1e3 / ms}
+            if args.profile and batch == 1 and device.startswith("cuda"):
+                entry["profile_batch_1"] = profile_steps(one, steps=8)
+                print_profile(f"talker {name} batch 1", entry["profile_batch_1"])
             decode.decoder.remove([f"r{i}" for i in range(batch)])
         entry["graphs"] = {"talker": decode.decoder.graphs.stats().__dict__, "predictor": frames.graphs.stats().__dict__}
         result["modes"][f"static_kernels_{name}"] = entry
@@ -211,8 +304,7 @@ def bench_talker(path, config, device, args) -> dict:
             f"{k} {v['frame_ms']:.2f} ms/frame (predictor {v['code_predictor_ms']:.2f})"
             for k, v in entry.items() if k.startswith("batch")), flush=True)
         del decode, frames
-    fused.set_enabled(True)
-    fused.set_fused_attention(True)
+    set_mode(True, True, True)
     # "before": transformers' forward with a DynamicCache, as the dynamic engine runs a frame.
     predictor = talker.code_predictor
     entry = {}
@@ -409,6 +501,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pipeline-frames", type=int, default=125)
     parser.add_argument("--pipeline-switch-ms", type=float, nargs="+", default=[5.0, 0.5],
                         help="Python thread switch intervals to run the pipeline with (sys.setswitchinterval)")
+    parser.add_argument("--modes", default=",".join(m[0] for m in MODES),
+                        help=f"thinker/talker kernel modes, of {','.join(m[0] for m in MODES)}")
+    parser.add_argument("--eager", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time the thinker without CUDA graphs (modes off and on)")
+    parser.add_argument("--profile", action="store_true", help="kernel breakdown of each graph mode at batch 1")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     from omni_backends import prepare

@@ -49,6 +49,18 @@ class MoeModel:
 MOE_MODELS = (MoeModel("thinker", 128, 2048, 768, 8), MoeModel("talker", 128, 1024, 384, 6))
 THINKER_HIDDEN, HEADS, KV_HEADS, HEAD_DIM, MROPE_SECTION = 2048, 32, 4, 128, (24, 20, 20)
 CODE_PREDICTOR_INTER = 3072
+# decode_linear: (name, in features, out features, with the residual add + norm epilogue) of the decoders' linears:
+# o_proj / down_proj (the norm follows them), q/k/v, the routers, the code predictor's gate/up
+LINEAR_SHAPES = (("thinker o_proj", HEADS * HEAD_DIM, THINKER_HIDDEN, True),
+                 ("thinker q/k/v", THINKER_HIDDEN, (HEADS + 2 * KV_HEADS) * HEAD_DIM, False),
+                 ("thinker router", THINKER_HIDDEN, 128, False),
+                 ("talker o_proj", 16 * HEAD_DIM, 1024, True),   # the code predictor's o_proj too
+                 ("talker q/k/v", 1024, (16 + 2 * 2) * HEAD_DIM, False),
+                 ("talker router", 1024, 128, False),
+                 ("code predictor q/k/v", 1024, (16 + 2 * 8) * HEAD_DIM, False),
+                 ("code predictor gate/up", 1024, 2 * CODE_PREDICTOR_INTER, False),
+                 ("code predictor down_proj", CODE_PREDICTOR_INTER, 1024, True))
+LINEAR_MAX_TOKENS = 4   # decode_linear's cases (the engine uses it up to this many rows)
 ATTENTION_COLUMNS, ATTENTION_MAX_ROWS = 1024, 64   # decode attention: cached columns, most rows timed
 
 
@@ -93,7 +105,8 @@ def distinct_logits(T: int, E: int, dtype, device) -> torch.Tensor:
 
 
 def cases(ok, tokens: list[int], device: str, dtype=torch.bfloat16, random: bool = True,
-          ops: tuple[str, ...] = ("rms_norm", "silu_and_mul", "apply_mrope", "fused_moe", "decode_attention"),
+          ops: tuple[str, ...] = ("rms_norm", "silu_and_mul", "apply_mrope", "fused_moe", "decode_attention",
+                                  "decode_linear"),
           ) -> list[Case]:
     """Every op at every token count. `random=False` allocates without filling (compile-only use)."""
     out: list[Case] = []
@@ -152,8 +165,81 @@ def cases(ok, tokens: list[int], device: str, dtype=torch.bfloat16, random: bool
                               for _, lg, *_ in sets) / len(sets)
                     return int(hit * expert_bytes + 2 * T * m.hidden * es + T * m.experts * es)
 
-                out.append(Case("fused_moe", f"fused_moe {m.name} E{m.experts} top{m.top_k}", T, ok.fused_moe,
-                                ok.fused_moe_reference, sets, moe_bytes, flops=6 * T * m.top_k * m.hidden * m.inter))
+                name = f"fused_moe {m.name} E{m.experts} top{m.top_k}"
+                flops = 6 * T * m.top_k * m.hidden * m.inter
+                if T <= ok.moe_configs.decode_tokens(m.hidden, m.inter):
+                    # the one-launch path with a kept workspace (as the engine runs it), and the grouped path's
+                    # four launches on the same inputs: the same-run before/after
+                    workspace = ok.SplitKWorkspace(T, m.hidden, device)
+                    grouped = ok.moe_configs.moe_config(T, m.hidden, m.inter, one_launch=False)
+                    out.append(Case("fused_moe", name, T, lambda *a, w=workspace: ok.fused_moe(*a, workspace=w),
+                                    ok.fused_moe_reference, sets, moe_bytes, flops=flops))
+                    out.append(Case("fused_moe", f"{name} 4 launches", T,
+                                    lambda *a, c=grouped: ok.fused_moe(*a, config=c), ok.fused_moe_reference, sets,
+                                    moe_bytes, flops=flops))
+                    out.extend(_router_moe_cases(ok, m, T, w13, w2, name, grouped, dtype, device, random, es, flops))
+                else:
+                    out.append(Case("fused_moe", name, T, ok.fused_moe, ok.fused_moe_reference, sets, moe_bytes,
+                                    flops=flops))
+        if "decode_linear" in ops and T <= LINEAR_MAX_TOKENS:
+            out.extend(_linear_cases(ok, T, dtype, device, random, es))
+    return out
+
+
+def _router_moe_cases(ok, m: MoeModel, T: int, w13, w2, name: str, grouped, dtype, device: str, random: bool,
+                      es: int, flops: int) -> list[Case]:
+    """The router GEMM and the experts at a decode token count, as the engine runs them (the router as
+    decode_linear where the table says it is faster, the one-launch MoE) and as it ran them before (torch's router
+    GEMM, the grouped path's four launches), on the same inputs. Bytes: the experts hit, the router weight,
+    hidden in, output out."""
+    import torch.nn.functional as F
+
+    expert_bytes = 3 * m.hidden * m.inter * es
+    sets = _rotating(lambda: (_tensor((T, m.hidden), dtype, device, random),
+                              _tensor((m.experts, m.hidden), dtype, device, random, m.hidden ** -0.5 * 4), w13, w2,
+                              m.top_k), min(T * m.top_k, m.experts) * expert_bytes, random)
+
+    def moved(sets=sets):
+        hit = sum(int(torch.unique(torch.topk(F.linear(x, wg).float(), m.top_k, dim=-1).indices).numel())
+                  for x, wg, *_ in sets) / len(sets)
+        return int(hit * expert_bytes + m.experts * m.hidden * es + 2 * T * m.hidden * es)
+    router_ws, moe_ws = ok.SplitKWorkspace(T, m.experts, device), ok.SplitKWorkspace(T, m.hidden, device)
+    faster = ok.linear_decode.decode_linear_faster(m.experts, m.hidden, with_norm=False)
+    router = (lambda x, wg: ok.decode_linear(x, wg, router_ws)) if faster else F.linear
+    reference = lambda x, wg, a, b, k: ok.fused_moe_reference(x, F.linear(x, wg), a, b, k)
+    return [Case("fused_moe", f"router+{name} (engine)", T,
+                 lambda x, wg, a, b, k: ok.fused_moe(x, router(x, wg), a, b, k, workspace=moe_ws), reference, sets,
+                 moved, flops=flops),
+            Case("fused_moe", f"router+{name} (before: torch router, 4 launches)", T,
+                 lambda x, wg, a, b, k: ok.fused_moe(x, F.linear(x, wg), a, b, k, config=grouped), reference, sets,
+                 moved, flops=flops)]
+
+
+def _linear_cases(ok, T: int, dtype, device: str, random: bool, es: int) -> list[Case]:
+    """decode_linear at the decoders' linear shapes (with the residual add + RMSNorm epilogue where a norm follows),
+    and what it replaces on the same inputs: torch's linear (then the rms_norm kernel: two launches)."""
+    import torch.nn.functional as F
+
+    out = []
+    for name, K, N, norm in LINEAR_SHAPES:
+        def make(K=K, N=N):
+            return (_tensor((T, K), dtype, device, random), _tensor((N, K), dtype, device, random, K ** -0.5),
+                    _tensor((T, N), dtype, device, random), _tensor((N,), dtype, device, random))
+        sets = _rotating(make, N * K * es, random)
+        # weight and x in, output out; with the norm also the residual and norm weight in, the sum out
+        moved = lambda T=T, K=K, N=N, norm=norm: (N * K + T * K + (3 * T * N + N if norm else T * N)) * es
+        workspace = ok.SplitKWorkspace(T, N, device)
+        if norm:
+            fused = lambda x, w, r, nw, ws=workspace: ok.decode_linear(x, w, ws, r, nw, 1e-6)
+            reference = lambda x, w, r, nw: ok.decode_linear_reference(x, w, r, nw, 1e-6)
+            unfused = lambda x, w, r, nw: ok.rms_norm(F.linear(x, w), nw, 1e-6, r)
+            labels = (f"decode_linear+norm {name}", f"linear, rms_norm {name}")
+        else:
+            fused = lambda x, w, r, nw, ws=workspace: ok.decode_linear(x, w, ws)
+            reference = unfused = lambda x, w, r, nw: F.linear(x, w)
+            labels = (f"decode_linear {name}", f"torch linear {name}")
+        out.append(Case("decode_linear", labels[0], T, fused, reference, sets, moved))
+        out.append(Case("decode_linear", labels[1], T, unfused, reference, sets, moved))
     return out
 
 

@@ -6,6 +6,13 @@ calls the fused kernel (RMSNorm with the residual add, plain RoPE of q and k in 
 decode attention — q/k norms, RoPE, cache write, grouped-query attention — in one launch, the fused MoE,
 SiLU-and-mul after one gate+up GEMM); otherwise it calls the module itself, so the CPU path is
 transformers' own arithmetic (and the static engine's tokens equal the library's).
+
+Decode-step fusions (`set_step_fusion`, on by default): at decode sizes the residual add and RMSNorm after
+o_proj, after a dense MLP's down_proj (<= LINEAR_ROWS rows) and after a sparse MoE block (the next layer's input
+norm; <= DECODE_ROWS rows) run inside the launch that produces their input (`omni_kernels.decode_linear`,
+`fused_moe` with a norm epilogue; the MoE itself one launch at the fewest tokens), and the linears that the
+tuning table marks faster (the routers) run as `decode_linear`. Those kernels keep a zeroed split-K
+workspace per module (`WORKSPACE`), created on first use (the graphs' eager warm-up) and never replaced.
 """
 from __future__ import annotations
 
@@ -16,8 +23,12 @@ try:
 except ImportError:  # pragma: no cover - the package is part of this repository
     omni_kernels = None
 
-_KERNELS = ("rms_norm", "fused_moe", "silu_and_mul", "apply_mrope", "decode_attention", "enabled")
+_KERNELS = ("rms_norm", "fused_moe", "silu_and_mul", "apply_mrope", "decode_attention", "decode_linear",
+            "SplitKWorkspace", "enabled")
 FUSED = "omni_fused_weight"   # attribute holding the concatenated weight of fused projections
+WORKSPACE = "omni_splitk_workspace"   # attribute holding a module's split-K workspace (decode-step fusions)
+DECODE_ROWS = 16   # rows up to which the MoE norm epilogue runs (decode_linear's limit; the workspaces' rows)
+LINEAR_ROWS = 1    # rows up to which decode_linear replaces torch's linear (measured and checked at one row)
 
 
 def available() -> bool:
@@ -38,6 +49,30 @@ def set_fused_attention(flag: bool) -> None:
     keeps the other kernels and runs attention as norms + RoPE + cache writes + SDPA (benchmark A/B)."""
     global _fused_attention
     _fused_attention = bool(flag)
+
+
+_step_fusion = True
+
+
+def set_step_fusion(flag: bool) -> None:
+    """Use the decode-step fusions (module doc) while the kernels are active (default); False runs the same
+    kernels with separate norm launches and the grouped (four-launch) MoE (benchmark A/B)."""
+    global _step_fusion
+    _step_fusion = bool(flag)
+
+
+def step_fusion_active(x: torch.Tensor, rows: int = DECODE_ROWS) -> bool:
+    """True when the decode-step fusions apply to a step on rows x [T, ...] (at most `rows` of them)."""
+    return _step_fusion and x.shape[0] <= rows and active(x)
+
+
+def _workspace(module: torch.nn.Module, width: int, device: torch.device):
+    """The module's split-K workspace [DECODE_ROWS, width] (made once: CUDA graphs keep its address)."""
+    workspace = getattr(module, WORKSPACE, None)
+    if workspace is None:
+        workspace = omni_kernels.SplitKWorkspace(DECODE_ROWS, width, device)
+        setattr(module, WORKSPACE, workspace)
+    return workspace
 
 
 def attention_active(x: torch.Tensor) -> bool:
@@ -115,7 +150,21 @@ def dense_mlp(mlp: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
     fused = getattr(mlp, FUSED, None)
     if fused is None or not active(h):
         return mlp(h)
-    return mlp.down_proj(omni_kernels.silu_and_mul(torch.nn.functional.linear(h, fused)))
+    return mlp.down_proj(omni_kernels.silu_and_mul(linear(mlp, h, fused)))
+
+
+def _fused_moe(mlp: torch.nn.Module, h: torch.Tensor, **norm):
+    """`omni_kernels.fused_moe` over a sparse block's router (`linear`) and experts, with an optional norm
+    epilogue: with the step fusions the table's path (one launch at the fewest tokens) and the block's workspace,
+    else the grouped path."""
+    gate, experts = mlp.gate, mlp.experts
+    config = None
+    if not step_fusion_active(h):
+        config = omni_kernels.moe_configs.moe_config(h.shape[0], h.shape[1], experts.down_proj.shape[-1],
+                                                     one_launch=False)
+    return omni_kernels.fused_moe(h, linear(gate, h, gate.weight), experts.gate_up_proj, experts.down_proj,
+                                  gate.top_k, renormalize=gate.norm_topk_prob, config=config,
+                                  workspace=_workspace(mlp, h.shape[1], h.device) if config is None else None, **norm)
 
 
 def moe(mlp: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
@@ -130,10 +179,46 @@ def moe(mlp: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
         return dense_mlp(mlp, h)
     if not active(h):
         return mlp(h[:, None, :])[:, 0]
-    gate = mlp.gate
-    routed = omni_kernels.fused_moe(h, torch.nn.functional.linear(h, gate.weight), experts.gate_up_proj,
-                                    experts.down_proj, gate.top_k, renormalize=gate.norm_topk_prob)
+    routed = _fused_moe(mlp, h)
     shared = getattr(mlp, "shared_expert", None)
     if shared is not None:
         routed = routed + torch.sigmoid(mlp.shared_expert_gate(h)) * dense_mlp(shared, h)
     return routed
+
+
+def _decode_linear_for(weight: torch.Tensor, x: torch.Tensor, with_norm: bool) -> bool:
+    return step_fusion_active(x, LINEAR_ROWS) and omni_kernels.linear_decode.decode_linear_faster(
+        weight.shape[0], weight.shape[1], with_norm)
+
+
+def linear(owner: torch.nn.Module, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """`F.linear(x, weight)` for a bias-free weight owned by `owner` (the router's `gate.weight`, the fused q/k/v
+    weight of an attention module): `decode_linear` at decode sizes where the tuning table measured it faster."""
+    if _decode_linear_for(weight, x, with_norm=False):
+        return omni_kernels.decode_linear(x, weight, _workspace(owner, weight.shape[0], x.device))
+    return torch.nn.functional.linear(x, weight)
+
+
+def linear_norm(proj: torch.nn.Linear, x: torch.Tensor, norm: torch.nn.Module, residual: torch.Tensor):
+    """`(norm(proj(x) + residual), proj(x) + residual)` for a bias-free linear (o_proj, down_proj) and the
+    RMSNorm after the residual add: one `decode_linear` launch with the step fusions, else the linear and
+    `rms_norm`."""
+    if proj.bias is None and _decode_linear_for(proj.weight, x, with_norm=True):
+        return omni_kernels.decode_linear(x, proj.weight, _workspace(proj, proj.out_features, x.device),
+                                          residual, norm.weight, norm.variance_epsilon)
+    return rms_norm(norm, proj(x), residual)
+
+
+def mlp_norm(mlp: torch.nn.Module, h: torch.Tensor, norm: torch.nn.Module, residual: torch.Tensor):
+    """`(norm(mlp(h) + residual), mlp(h) + residual)`: a decoder layer's feed-forward block (`moe`) followed by
+    its residual add and the next RMSNorm (the next layer's input norm, or the final norm). With the step
+    fusions the norm runs in the launch that ends the block: the fused MoE's epilogue (sparse blocks without a
+    shared expert) or down_proj's (`linear_norm`, dense MLPs with a fused gate+up)."""
+    if step_fusion_active(h):
+        if getattr(mlp, "experts", None) is not None and getattr(mlp, "shared_expert", None) is None:
+            return _fused_moe(mlp, h, residual=residual, norm_weight=norm.weight, eps=norm.variance_epsilon)
+        fused_gate_up = getattr(mlp, FUSED, None)
+        if getattr(mlp, "experts", None) is None and fused_gate_up is not None:
+            inter = omni_kernels.silu_and_mul(linear(mlp, h, fused_gate_up))
+            return linear_norm(mlp.down_proj, inter, norm, residual)
+    return rms_norm(norm, moe(mlp, h), residual)

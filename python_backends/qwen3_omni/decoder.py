@@ -147,22 +147,23 @@ class StaticDecoder:
         # the fused attention kernel masks by `written` itself; the module path needs the boolean mask
         mask = None if fused.attention_active(x) else (columns[None, :] <= written[:, None])[:, None, None, :]
         cos, sin = self.cos[positions], self.sin[positions]
-        residual = None
-        for index, layer in enumerate(self.layers):
-            if residual is None:
-                h, residual = fused.rms_norm(layer.input_layernorm, x), x
-            else:
-                h, residual = fused.rms_norm(layer.input_layernorm, x, residual)
-            x = self._attention(layer.self_attn, h, index, rows, written, cos, sin, mask, len(columns))
-            h, residual = fused.rms_norm(layer.post_attention_layernorm, x, residual)
-            x = fused.moe(layer.mlp, h)
-        hidden, _ = fused.rms_norm(self.model.norm, x, residual)
-        return self.head(hidden)
+        h, residual = fused.rms_norm(self.layers[0].input_layernorm, x), x
+        # each norm after a residual add runs with the op before it (`fused.linear_norm` / `fused.mlp_norm`: one
+        # launch at decode sizes); the feed-forward block ends with the next layer's input norm (the final norm
+        # after the last layer)
+        norms = [layer.input_layernorm for layer in self.layers[1:]] + [self.model.norm]
+        for index, (layer, next_norm) in enumerate(zip(self.layers, norms)):
+            attn = layer.self_attn
+            out = self._attention(attn, h, index, rows, written, cos, sin, mask, len(columns))
+            h, residual = fused.linear_norm(attn.o_proj, out, layer.post_attention_layernorm, residual)
+            h, residual = fused.mlp_norm(layer.mlp, h, next_norm, residual)
+        return self.head(h)
 
     def _attention(self, attn, h, index, rows, written, cos, sin, mask, columns: int) -> torch.Tensor:
+        """Self-attention of one decode token per row up to o_proj: [B, heads * head_dim] (o_proj's input)."""
         batch = h.shape[0]
         if self.fused_qkv:
-            q, k, v = torch.nn.functional.linear(h, getattr(attn, fused.FUSED)).split(
+            q, k, v = fused.linear(attn, h, getattr(attn, fused.FUSED)).split(
                 [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], -1)
         else:
             q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
@@ -172,7 +173,7 @@ class StaticDecoder:
                                          k.view(batch, self.kv_heads, self.head_dim),
                                          v.view(batch, self.kv_heads, self.head_dim), cos, sin, keys, values,
                                          written, columns)
-            return attn.o_proj(out.reshape(batch, self.heads * self.head_dim))
+            return out.reshape(batch, self.heads * self.head_dim)
         q = fused.rms_norm(attn.q_norm, q.reshape(batch, self.heads, self.head_dim))
         k = fused.rms_norm(attn.k_norm, k.reshape(batch, self.kv_heads, self.head_dim))
         v = v.reshape(batch, self.kv_heads, self.head_dim)
@@ -183,4 +184,4 @@ class StaticDecoder:
         q = q.reshape(batch, self.kv_heads, self.heads // self.kv_heads, self.head_dim)
         out = torch.nn.functional.scaled_dot_product_attention(
             q, keys[:batch, :, :columns], values[:batch, :, :columns], attn_mask=mask, scale=self.scaling)
-        return attn.o_proj(out.reshape(batch, self.heads * self.head_dim))
+        return out.reshape(batch, self.heads * self.head_dim)

@@ -14,8 +14,9 @@ import torch
 import torch.nn.functional as F
 
 import omni_kernels as ok
-from omni_kernels import attention, backend, moe
-from omni_kernels.moe_configs import GemmConfig, MoeConfig
+from omni_kernels import attention, backend, moe_routing
+from omni_kernels.linear_decode import LinearConfig
+from omni_kernels.moe_configs import DecodeConfig, GemmConfig, MoeConfig
 
 # Triton 3.6's interpreter converts 1-element arrays to ints the way numpy 1.25+ deprecates
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
@@ -33,6 +34,7 @@ TOL = {
     "silu_and_mul": {FP32: 1e-6, BF16: 1e-2},
     "apply_mrope": {FP32: 1e-6, BF16: 1e-2},
     "fused_moe": {FP32: 1e-5, BF16: 1e-2},
+    "decode_linear": {FP32: 1e-5, BF16: 1e-2},
     "decode_attention": {FP32: 1e-5, BF16: 1e-2},
 }
 
@@ -298,7 +300,7 @@ def test_moe_routing_layout(T, renormalize):
     E, top_k, block_m = 16, 4, 8
     logits = distinct_logits(T, E, FP32)
     with poisoned_allocations():
-        routing = moe.moe_route(logits, top_k, renormalize, block_m)
+        routing = moe_routing.moe_route(logits, top_k, renormalize, block_m)
     ref_w, ref_ids = ok.moe_topk_reference(logits, top_k, renormalize)
     order = ref_ids.sort(dim=1)
     assert torch.equal(routing.topk_ids.long(), order.values)
@@ -320,6 +322,57 @@ def test_moe_routing_layout(T, renormalize):
     assert used == int(((counts + block_m - 1) // block_m).sum())
 
 
+REPEATS = 20 if CUDA else 1   # launches per check of the split-K kernels (their cross-program ordering)
+
+# The one-launch decode path: tile widths, K/N/H tails, several tokens. CPU: small shapes; CUDA: the thinker's
+# and talker's experts with the kinds of tiles the table uses.
+DECODE_CASES = [((1, 128, 2048, 768, 8), DecodeConfig(64, 256, 512, 4, 3)),
+                ((2, 128, 2048, 768, 8), DecodeConfig(32, 256, 512, 4, 4)),
+                ((1, 128, 2048, 768, 8), DecodeConfig(16, 128, 256, 4, 3)),
+                ((3, 128, 1024, 384, 6), DecodeConfig(32, 128, 128, 4, 3))] if CUDA else \
+    [((1, 16, 64, 32, 8), DecodeConfig(16, 32, 16, 4, 1)),           # every slot of one token
+     ((3, 16, 80, 48, 6), DecodeConfig(32, 32, 32, 4, 1)),           # K, N and H tails, three tokens
+     ((2, 8, 64, 32, 2), DecodeConfig(16, 64, 64, 4, 1))]
+
+
+def moe_norm_reference(x, logits, w13, w2, top_k, norm_weight, residual):
+    return ok.rms_norm_reference(ok.fused_moe_reference(x, logits, w13, w2, top_k), norm_weight, 1e-6, residual)
+
+
+@needs_triton
+@pytest.mark.parametrize("case", DECODE_CASES, ids=lambda c: f"T{c[0][0]}-N{c[1].BLOCK_N}")
+@pytest.mark.parametrize("dtype", [BF16, FP32], ids=["bf16", "fp32"])
+def test_fused_moe_decode_path_matches_reference(case, dtype):
+    """The one-launch path alone, and with the residual add + RMSNorm epilogue; one workspace serves every call
+    and is left zeroed."""
+    (T, E, H, I, top_k), config = case
+    x, logits, w13, w2 = moe_inputs(T, E, H, I, dtype)
+    workspace = ok.SplitKWorkspace(T + 1, H, DEVICE)
+    norm_weight, residual = randn(H, dtype=dtype), randn(T, H, dtype=dtype)
+    ref = ok.fused_moe_reference(x, logits, w13, w2, top_k)
+    ref_normed, ref_summed = moe_norm_reference(x, logits, w13, w2, top_k, norm_weight, residual)
+    for _ in range(REPEATS):   # the last program's read of the sums races with late atomics if misordered
+        out = run_kernel("fused_moe", ok.fused_moe, x, logits, w13, w2, top_k, config=config, workspace=workspace)
+        assert_close("fused_moe", out, ref)
+        normed, summed = run_kernel("fused_moe", ok.fused_moe, x, logits, w13, w2, top_k, config=config,
+                                    workspace=workspace, residual=residual, norm_weight=norm_weight)
+        assert_close("fused_moe", summed, ref_summed)
+        assert_close("fused_moe", normed, ref_normed)
+    assert workspace.is_clean()
+
+
+@needs_triton
+def test_fused_moe_norm_epilogue_on_the_grouped_path():
+    x, logits, w13, w2 = moe_inputs(21, 8, 80, 48, BF16)
+    config = MoeConfig(32, GemmConfig(32, 32, 2, 4, 2), GemmConfig(64, 32, 1, 4, 2))
+    norm_weight, residual = randn(80), randn(21, 80)
+    normed, summed = run_kernel("fused_moe", ok.fused_moe, x, logits, w13, w2, 3, config=config, residual=residual,
+                                norm_weight=norm_weight)
+    ref_normed, ref_summed = moe_norm_reference(x, logits, w13, w2, 3, norm_weight, residual)
+    assert_close("fused_moe", normed, ref_normed)
+    assert_close("fused_moe", summed, ref_summed)
+
+
 def test_fused_moe_rejects_mismatched_inputs():
     x, logits, w13, w2 = torch.randn(2, 8), torch.randn(2, 4), torch.randn(4, 12, 8), torch.randn(4, 8, 6)
     with pytest.raises(ValueError, match="fused_moe"):
@@ -328,6 +381,57 @@ def test_fused_moe_rejects_mismatched_inputs():
         ok.fused_moe(x[None], logits[None], w13, w2, 2)  # tokens must be flattened to [T, H]
     with pytest.raises(ValueError, match="fused_moe"):
         ok.fused_moe(x, logits, w13, w2, 5)  # top_k > experts
+
+
+@needs_triton
+def test_fused_moe_decode_path_rejects_a_workspace_that_does_not_fit():
+    x, logits, w13, w2 = moe_inputs(2, 8, 64, 32, BF16)
+    config = DecodeConfig(16, 32, 32, 4, 1)
+    with pytest.raises(ValueError, match="workspace"):
+        ok.fused_moe(x, logits, w13, w2, 2, config=config, workspace=ok.SplitKWorkspace(1, 64, DEVICE))  # 2 tokens
+    with pytest.raises(ValueError, match="workspace"):
+        ok.fused_moe(x, logits, w13, w2, 2, config=config, workspace=ok.SplitKWorkspace(2, 32, DEVICE))  # width
+    with pytest.raises(ValueError, match="norm_weight"):
+        ok.fused_moe(x, logits, w13, w2, 2, config=config, residual=x)   # a residual without the norm
+
+
+# ---------------------------------------------------------------- decode_linear
+
+# (rows, in features K, out features N, config): thinker o_proj (4096 -> 2048), talker o_proj (2048 -> 1024),
+# code predictor down_proj (3072 -> 1024); CPU: K tails and splits that leave a short last slice.
+LINEAR_CASES = [(1, 4096, 2048, None), (16, 4096, 2048, None), (1, 2048, 1024, None), (4, 3072, 1024, None),
+                (3, 4096, 2048, LinearConfig(16, 256, 5, 4, 3))] if CUDA else \
+    [(1, 96, 48, LinearConfig(16, 32, 2)), (5, 80, 40, LinearConfig(16, 32, 3)), (16, 64, 32, None)]
+
+
+@needs_triton
+@pytest.mark.parametrize("case", LINEAR_CASES, ids=lambda c: f"T{c[0]}-K{c[1]}-N{c[2]}")
+@pytest.mark.parametrize("dtype", [BF16, FP32], ids=["bf16", "fp32"])
+def test_decode_linear_matches_reference(case, dtype):
+    """The plain linear, with the norm epilogue, and with the residual add + norm; one workspace for all."""
+    T, K, N, config = case
+    x, weight = randn(T, K, dtype=dtype), randn(N, K, dtype=dtype, scale=K ** -0.5)
+    norm_weight, residual = randn(N, dtype=dtype), randn(T, N, dtype=dtype)
+    workspace = ok.SplitKWorkspace(16, N, DEVICE)
+    for extra in ({}, {"norm_weight": norm_weight}, {"residual": residual, "norm_weight": norm_weight}):
+        ref = ok.decode_linear_reference(x, weight, **extra)
+        for _ in range(REPEATS):
+            out = run_kernel("decode_linear", ok.decode_linear, x, weight, workspace, config=config, **extra)
+            for got, want in zip(out if isinstance(out, tuple) else (out,), ref if isinstance(ref, tuple) else (ref,)):
+                assert_close("decode_linear", got, want)
+    assert workspace.is_clean()
+
+
+def test_decode_linear_rejects_bad_inputs():
+    x, weight = torch.randn(2, 8, device=DEVICE), torch.randn(4, 8, device=DEVICE)
+    with pytest.raises(ValueError, match="decode_linear"):
+        ok.decode_linear(torch.randn(17, 8, device=DEVICE), weight)   # more rows than one tile
+    with pytest.raises(ValueError, match="decode_linear"):
+        ok.decode_linear(x, weight[:, :6])   # in features differ
+    with pytest.raises(ValueError, match="norm_weight"):
+        ok.decode_linear(x, weight, residual=torch.randn(2, 4, device=DEVICE))   # a residual without the norm
+    with pytest.raises(ValueError, match="residual"):
+        ok.decode_linear(x, weight, residual=torch.randn(2, 5, device=DEVICE), norm_weight=torch.ones(4, device=DEVICE))
 
 
 # ---------------------------------------------------------------- dispatch

@@ -220,3 +220,66 @@ def test_static_talker_prefills_a_burst_of_requests_in_one_forward(qwen3_omni_st
     assert static_forwards == 1 and dynamic_forwards == 3 + 3   # one batched prefill; 3 prefills + 3 steps
     for rid, expected in dynamic.items():
         assert expected.shape[-1] >= 3 and torch.equal(static[rid], expected)
+
+
+@pytest.mark.parametrize("stage", ["thinker", "talker", "code_predictor"])
+def test_decode_step_kernels_equal_the_module_path(qwen3_omni_stages, monkeypatch, stage):
+    """The decode step with the kernels (fused attention, o_proj/down_proj with the residual add + norm in one
+    launch, the one-launch MoE with the next norm, the router / q/k/v / gate+up as decode_linear:
+    `fused.linear`, `linear_norm`, `mlp_norm`), run by Triton's
+    interpreter on CPU, gives the module path's outputs (fp32: summation order only), at 1 row (one-launch MoE)
+    and 2 rows (grouped MoE + its norm), and leaves every split-K workspace zeroed. Thinker: sparse MoE; talker:
+    MoE with a shared expert (unfused norm); code predictor: dense MLP (down_proj with the norm)."""
+    from transformers.cache_utils import DynamicCache
+
+    from omni_backends.engine import fused
+    from omni_backends.engine.kv_batch import cache_layers
+
+    ok = pytest.importorskip("omni_kernels")
+    if not ok.HAVE_TRITON or not ok.backend.INTERPRETED:
+        pytest.skip("needs Triton's interpreter (a machine without CUDA; on the H200: tests/unit/test_kernels.py)")
+    talker = qwen3_omni_stages.talker
+    source = {"thinker": qwen3_omni_stages.thinker, "talker": talker, "code_predictor": talker.code_predictor}[stage]
+    model = copy.deepcopy(source)   # fusing q/k/v and adding workspaces changes modules: not the shared fixture's
+    text_model = getattr(model.model, "language_model", model.model)
+    config = text_model.config
+    torch.manual_seed(0)
+    for layer in text_model.layers:   # the tiny talker's routers are zero: every expert ties (docs/kernels.md)
+        if hasattr(layer.mlp, "gate"):
+            torch.nn.init.normal_(layer.mlp.gate.weight, std=0.5)
+    prompt = torch.randn(1, 5, config.hidden_size) * 0.5
+    cache = DynamicCache(config=config)
+    with torch.inference_mode():
+        positions = torch.arange(5)[None]
+        if hasattr(text_model.rotary_emb, "mrope_section"):   # thinker / talker: [3, batch, positions]
+            positions = positions.expand(3, 1, 5)
+        text_model(inputs_embeds=prompt, position_ids=positions, past_key_values=cache, use_cache=True)
+
+    def steps(kernels: bool) -> list[torch.Tensor]:
+        monkeypatch.setattr(fused, "active", lambda x: kernels)
+        decoder = StaticDecoder(text_model, head=lambda h: (h,), slots=2, max_len=32, graphs=False, fuse=True)
+        outs = []
+        for rows in (1, 2):
+            for i in range(rows):
+                decoder.add(f"r{i}", cache_layers(cache))
+            embeds = torch.randn(rows, config.hidden_size, generator=torch.Generator().manual_seed(rows))
+            outs.append(decoder.step(embeds, [5] * rows)[0])
+            decoder.remove([f"r{i}" for i in range(rows)])
+        return outs
+
+    monkeypatch.setenv("OMNI_KERNELS_INTERPRET", "1")
+    # every linear through decode_linear (the tuned table covers only the full-size shapes)
+    monkeypatch.setattr(ok.linear_decode, "decode_linear_faster", lambda n, k, with_norm: True)
+    was = ok.enabled()
+    ok.set_enabled(True)
+    try:
+        with torch.inference_mode():
+            expected, got = steps(False), steps(True)
+    finally:
+        ok.set_enabled(was)
+    assert ok.last_backend("decode_linear") == "interpreter" and ok.last_backend("decode_attention") == "interpreter"
+    for out, ref in zip(got, expected):
+        assert torch.isfinite(out).all()
+        assert ((out - ref).norm() / ref.norm()).item() < 1e-5
+    workspaces = [getattr(m, fused.WORKSPACE) for m in text_model.modules() if hasattr(m, fused.WORKSPACE)]
+    assert workspaces and all(w.is_clean() for w in workspaces)
