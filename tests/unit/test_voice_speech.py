@@ -90,7 +90,7 @@ def test_chunked_reply_joins_without_clicks_and_is_heard_as_well_as_one_call(tts
     assert wer["chunked"] <= wer["whole"] + 1 / len(REPLY.split()), wer
 
 
-def test_duration_cap_renders_the_same_audio_without_a_limit_and_only_shortens_the_closing_pad():
+def test_duration_cap_renders_the_same_audio_without_a_limit_and_only_shortens_the_closing_pad(tts):
     """The session runs Kokoro's graph plus `duration_cap` (tts.capped_graph): with no limit it renders exactly
     what the original graph renders; with the default caps only the closing pad token's frames (25 ms each) go."""
     import onnxruntime as ort
@@ -101,10 +101,9 @@ def test_duration_cap_renders_the_same_audio_without_a_limit_and_only_shortens_t
     original = ort.InferenceSession(str(onnx_path), sess_options=options, providers=["CPUExecutionProvider"])
     capped = ort.InferenceSession(tts_module.capped_graph(onnx_path), sess_options=options,
                                   providers=["CPUExecutionProvider"])
-    speaker = tts_module.KokoroTTS(warmup=False)
-    ids = speaker.tokenize("The capital of France")[0]  # a chunk cut mid-sentence: a long closing pad
+    ids = tts.tokenize("The capital of France")[0]  # a chunk cut mid-sentence: a long closing pad
     feeds = {"tokens": np.array([[0, *ids, 0]], dtype=np.int64),
-             "style": speaker._styles[tts_module.DEFAULT_VOICE][len(ids) - 1][None, :],
+             "style": tts._styles[tts_module.DEFAULT_VOICE][len(ids) - 1][None, :],
              "speed": np.array([1.0], dtype=np.float32)}
     reference = original.run(None, feeds)[0]
     unlimited = np.full((1, len(ids) + 2), np.finfo(np.float32).max, dtype=np.float32)
