@@ -283,3 +283,20 @@ def test_decode_step_kernels_equal_the_module_path(qwen3_omni_stages, monkeypatc
         assert ((out - ref).norm() / ref.norm()).item() < 1e-5
     workspaces = [getattr(m, fused.WORKSPACE) for m in text_model.modules() if hasattr(m, fused.WORKSPACE)]
     assert workspaces and all(w.is_clean() for w in workspaces)
+
+
+def test_plain_decode_linear_switch(monkeypatch):
+    """`set_plain_decode_linear(False)` (bench_engine's on_torch_linears) keeps torch's linear for the plain decode
+    linears the table would run as decode_linear; the norm-fused ones stay decode_linear."""
+    from omni_backends.engine import fused
+
+    ok = pytest.importorskip("omni_kernels")
+    monkeypatch.setattr(fused, "active", lambda x: True)
+    monkeypatch.setattr(ok.linear_decode, "decode_linear_faster", lambda n, k, with_norm: True)
+    x, weight = torch.randn(1, 8), torch.randn(4, 8)
+    try:
+        assert fused._decode_linear_for(weight, x, with_norm=False) and fused._decode_linear_for(weight, x, True)
+        fused.set_plain_decode_linear(False)
+        assert not fused._decode_linear_for(weight, x, with_norm=False) and fused._decode_linear_for(weight, x, True)
+    finally:
+        fused.set_plain_decode_linear(True)
