@@ -6,7 +6,8 @@
   bandwidth  device-to-device copy of 2 GiB: (bytes read + written) / time, the HBM ceiling of this run
   thinker    decode step of the static engine (`StaticDecoder`) at batch 1, 4, 16: CUDA graphs vs eager,
              omni_kernels on vs off (when available), and the kernels with one switch changed (`--modes`, MODES:
-             on_no_pdl, on_prefetch, on_torch_linears, on_unfused_step, on_unfused_attention); with --rounds N
+             on_no_pdl, on_prefetch, on_torch_linears, on_main = both of the last off, on_unfused_step,
+             on_unfused_attention); with --rounds N
              every mode is timed N times, modes interleaved (the machine's speed drifts), medians reported; the floor = (active weight bytes + KV bytes of the step) / measured
              bandwidth; greedy tokens of a fixed (seeded) prompt per mode, and each mode's logits over the same 32
              tokens (kernels-off's) against kernels-off's (relative / absolute difference, argmax flips and
@@ -89,13 +90,14 @@ def kv_bytes(text_config, length: int, element_size: int = 2) -> int:
 
 # The A/B modes of the thinker and talker parts: each the default engine ("on") with some switches changed.
 DEFAULT_MODE = {"kernels": True, "fused_attention": True, "step_fusion": True, "pdl": True, "prefetch": False,
-                "plain_decode_linear": True}
+                "direct_decode_linear": True}
 MODES = {
     "off": {"kernels": False},                                  # transformers' modules (grouped_mm MoE)
     "on": {},
     "on_no_pdl": {"pdl": False},                                # plain launches (no programmatic dependent launch)
     "on_prefetch": {"prefetch": True},                          # decode_linear pulls its weights into L2 first
-    "on_torch_linears": {"plain_decode_linear": False},         # q/k/v, gate/up, routers through torch's linear
+    "on_torch_linears": {"direct_decode_linear": False},        # q/k/v, gate/up through torch's linear
+    "on_main": {"pdl": False, "direct_decode_linear": False},   # the kernels as before PDL and direct stores
     "on_unfused_step": {"step_fusion": False},                  # separate norms, torch router, four-launch MoE
     "on_unfused_attention": {"fused_attention": False},         # norms + RoPE + cache writes + SDPA
 }
@@ -111,7 +113,7 @@ def set_mode(name: str) -> None:
     fused.set_enabled(mode["kernels"])
     fused.set_fused_attention(mode["fused_attention"])
     fused.set_step_fusion(mode["step_fusion"])
-    fused.set_plain_decode_linear(mode["plain_decode_linear"])
+    fused.set_direct_decode_linear(mode["direct_decode_linear"])
     omni_kernels.set_pdl(mode["pdl"])
     omni_kernels.set_prefetch(mode["prefetch"])
 
