@@ -13,11 +13,13 @@ interpreter for CPU tensors under `OMNI_KERNELS_INTERPRET=1`; otherwise the op's
   decode_attention(q, k, v, q_weight, k_weight, eps, cos, sin, key_cache, value_cache, written, columns,
                    scale) -> [B, Hq, D]   (q/k norm + RoPE + cache write + grouped-query attention)
 Switch: `set_enabled(flag)` / `enabled()`; `last_backend(op)` names the backend of the last call.
+Programmatic dependent launch of the decode kernels: `set_pdl(flag)` / `pdl()` (env `OMNI_KERNELS_PDL=0`: off);
+their L2 weight prefetch: `set_prefetch(flag)` / `prefetch()` (off by default).
 See docs/kernels.md.
 """
 from .activation import silu_and_mul, silu_and_mul_reference
 from .attention import decode_attention, decode_attention_reference
-from .backend import HAVE_TRITON, enabled, last_backend, set_enabled
+from .backend import HAVE_TRITON, enabled, last_backend, pdl, prefetch, set_enabled, set_pdl, set_prefetch
 from .linear_decode import decode_linear, decode_linear_reference
 from .moe import fused_moe, fused_moe_reference
 from .moe_routing import moe_topk_reference
@@ -28,6 +30,6 @@ from .splitk import SplitKWorkspace
 __all__ = [
     "HAVE_TRITON", "SplitKWorkspace", "apply_mrope", "apply_mrope_reference", "decode_attention",
     "decode_attention_reference", "decode_linear", "decode_linear_reference", "enabled", "fused_moe",
-    "fused_moe_reference", "last_backend", "moe_topk_reference", "rms_norm", "rms_norm_reference", "rotary_cos_sin",
-    "set_enabled", "silu_and_mul", "silu_and_mul_reference",
+    "fused_moe_reference", "last_backend", "moe_topk_reference", "pdl", "prefetch", "rms_norm", "rms_norm_reference",
+    "rotary_cos_sin", "set_enabled", "set_pdl", "set_prefetch", "silu_and_mul", "silu_and_mul_reference",
 ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .backend import kernel, round_to, rounded, select, tl, triton
+from .backend import grid_dependency, kernel, pdl_for, round_to, rounded, select, tl, triton
 
 
 def silu_and_mul_reference(x: torch.Tensor) -> torch.Tensor:
@@ -19,7 +19,8 @@ def silu_and_mul_reference(x: torch.Tensor) -> torch.Tensor:
 
 
 @kernel
-def _silu_and_mul_kernel(x_ptr, out_ptr, D, x_stride, out_stride, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, out_ptr, D, x_stride, out_stride, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    grid_dependency(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < D
@@ -47,5 +48,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty((*x.shape[:-1], d), dtype=x.dtype, device=x.device)
     block = min(1024, triton.next_power_of_2(d))
     grid = (x2.shape[0], triton.cdiv(d, block))
-    _silu_and_mul_kernel[grid](x2, out, d, x2.stride(0), d, BLOCK=block, num_warps=max(1, block // 256))
+    pdl = pdl_for(x.device)
+    _silu_and_mul_kernel[grid](x2, out, d, x2.stride(0), d, BLOCK=block, PDL=pdl, launch_pdl=pdl,
+                               num_warps=max(1, block // 256))
     return out

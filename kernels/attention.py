@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .backend import DOT_IN_FP32, kernel, round_to, rounded, select, tl, triton
+from .backend import DOT_IN_FP32, grid_dependency, kernel, pdl_for, round_to, rounded, select, tl, triton
 from .norm import rms_norm_reference
 from .rotary import apply_mrope_reference
 
@@ -54,7 +54,9 @@ def _decode_attention_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_p
                              out_ptr, m_ptr, l_ptr, acc_ptr, HK, eps, scale, split_cols,
                              q_sb, q_sh, k_sb, k_sh, v_sb, v_sh, cos_sb, c_ss, c_sh, c_sl,
                              G: tl.constexpr, HALF: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr,
-                             SPLITS: tl.constexpr, DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                             SPLITS: tl.constexpr, DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                             PDL: tl.constexpr):
+    grid_dependency(PDL)
     pid = tl.program_id(0)
     split = tl.program_id(1)
     b = (pid // HK).to(tl.int64)
@@ -150,8 +152,9 @@ def _decode_attention_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_p
 
 @kernel
 def _merge_splits_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, D: tl.constexpr, SPLITS: tl.constexpr,
-                         BLOCK_S: tl.constexpr):
+                         BLOCK_S: tl.constexpr, PDL: tl.constexpr):
     # one (row, q head): out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M)
+    grid_dependency(PDL)
     head = tl.program_id(0).to(tl.int64)
     sp = tl.arange(0, BLOCK_S)
     s_ok = sp < SPLITS
@@ -208,14 +211,17 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight
         acc = torch.empty(batch * hq * splits, d, **f32)
     else:
         m = l = acc = out   # unused
+    pdl = pdl_for(q.device)
     _decode_attention_kernel[(batch * hk, splits)](
         q, k, v, q_weight.contiguous(), k_weight.contiguous(), cos, sin, key_cache, value_cache,
         written.contiguous(), out, m, l, acc, hk, float(eps), float(scale), SPLIT_COLUMNS,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         G=group, HALF=d // 2, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_C=BLOCK_C, SPLITS=splits,
-        DOT_F32=DOT_IN_FP32, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4)
+        DOT_F32=DOT_IN_FP32, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", PDL=pdl,
+        launch_pdl=pdl, num_warps=4)
     if splits > 1:
         _merge_splits_kernel[(batch * hq,)](m, l, acc, out, D=d, SPLITS=splits,
-                                            BLOCK_S=triton.next_power_of_2(splits), num_warps=4)
+                                            BLOCK_S=triton.next_power_of_2(splits), PDL=pdl, launch_pdl=pdl,
+                                            num_warps=4)
     return out

@@ -10,6 +10,14 @@ Every public op in `omni_kernels` calls `select(op, *tensors)` and gets one of
 The switch `set_enabled(False)` is the engine's deploy option to turn the kernels off; its initial value
 comes from the environment variable `OMNI_KERNELS` ("0" turns them off; default on).
 
+Programmatic dependent launch (PDL, Hopper and later): the decode kernels are launched with Triton's
+`launch_pdl` option and start with `griddepcontrol.wait` then `griddepcontrol.launch_dependents`
+(`grid_dependency`), so in a CUDA graph of a decode step a kernel's launch and prologue overlap the tail of the
+kernel before it, and nothing it reads or writes is touched before that kernel has finished. `set_pdl(False)`
+(initial value from `OMNI_KERNELS_PDL`, "0" = off) launches them plainly; on CPU, in the interpreter and before
+sm_90 it is a no-op (`pdl_for`). `set_prefetch(True)` (`OMNI_KERNELS_PREFETCH=1`; default off) also lets
+`decode_linear` pull its weight slice into L2 before that wait (benchmark A/B).
+
 Triton fixes its mode (compile for the GPU, or interpret) when it is first imported: its own library
 functions (`tl.sum`, `tl.sigmoid`, ...) are decorated then, from `TRITON_INTERPRET`. On a machine without
 CUDA only the interpreter can run, so if Triton is not imported yet this module imports it in interpreter
@@ -73,6 +81,8 @@ else:  # pragma: no cover - exercised on machines without Triton
     tl = _Unavailable()
 
 _enabled = os.environ.get("OMNI_KERNELS", "1") != "0"
+_pdl = os.environ.get("OMNI_KERNELS_PDL", "1") != "0"
+_prefetch = os.environ.get("OMNI_KERNELS_PREFETCH", "0") == "1"
 _last: dict[str, str] = {}
 _lock = threading.Lock()
 
@@ -86,6 +96,44 @@ def set_enabled(flag: bool) -> None:
 def enabled() -> bool:
     """Whether the Triton kernels may run (they still need Triton and CUDA tensors, or the interpreter)."""
     return _enabled
+
+
+def set_pdl(flag: bool) -> None:
+    """Launch the decode kernels with programmatic dependent launch (default) or plainly (module doc). Read at
+    launch time: a CUDA graph keeps what it was captured with."""
+    global _pdl
+    _pdl = bool(flag)
+
+
+def pdl() -> bool:
+    """Whether programmatic dependent launch is requested (it still needs compiled kernels on sm_90+)."""
+    return _pdl
+
+
+def set_prefetch(flag: bool) -> None:
+    """Let `decode_linear` prefetch its weight slice into L2 before waiting for the kernel before it (only with
+    PDL; default off: benchmark A/B)."""
+    global _prefetch
+    _prefetch = bool(flag)
+
+
+def prefetch() -> bool:
+    """Whether the L2 prefetch before the grid-dependency wait is requested."""
+    return _prefetch
+
+
+_capability: dict[int, tuple[int, int]] = {}
+
+
+def pdl_for(device: torch.device) -> bool:
+    """Whether kernels launched on `device` now use programmatic dependent launch: requested, compiled (not the
+    interpreter) and a CUDA device of compute capability 9.0 or later."""
+    if not (_pdl and HAVE_TRITON and not INTERPRETED and device.type == "cuda"):
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _capability:
+        _capability[index] = torch.cuda.get_device_capability(index)
+    return _capability[index] >= (9, 0)
 
 
 def interpret_requested() -> bool:
@@ -132,6 +180,29 @@ def helper(fn):
 
 
 _ROUND_BF16_FIRST = tl.constexpr(INTERPRETED) if HAVE_TRITON else False
+
+if HAVE_TRITON and not INTERPRETED:
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+else:   # never called: PDL is False in the interpreter
+    gdc_launch_dependents = gdc_wait = None
+
+
+@helper
+def grid_dependency(PDL: tl.constexpr):
+    """With PDL: wait until the kernel before this one on the stream has finished and its writes are visible
+    (`griddepcontrol.wait`), then let the next kernel launch (`griddepcontrol.launch_dependents`: its programs
+    may start their own prologue and wait in turn). Call before the first access to memory another kernel
+    writes; without PDL nothing."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
+
+@helper
+def prefetch_l2(ptrs):
+    """`prefetch.global.L2` of the cache lines at `ptrs` (a tensor of valid pointers, one per line)."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
+                              dtype=tl.int32, is_pure=False, pack=1)
 
 
 @helper

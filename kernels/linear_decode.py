@@ -8,8 +8,14 @@ adds its partial [T, BLOCK_N] into an fp32 `splitk.SplitKWorkspace`; the last pr
 output dtype (as torch rounds the linear's output), adds the residual and applies the norm
 (`splitk._finish_rows`, with `rms_norm`'s roundings) and leaves the workspace zeroed.
 
+Without the norm and with one K slice (`SPLIT_K` 1: the column tiles alone fill the GPU, e.g. q/k/v) each program
+stores its rounded [T, BLOCK_N] directly: no atomics, no finish, no workspace. Launched with programmatic
+dependent launch where available (`backend.grid_dependency`); with `backend.set_prefetch(True)` each program
+first pulls its weight slice into L2 (the weights do not depend on the kernel before it).
+
 Numerics: the linear's sums differ from torch's GEMM only in summation order (and vary in the last bit from
-run to run: fp32 atomics); the epilogue is `rms_norm_reference` on the rounded output.
+run to run: fp32 atomics; the direct-store path is deterministic); the epilogue is `rms_norm_reference` on the
+rounded output.
 """
 from __future__ import annotations
 
@@ -18,7 +24,8 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from .backend import DOT_IN_FP32, dot_step, kernel, select, tl, triton
+from .backend import (DOT_IN_FP32, dot_step, grid_dependency, kernel, pdl_for, prefetch, prefetch_l2, round_to, select,
+                      tl, triton)
 from .norm import rms_norm_reference
 from .splitk import SplitKWorkspace, _finish_rows, finish_block, finish_outputs, norm_args, workspace_for
 
@@ -82,13 +89,19 @@ def decode_linear_reference(x: torch.Tensor, weight: torch.Tensor, residual: tor
 def _decode_linear_kernel(x_ptr, w_ptr, out_ptr, acc_ptr, count_ptr, res_ptr, sum_ptr, norm_ptr, eps, T, N, K,
                           x_stride, w_stride, k_split, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                           EVEN_K: tl.constexpr, DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                          NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_W: tl.constexpr):
+                          NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_W: tl.constexpr,
+                          DIRECT: tl.constexpr, PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr,
+                          LINE: tl.constexpr):
     pid = tl.program_id(0)
     n_blocks = tl.cdiv(N, BLOCK_N)
     n = (pid % n_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
     k_start = (pid // n_blocks) * k_split
     k_end = tl.minimum(k_start + k_split, K)
+    if PREFETCH_LINES > 0:   # this program's weight slice into L2, one pointer per LINE elements (128 bytes)
+        lines = tl.minimum(k_start + tl.arange(0, PREFETCH_LINES) * LINE, k_end - 1)
+        prefetch_l2(w_ptr + tl.minimum(n, N - 1)[:, None].to(tl.int64) * w_stride + lines[None, :])
+    grid_dependency(PDL)
     m = tl.arange(0, 16)
     m_ok = m < T
     k = tl.arange(0, BLOCK_K)
@@ -101,9 +114,13 @@ def _decode_linear_kernel(x_ptr, w_ptr, out_ptr, acc_ptr, count_ptr, res_ptr, su
         acc = dot_step(a, w_ptrs, k_ok[:, None] & n_ok[None, :], acc, DOT_F32, DOT_PRECISION)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
-    tl.atomic_add(acc_ptr + m[:, None] * N + n[None, :], acc, mask=m_ok[:, None] & n_ok[None, :], sem="relaxed")
-    _finish_rows(acc_ptr, count_ptr, out_ptr, res_ptr, sum_ptr, norm_ptr, T, N, eps, tl.num_programs(0), NORM,
-                 HAS_RESIDUAL, BLOCK_W)
+    if DIRECT:
+        tl.store(out_ptr + m[:, None] * N + n[None, :], round_to(acc, out_ptr.dtype.element_ty),
+                 mask=m_ok[:, None] & n_ok[None, :])
+    else:
+        tl.atomic_add(acc_ptr + m[:, None] * N + n[None, :], acc, mask=m_ok[:, None] & n_ok[None, :], sem="relaxed")
+        _finish_rows(acc_ptr, count_ptr, out_ptr, res_ptr, sum_ptr, norm_ptr, T, N, eps, tl.num_programs(0), NORM,
+                     HAS_RESIDUAL, BLOCK_W)
 
 
 def decode_linear(x: torch.Tensor, weight: torch.Tensor, workspace: SplitKWorkspace | None = None,
@@ -128,19 +145,28 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor, workspace: SplitKWorksp
     backend = select("decode_linear", x, weight)
     if backend == "reference":
         return decode_linear_reference(x, weight, residual, norm_weight, eps)
-    workspace = workspace_for("decode_linear", workspace, T, N, x.device)
     x = x if x.stride(-1) == 1 else x.contiguous()
     weight = weight if weight.stride(-1) == 1 else weight.contiguous()
     config = config or linear_config(N, K)
     k_split = triton.cdiv(triton.cdiv(K, config.SPLIT_K), config.BLOCK_K) * config.BLOCK_K
+    splits = triton.cdiv(K, k_split)
+    direct = splits == 1 and norm_weight is None
+    if direct:   # no accumulator (a given workspace is checked, not touched)
+        acc = counter = x if workspace is None else workspace.check("decode_linear", T, N, x.device).accumulator
+    else:
+        workspace = workspace_for("decode_linear", workspace, T, N, x.device)
+        acc, counter = workspace.accumulator, workspace.counter
     out, summed = finish_outputs(T, N, x, residual)
-    grid = (triton.cdiv(N, config.BLOCK_N) * triton.cdiv(K, k_split),)
-    _decode_linear_kernel[grid](x, weight, out, workspace.accumulator, workspace.counter,
-                                out if residual is None else residual, summed,
+    pdl = pdl_for(x.device)
+    prefetch_lines = triton.next_power_of_2(triton.cdiv(k_split * x.element_size(), 128)) if pdl and prefetch() else 0
+    grid = (triton.cdiv(N, config.BLOCK_N) * splits,)
+    _decode_linear_kernel[grid](x, weight, out, acc, counter, out if residual is None else residual, summed,
                                 out if norm_weight is None else norm_weight, float(eps), T, N, K, x.stride(0),
                                 weight.stride(0), k_split, BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K,
                                 EVEN_K=K % config.BLOCK_K == 0, DOT_F32=DOT_IN_FP32,
                                 DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
                                 NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None,
-                                BLOCK_W=finish_block(N), num_warps=config.num_warps, num_stages=config.num_stages)
+                                BLOCK_W=finish_block(N), DIRECT=direct, PDL=pdl, PREFETCH_LINES=prefetch_lines,
+                                LINE=128 // x.element_size(), launch_pdl=pdl,
+                                num_warps=config.num_warps, num_stages=config.num_stages)
     return out if residual is None else (out, summed)

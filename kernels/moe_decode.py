@@ -33,7 +33,7 @@ import dataclasses
 
 import torch
 
-from .backend import DOT_IN_FP32, dot_step, helper, kernel, rounded, tl, triton
+from .backend import DOT_IN_FP32, dot_step, grid_dependency, helper, kernel, pdl_for, rounded, tl, triton
 from .moe_configs import DecodeConfig
 from .splitk import SplitKWorkspace, _finish_rows, finish_block, finish_outputs, norm_args, workspace_for
 
@@ -67,8 +67,9 @@ def _moe_decode_kernel(x_ptr, logits_ptr, w13_ptr, w2_ptr, out_ptr, acc_ptr, cou
                        TOP_K: tl.constexpr, TOP_K_POW2: tl.constexpr, RENORM: tl.constexpr, BLOCK_E: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
                        EVEN_K: tl.constexpr, EVEN_H: tl.constexpr, DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                       NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_W: tl.constexpr):
+                       NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_W: tl.constexpr, PDL: tl.constexpr):
     dt = out_ptr.dtype.element_ty
+    grid_dependency(PDL)   # the logits and hidden rows come from the launches before
     pid = tl.program_id(0)
     n_blocks = tl.cdiv(I, BLOCK_N)
     slot = pid // n_blocks
@@ -134,6 +135,7 @@ def fused_moe_decode(hidden: torch.Tensor, router_logits: torch.Tensor, w13: tor
         router_logits = router_logits.contiguous()
     out, summed = finish_outputs(T, H, hidden, residual)
     grid = (T * top_k * triton.cdiv(inter, config.BLOCK_N),)
+    pdl = pdl_for(hidden.device)
     _moe_decode_kernel[grid](hidden, router_logits, w13, w2, out, workspace.accumulator, workspace.counter,
                              out if residual is None else residual, summed, out if norm_weight is None else norm_weight,
                              float(eps), T, E, H, inter, hidden.stride(0), router_logits.stride(0), w13.stride(0),
@@ -144,7 +146,7 @@ def fused_moe_decode(hidden: torch.Tensor, router_logits: torch.Tensor, w13: tor
                              EVEN_H=H % config.BLOCK_H == 0, DOT_F32=DOT_IN_FP32,
                              DOT_PRECISION="ieee" if hidden.dtype == torch.float32 else "tf32",
                              NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None, BLOCK_W=finish_block(H),
-                             num_warps=config.num_warps, num_stages=config.num_stages)
+                             PDL=pdl, launch_pdl=pdl, num_warps=config.num_warps, num_stages=config.num_stages)
     return out if residual is None else (out, summed)
 
 

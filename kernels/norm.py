@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .backend import kernel, round_to, rounded, select, tl, triton
+from .backend import grid_dependency, kernel, pdl_for, round_to, rounded, select, tl, triton
 
 MAX_HIDDEN = 32768  # one row lives in registers; wider rows use the reference
 
@@ -26,7 +26,9 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float,
 
 @kernel
 def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, M, H, x_stride, res_stride, out_stride, sum_stride,
-                     eps, HAS_RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr):
+                     eps, HAS_RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr,
+                     PDL: tl.constexpr):
+    grid_dependency(PDL)
     # BLOCK_M rows of one program; each row whole in registers (16-byte vectors along the hidden dim).
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_H)
@@ -78,9 +80,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     else:
         r2 = summed = x2  # unused by the kernel
     block_m, block_h, warps = _launch_shape(M, H)
+    pdl = pdl_for(x.device)
     _rms_norm_kernel[(triton.cdiv(M, block_m),)](
         x2, r2, weight.contiguous(), out, summed, M, H, x2.stride(0), r2.stride(0), H, H, float(eps),
-        HAS_RESIDUAL=residual is not None, BLOCK_M=block_m, BLOCK_H=block_h, num_warps=warps)
+        HAS_RESIDUAL=residual is not None, BLOCK_M=block_m, BLOCK_H=block_h, PDL=pdl, launch_pdl=pdl,
+        num_warps=warps)
     return out if residual is None else (out, summed)
 
 

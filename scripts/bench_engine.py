@@ -5,9 +5,10 @@
 
   bandwidth  device-to-device copy of 2 GiB: (bytes read + written) / time, the HBM ceiling of this run
   thinker    decode step of the static engine (`StaticDecoder`) at batch 1, 4, 16: CUDA graphs vs eager,
-             omni_kernels on vs off (when available), and the kernels without the fused decode attention
-             (`on_unfused_attention`) or without the decode-step fusions (`on_unfused_step`: separate norm
-             launches, four-launch MoE); the floor = (active weight bytes + KV bytes of the step) / measured
+             omni_kernels on vs off (when available), and the kernels with one switch changed (`--modes`, MODES:
+             on_no_pdl, on_prefetch, on_torch_linears, on_main = both of the last off, on_unfused_step,
+             on_unfused_attention); with --rounds N
+             every mode is timed N times, modes interleaved (the machine's speed drifts), medians reported; the floor = (active weight bytes + KV bytes of the step) / measured
              bandwidth; greedy tokens of a fixed (seeded) prompt per mode, and each mode's logits over the same 32
              tokens (kernels-off's) against kernels-off's (relative / absolute difference, argmax flips and
              whether they are near-ties of the random model); with --profile, each graph mode's kernels at
@@ -87,23 +88,53 @@ def kv_bytes(text_config, length: int, element_size: int = 2) -> int:
         head_dim(text_config)
 
 
-# (name, kernels on, fused decode attention, decode-step fusions): the A/B modes of the thinker and talker parts
-MODES = (("off", False, True, True), ("on", True, True, True), ("on_unfused_step", True, True, False),
-         ("on_unfused_attention", True, False, True))
+# The A/B modes of the thinker and talker parts: each the default engine ("on") with some switches changed.
+DEFAULT_MODE = {"kernels": True, "fused_attention": True, "step_fusion": True, "pdl": True, "prefetch": False,
+                "direct_decode_linear": True}
+MODES = {
+    "off": {"kernels": False},                                  # transformers' modules (grouped_mm MoE)
+    "on": {},
+    "on_no_pdl": {"pdl": False},                                # plain launches (no programmatic dependent launch)
+    "on_prefetch": {"prefetch": True},                          # decode_linear pulls its weights into L2 first
+    "on_torch_linears": {"direct_decode_linear": False},        # q/k/v, gate/up through torch's linear
+    "on_main": {"pdl": False, "direct_decode_linear": False},   # the kernels as before PDL and direct stores
+    "on_unfused_step": {"step_fusion": False},                  # separate norms, torch router, four-launch MoE
+    "on_unfused_attention": {"fused_attention": False},         # norms + RoPE + cache writes + SDPA
+}
 
 
-def set_mode(kernels: bool, fused_attention: bool, step_fusion: bool) -> None:
+def set_mode(name: str) -> None:
+    """Switch the engine's kernel options to mode `name` (read at graph capture and at each eager call)."""
+    import omni_kernels
+
     from omni_backends.engine import fused
 
-    fused.set_enabled(kernels)
-    fused.set_fused_attention(fused_attention)
-    fused.set_step_fusion(step_fusion)
+    mode = {**DEFAULT_MODE, **MODES[name]}
+    fused.set_enabled(mode["kernels"])
+    fused.set_fused_attention(mode["fused_attention"])
+    fused.set_step_fusion(mode["step_fusion"])
+    fused.set_direct_decode_linear(mode["direct_decode_linear"])
+    omni_kernels.set_pdl(mode["pdl"])
+    omni_kernels.set_prefetch(mode["prefetch"])
 
 
-def selected_modes(args) -> list[tuple[str, bool, bool, bool]]:
+def selected_modes(args) -> list[str]:
     from omni_backends.engine import fused
 
-    return [m for m in MODES if m[0] in args.modes.split(",") and (m[0] == "off" or fused.available())]
+    names = args.modes.split(",")
+    unknown = set(names) - set(MODES)
+    if unknown:
+        raise SystemExit(f"unknown modes {sorted(unknown)} (known: {', '.join(MODES)})")
+    return [m for m in MODES if m in names and (m == "off" or fused.available())]
+
+
+def median_entry(times: list[float], floor_ms: float | None = None, rows: int = 1) -> dict:
+    """ms per step over the rounds: the median, every round's value, and (with a floor) the multiple of it."""
+    ms = statistics.median(times)
+    entry = {"ms_per_step": ms, "rounds_ms": times, "tokens_per_s": rows * 1e3 / ms}
+    if floor_ms is not None:
+        entry.update(floor_ms=floor_ms, x_floor=ms / floor_ms)
+    return entry
 
 
 def profile_steps(step, steps: int = 20) -> dict:
@@ -195,14 +226,20 @@ def bench_thinker(path, config, device, args, bw: float) -> dict:
         return ids, torch.stack(rows)
 
     reference_logits = None   # kernels off, teacher-forced on their own greedy tokens
-    result = {"active_weight_bytes": active_bytes(text), "modes": {}}
-    for name, kernels, fused_attention, step_fusion in selected_modes(args):
-        set_mode(kernels, fused_attention, step_fusion)
+    result = {"active_weight_bytes": active_bytes(text), "rounds": args.rounds, "modes": {}}
+    runs = {}   # label -> (mode, graphs, decoder): every mode's decoder lives through all rounds
+    for name in selected_modes(args):
         for graphs in ((True, False) if name in ("off", "on") and args.eager else (True,)):
             label = f"kernels_{name}" + ("" if graphs else "_eager")
-            decoder = StaticDecoder(text_model, head=lambda h: (model.lm_head(h).float(),), slots=max(args.batches),
-                                    max_len=args.prompt_tokens + 2 * args.steps + 64, graphs=graphs, name=label)
-            entry = {}
+            runs[label] = (name, graphs, StaticDecoder(
+                text_model, head=lambda h: (model.lm_head(h).float(),), slots=max(args.batches),
+                max_len=args.prompt_tokens + 2 * args.steps + 64, graphs=graphs, name=label))
+            result["modes"][label] = {}
+    times: dict[tuple[str, int], list[float]] = {}
+    floors: dict[int, float] = {}
+    for round_ in range(args.rounds):   # modes interleaved, so a slow spell of the machine hits all of them
+        for label, (name, graphs, decoder) in runs.items():
+            set_mode(name)   # a graph is captured with the switches of its first step
             for batch in (args.batches if graphs else [1]):
                 fill_slots(decoder, forward, prompt, batch, text)
                 step = [args.prompt_tokens]
@@ -211,28 +248,31 @@ def bench_thinker(path, config, device, args, bw: float) -> dict:
                 def one():
                     decoder.step(embed(token), [step[0]] * batch)
                     step[0] += 1
-                ms = timed_ms(one, args.steps if graphs else 4, warmup=3)
-                length = step[0]
-                floor_ms = (active_bytes(text) + batch * kv_bytes(text, length)) / bw * 1e3
-                entry[f"batch_{batch}"] = {"ms_per_step": ms, "floor_ms": floor_ms, "x_floor": ms / floor_ms,
-                                           "tokens_per_s": batch * 1e3 / ms}
-                if args.profile and graphs and batch == 1 and device.startswith("cuda"):
-                    entry["profile_batch_1"] = profile_steps(one)
-                    print_profile(f"thinker {label} batch 1", entry["profile_batch_1"])
+                times.setdefault((label, batch), []).append(timed_ms(one, args.steps if graphs else 4, warmup=3))
+                floors[batch] = (active_bytes(text) + batch * kv_bytes(text, step[0])) / bw * 1e3
+                if args.profile and round_ == 0 and graphs and batch == 1 and device.startswith("cuda"):
+                    result["modes"][label]["profile_batch_1"] = profile_steps(one)
+                    print_profile(f"thinker {label} batch 1", result["modes"][label]["profile_batch_1"])
                 decoder.remove([f"r{i}" for i in range(batch)])
-            if graphs:   # greedy tokens of the fixed prompt, batch 1; logits fed kernels-off's tokens vs theirs
-                entry["greedy_tokens"], logits = decode_32(decoder, None)
-                if name == "off":
-                    reference_logits, reference_tokens = logits, entry["greedy_tokens"]
-                elif reference_logits is not None:
-                    entry["logits_vs_kernels_off"] = compare_logits(decode_32(decoder, reference_tokens)[1],
-                                                                    reference_logits)
-                entry["graphs"] = decoder.graphs.stats().__dict__
-            result["modes"][label] = entry
-            del decoder
-            torch.cuda.empty_cache() if device.startswith("cuda") else None
-            print(f"thinker {label}: " + ", ".join(f"{k} {v['ms_per_step']:.2f} ms ({v['x_floor']:.2f}x floor)"
-                                                   for k, v in entry.items() if k.startswith("batch")), flush=True)
+        print(f"round {round_ + 1}/{args.rounds}: " + ", ".join(
+            f"{label} {times[(label, 1)][-1]:.3f}" for label in runs) + " ms at batch 1", flush=True)
+    for label, (name, graphs, decoder) in runs.items():
+        set_mode(name)
+        entry = result["modes"][label]
+        for batch in (args.batches if graphs else [1]):
+            entry[f"batch_{batch}"] = median_entry(times[(label, batch)], floors[batch], batch)
+        if graphs:   # greedy tokens of the fixed prompt, batch 1; logits fed kernels-off's tokens vs theirs
+            entry["greedy_tokens"], logits = decode_32(decoder, None)
+            if name == "off":
+                reference_logits, reference_tokens = logits, entry["greedy_tokens"]
+            elif reference_logits is not None:
+                entry["logits_vs_kernels_off"] = compare_logits(decode_32(decoder, reference_tokens)[1],
+                                                                reference_logits)
+            entry["graphs"] = decoder.graphs.stats().__dict__
+        print(f"thinker {label}: " + ", ".join(f"{k} {v['ms_per_step']:.3f} ms ({v['x_floor']:.2f}x floor)"
+                                               for k, v in entry.items() if k.startswith("batch")), flush=True)
+    del runs, decoder
+    torch.cuda.empty_cache() if device.startswith("cuda") else None
     if "kernels_off" in result["modes"]:
         off = result["modes"]["kernels_off"]["greedy_tokens"]
         for label, entry in result["modes"].items():
@@ -251,7 +291,7 @@ def bench_thinker(path, config, device, args, bw: float) -> dict:
                   f"{c['rel_max']:.1e}, abs <= {c['abs_max']:.3f}; argmax differs at steps {c['argmax_differs_at']} "
                   f"(near-ties: {c['flips_are_near_ties']}); greedy common prefix "
                   f"{entry['greedy_common_prefix_kernels_off']} of 32", flush=True)
-    set_mode(True, True, True)
+    set_mode("on")
     del model
     return result
 
@@ -274,37 +314,48 @@ def bench_talker(path, config, device, args) -> dict:
         return talker(inputs_embeds=embeds[None], position_ids=positions, use_cache=True, output_hidden_states=True,
                       generation_step=0, **cache_kwargs(talker, cache))
 
-    result = {"modes": {}}
-    for name, kernels, fused_attention, step_fusion in selected_modes(args):
-        set_mode(kernels, fused_attention, step_fusion)
-        decode = TalkerDecode(talker, slots=max(args.batches), max_len=40 + args.steps + 16)
-        frames = CodePredictorFrames(talker, max_batch=max(args.batches))
-        entry = {}
-        for batch in args.batches:
-            fill_slots(decode.decoder, forward, prompt, batch, tc.text_config)
-            position = [40]
-            embeds = torch.zeros(batch, hidden_size, device=device, dtype=talker.dtype)
-            code0 = torch.zeros(batch, dtype=torch.long)
+    result = {"rounds": args.rounds, "modes": {}}
+    runs = {}
+    for name in selected_modes(args):
+        set_mode(name)
+        runs[name] = (TalkerDecode(talker, slots=max(args.batches), max_len=40 + args.steps + 16),
+                      CodePredictorFrames(talker, max_batch=max(args.batches)))
+    times: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for round_ in range(args.rounds):
+        for name, (decode, frames) in runs.items():
+            set_mode(name)
+            for batch in args.batches:
+                fill_slots(decode.decoder, forward, prompt, batch, tc.text_config)
+                position = [40]
+                embeds = torch.zeros(batch, hidden_size, device=device, dtype=talker.dtype)
+                code0 = torch.zeros(batch, dtype=torch.long)
 
-            def one():
-                hidden, _ = decode.decoder.step(embeds, [position[0]] * batch)
-                frames(hidden, code0, [True] * batch, [None] * batch)
-                position[0] += 1
-            ms = timed_ms(one, min(args.steps, 8 + 16), warmup=3)
-            predictor = timed_ms(lambda: frames(embeds, code0, [True] * batch, [None] * batch), 16)
-            entry[f"batch_{batch}"] = {"frame_ms": ms, "code_predictor_ms": predictor,
-                                       "frames_per_s": batch * 1e3 / ms}
-            if args.profile and batch == 1 and device.startswith("cuda"):
-                entry["profile_batch_1"] = profile_steps(one, steps=8)
-                print_profile(f"talker {name} batch 1", entry["profile_batch_1"])
-            decode.decoder.remove([f"r{i}" for i in range(batch)])
+                def one():
+                    hidden, _ = decode.decoder.step(embeds, [position[0]] * batch)
+                    frames(hidden, code0, [True] * batch, [None] * batch)
+                    position[0] += 1
+                ms = timed_ms(one, min(args.steps, 8 + 16), warmup=3)
+                predictor = timed_ms(lambda: frames(embeds, code0, [True] * batch, [None] * batch), 16)
+                times.setdefault((name, batch), []).append((ms, predictor))
+                if args.profile and round_ == 0 and batch == 1 and device.startswith("cuda"):
+                    result["modes"].setdefault(f"static_kernels_{name}", {})["profile_batch_1"] = \
+                        profile_steps(one, steps=8)
+                    print_profile(f"talker {name} batch 1", result["modes"][f"static_kernels_{name}"]["profile_batch_1"])
+                decode.decoder.remove([f"r{i}" for i in range(batch)])
+    for name, (decode, frames) in runs.items():
+        entry = result["modes"].setdefault(f"static_kernels_{name}", {})
+        for batch in args.batches:
+            frame_ms = [t[0] for t in times[(name, batch)]]
+            predictor_ms = [t[1] for t in times[(name, batch)]]
+            entry[f"batch_{batch}"] = {"frame_ms": statistics.median(frame_ms), "rounds_frame_ms": frame_ms,
+                                       "code_predictor_ms": statistics.median(predictor_ms),
+                                       "frames_per_s": batch * 1e3 / statistics.median(frame_ms)}
         entry["graphs"] = {"talker": decode.decoder.graphs.stats().__dict__, "predictor": frames.graphs.stats().__dict__}
-        result["modes"][f"static_kernels_{name}"] = entry
         print(f"talker static kernels {name}: " + ", ".join(
             f"{k} {v['frame_ms']:.2f} ms/frame (predictor {v['code_predictor_ms']:.2f})"
             for k, v in entry.items() if k.startswith("batch")), flush=True)
-        del decode, frames
-    set_mode(True, True, True)
+    del runs
+    set_mode("on")
     # "before": transformers' forward with a DynamicCache, as the dynamic engine runs a frame.
     predictor = talker.code_predictor
     entry = {}
@@ -501,8 +552,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pipeline-frames", type=int, default=125)
     parser.add_argument("--pipeline-switch-ms", type=float, nargs="+", default=[5.0, 0.5],
                         help="Python thread switch intervals to run the pipeline with (sys.setswitchinterval)")
-    parser.add_argument("--modes", default=",".join(m[0] for m in MODES),
-                        help=f"thinker/talker kernel modes, of {','.join(m[0] for m in MODES)}")
+    parser.add_argument("--modes", default="off,on,on_unfused_step,on_unfused_attention",
+                        help=f"thinker/talker kernel modes, of {','.join(MODES)}")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="time every mode this many times, modes interleaved; report medians")
     parser.add_argument("--eager", action=argparse.BooleanOptionalAction, default=True,
                         help="also time the thinker without CUDA graphs (modes off and on)")
     parser.add_argument("--profile", action="store_true", help="kernel breakdown of each graph mode at batch 1")

@@ -11,7 +11,10 @@ Decode-step fusions (`set_step_fusion`, on by default): at decode sizes the resi
 o_proj, after a dense MLP's down_proj (<= LINEAR_ROWS rows) and after a sparse MoE block (the next layer's input
 norm; <= DECODE_ROWS rows) run inside the launch that produces their input (`omni_kernels.decode_linear`,
 `fused_moe` with a norm epilogue; the MoE itself one launch at the fewest tokens), and the linears that the
-tuning table marks faster (the routers) run as `decode_linear`. Those kernels keep a zeroed split-K
+tuning table marks faster (the routers; q/k/v and gate/up where its direct-store tiles beat torch) run as
+`decode_linear` (`set_direct_decode_linear(False)` keeps torch's linear for the direct-store ones). The decode kernels
+are launched with programmatic dependent launch on sm_90 (`omni_kernels.set_pdl`), so inside a step's CUDA graph
+each launch overlaps the tail of the one before. Those kernels keep a zeroed split-K
 workspace per module (`WORKSPACE`), created on first use (the graphs' eager warm-up) and never replaced.
 """
 from __future__ import annotations
@@ -59,6 +62,17 @@ def set_step_fusion(flag: bool) -> None:
     kernels with separate norm launches and the grouped (four-launch) MoE (benchmark A/B)."""
     global _step_fusion
     _step_fusion = bool(flag)
+
+
+_direct_decode_linear = True
+
+
+def set_direct_decode_linear(flag: bool) -> None:
+    """Run the plain decode linears whose tuned tile is direct-store (one K slice: q/k/v, dense gate/up where it
+    beat torch) as `decode_linear` (default); False keeps torch's linear for them (benchmark A/B). The split-K
+    ones (the routers, the norm-fused linears) are not affected."""
+    global _direct_decode_linear
+    _direct_decode_linear = bool(flag)
 
 
 def step_fusion_active(x: torch.Tensor, rows: int = DECODE_ROWS) -> bool:
@@ -187,8 +201,10 @@ def moe(mlp: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
 
 
 def _decode_linear_for(weight: torch.Tensor, x: torch.Tensor, with_norm: bool) -> bool:
-    return step_fusion_active(x, LINEAR_ROWS) and omni_kernels.linear_decode.decode_linear_faster(
-        weight.shape[0], weight.shape[1], with_norm)
+    n, k = weight.shape
+    if not (step_fusion_active(x, LINEAR_ROWS) and omni_kernels.linear_decode.decode_linear_faster(n, k, with_norm)):
+        return False
+    return with_norm or _direct_decode_linear or omni_kernels.linear_decode.linear_config(n, k).SPLIT_K > 1
 
 
 def linear(owner: torch.nn.Module, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -399,9 +399,12 @@ def test_fused_moe_decode_path_rejects_a_workspace_that_does_not_fit():
 
 # (rows, in features K, out features N, config): thinker o_proj (4096 -> 2048), talker o_proj (2048 -> 1024),
 # code predictor down_proj (3072 -> 1024); CPU: K tails and splits that leave a short last slice.
+# SPLIT_K 1: the direct-store path for the plain linear (thinker q/k/v 2048 -> 5120 on CUDA).
 LINEAR_CASES = [(1, 4096, 2048, None), (16, 4096, 2048, None), (1, 2048, 1024, None), (4, 3072, 1024, None),
-                (3, 4096, 2048, LinearConfig(16, 256, 5, 4, 3))] if CUDA else \
-    [(1, 96, 48, LinearConfig(16, 32, 2)), (5, 80, 40, LinearConfig(16, 32, 3)), (16, 64, 32, None)]
+                (3, 4096, 2048, LinearConfig(16, 256, 5, 4, 3)), (1, 2048, 5120, LinearConfig(32, 128, 1, 4, 3)),
+                (5, 2048, 5120, LinearConfig(64, 256, 1, 4, 3))] if CUDA else \
+    [(1, 96, 48, LinearConfig(16, 32, 2)), (5, 80, 40, LinearConfig(16, 32, 3)), (16, 64, 32, None),
+     (3, 80, 48, LinearConfig(32, 32, 1))]
 
 
 @needs_triton
@@ -432,6 +435,118 @@ def test_decode_linear_rejects_bad_inputs():
         ok.decode_linear(x, weight, residual=torch.randn(2, 4, device=DEVICE))   # a residual without the norm
     with pytest.raises(ValueError, match="residual"):
         ok.decode_linear(x, weight, residual=torch.randn(2, 5, device=DEVICE), norm_weight=torch.ones(4, device=DEVICE))
+
+
+# ---------------------------------------------------------------- a decode layer's chain, PDL
+
+def layer_chain(x, residual, p, cache, written, columns):
+    """One decoder layer at decode sizes as the engine runs it with the step fusions: q/k/v (decode_linear,
+    direct store), decode_attention, o_proj + residual + norm, the router, the one-launch MoE + residual + the
+    next norm. Returns (normed, summed) of the last launch."""
+    B, D = x.shape[0], 128
+    qkv = ok.decode_linear(x, p["qkv"], config=LinearConfig(32, 128, 1, 4, 3))
+    q, k, v = (t.view(B, -1, D) for t in qkv.split([p["hq"] * D, p["hk"] * D, p["hk"] * D], -1))
+    attn = ok.decode_attention(q, k, v, p["qn"], p["kn"], 1e-6, p["cos"], p["sin"], *cache, written, columns,
+                               D ** -0.5)
+    h, summed = ok.decode_linear(attn.reshape(B, -1), p["o"], p["ws_o"], residual, p["n1"], 1e-6)
+    logits = ok.decode_linear(h, p["router"], p["ws_r"])
+    return ok.fused_moe(h, logits, p["w13"], p["w2"], p["top_k"], workspace=p["ws_moe"], residual=summed,
+                        norm_weight=p["n2"])
+
+
+@pytest.mark.skipif(not CUDA, reason="programmatic dependent launch needs a CUDA GPU (sm_90)")
+def test_decode_layer_chain_in_a_graph():
+    """Two decode layers' kernel chain (10 launches) captured in one CUDA graph with PDL equals the same chain
+    launched plainly, eagerly, and the references; replayed 20 times on fresh inputs (a kernel that read its
+    input before the one before it had finished would see stale values)."""
+    H, HQ, HK, D, E, I, top_k, L = 1024, 16, 2, 128, 32, 384, 4, 256
+    p = {"hq": HQ, "hk": HK, "top_k": top_k, "qkv": randn((HQ + 2 * HK) * D, H, scale=H ** -0.5),
+         "qn": randn(D), "kn": randn(D), "o": randn(H, HQ * D, scale=(HQ * D) ** -0.5), "n1": randn(H),
+         "router": randn(E, H, scale=H ** -0.5), "w13": randn(E, 2 * I, H, scale=H ** -0.5),
+         "w2": randn(E, H, I, scale=I ** -0.5), "n2": randn(H),
+         "ws_o": ok.SplitKWorkspace(1, H, DEVICE), "ws_r": ok.SplitKWorkspace(1, E, DEVICE),
+         "ws_moe": ok.SplitKWorkspace(1, H, DEVICE)}
+    angles = torch.rand(1, D // 2, device=DEVICE) * 100
+    p["cos"], p["sin"] = angles.cos().to(BF16), angles.sin().to(BF16)
+    written, columns = torch.tensor([100], device=DEVICE), 128
+    x, residual = torch.empty(1, H, dtype=BF16, device=DEVICE), torch.empty(1, H, dtype=BF16, device=DEVICE)
+    caches = [(randn(1, HK, L, D), randn(1, HK, L, D)) for _ in range(2)]
+
+    def two_layers():
+        h, r = layer_chain(x, residual, p, caches[0], written, columns)
+        return layer_chain(h, r, p, caches[1], written, columns)
+
+    def fresh_inputs():
+        x.copy_(randn(1, H))
+        residual.copy_(randn(1, H))
+
+    was = ok.pdl()
+    try:
+        ok.set_pdl(True)
+        fresh_inputs()
+        two_layers()   # compile
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            graphed = two_layers()
+        for _ in range(20):
+            fresh_inputs()
+            graph.replay()
+            out = [t.clone() for t in graphed]
+            ok.set_pdl(False)
+            plain = two_layers()
+            ok.set_enabled(False)
+            ref = two_layers()
+            ok.set_enabled(True)
+            ok.set_pdl(True)
+            for got, eager, want in zip(out, plain, ref):   # two layers of bf16 roundings: 3e-2
+                assert torch.isfinite(got).all()
+                assert ((got.double() - want.double()).norm() / want.double().norm()).item() <= 3e-2
+                assert ((got.double() - eager.double()).norm() / eager.double().norm()).item() <= 1e-2
+    finally:
+        ok.set_pdl(was)
+    assert all(ws.is_clean() for ws in (p["ws_o"], p["ws_r"], p["ws_moe"]))
+
+
+def test_pdl_switch():
+    """set_pdl / pdl switch programmatic dependent launch; it never applies to CPU tensors or the interpreter, and
+    interpreted kernels give the same results either way."""
+    was = ok.pdl(), ok.prefetch()
+    try:
+        ok.set_pdl(False)
+        assert not ok.pdl() and not backend.pdl_for(torch.device("cpu"))
+        ok.set_pdl(True)
+        assert ok.pdl() and not backend.pdl_for(torch.device("cpu"))
+        ok.set_prefetch(True)
+        assert ok.prefetch()
+        if backend.INTERPRETED:
+            assert not backend.pdl_for(torch.device("cuda", 0))
+        elif CUDA:
+            assert backend.pdl_for(torch.device(DEVICE)) == (torch.cuda.get_device_capability() >= (9, 0))
+        x, weight = randn(2, 80), randn(48, 80, scale=80 ** -0.5)
+        config = LinearConfig(16, 32, 1)
+        on = run_kernel("decode_linear", ok.decode_linear, x, weight, config=config)
+        ok.set_pdl(False)
+        ok.set_prefetch(False)
+        off = run_kernel("decode_linear", ok.decode_linear, x, weight, config=config)
+        assert torch.equal(on, off)   # the direct-store path has no atomics: bit-stable
+    finally:
+        ok.set_pdl(was[0])
+        ok.set_prefetch(was[1])
+
+
+def test_pdl_environment_default():
+    """OMNI_KERNELS_PDL=0 turns it off, OMNI_KERNELS_PREFETCH=1 the prefetch on, at import; defaults on / off."""
+    import os
+    import subprocess
+    import sys
+
+    def switches(**env):
+        base = {k: v for k, v in os.environ.items() if k not in ("OMNI_KERNELS_PDL", "OMNI_KERNELS_PREFETCH")}
+        code = "import omni_kernels as ok; print(ok.pdl(), ok.prefetch())"
+        return subprocess.run([sys.executable, "-c", code], env={**base, **env}, capture_output=True, text=True,
+                              check=True).stdout.split()
+    assert switches(OMNI_KERNELS_PDL="0", OMNI_KERNELS_PREFETCH="1") == ["False", "True"]
+    assert switches() == ["True", "False"]
 
 
 # ---------------------------------------------------------------- dispatch

@@ -283,3 +283,24 @@ def test_decode_step_kernels_equal_the_module_path(qwen3_omni_stages, monkeypatc
         assert ((out - ref).norm() / ref.norm()).item() < 1e-5
     workspaces = [getattr(m, fused.WORKSPACE) for m in text_model.modules() if hasattr(m, fused.WORKSPACE)]
     assert workspaces and all(w.is_clean() for w in workspaces)
+
+
+def test_direct_decode_linear_switch(monkeypatch):
+    """`set_direct_decode_linear(False)` (bench_engine's on_torch_linears) keeps torch's linear for the plain decode
+    linears whose tile is direct-store (one K slice); split-K ones and the norm-fused ones stay decode_linear."""
+    from omni_backends.engine import fused
+
+    ok = pytest.importorskip("omni_kernels")
+    from omni_kernels.linear_decode import LinearConfig
+
+    monkeypatch.setattr(fused, "active", lambda x: True)
+    monkeypatch.setitem(ok.linear_decode.LINEAR_CONFIGS, (4, 8), LinearConfig(16, 32, 1))   # direct store
+    monkeypatch.setitem(ok.linear_decode.LINEAR_CONFIGS, (6, 8), LinearConfig(16, 32, 2))   # split-K
+    x, direct, split = torch.randn(1, 8), torch.randn(4, 8), torch.randn(6, 8)
+    try:
+        assert fused._decode_linear_for(direct, x, with_norm=False) and fused._decode_linear_for(split, x, False)
+        fused.set_direct_decode_linear(False)
+        assert not fused._decode_linear_for(direct, x, with_norm=False)
+        assert fused._decode_linear_for(split, x, False) and fused._decode_linear_for(direct, x, with_norm=True)
+    finally:
+        fused.set_direct_decode_linear(True)
