@@ -578,7 +578,7 @@ def test_bench_realtime_workload(voice_server, tmp_path):
     out = tmp_path / "realtime.json"
     code = main(["--workload", "realtime", "--base-url", voice_server.base_url, "--num-prompts", "1", "--num-warmups", "0",
                  "--max-tokens", "12", "--barge-ins", "0", "--vad-sessions", "1", "--vad-seconds", "3",
-                 "--result-json", str(out)])
+                 "--commit-baseline", "--result-json", str(out)])
     result = json.loads(out.read_text())
     assert code == 0 and result["failed"] == 0 and result["config"]["workload"] == "realtime"
     turn = result["turns"][0]
@@ -586,5 +586,8 @@ def test_bench_realtime_workload(voice_server, tmp_path):
     assert abs(turn["speech_end_to_first_audio_s"] - turn["speech_end_to_stopped_s"] - turn["stopped_to_first_audio_s"]) < 1e-6
     assert 0.4 < turn["speech_end_to_stopped_s"] < 5  # at least most of silence_duration_ms (500 ms)
     assert result["summary"]["speech_end_to_first_audio_s"]["n"] == 1 and turn["chat_audio_ttfp_s"] > 0
+    # the same turn again with the response created at the commit: no speculation; this one's was adopted
+    assert turn["commit_baseline_speech_end_to_first_audio_s"] > turn["speech_end_to_stopped_s"]
+    assert result["speculations"]["adopted"] == 1
     vad = result["vad_cost"]
     assert vad["sessions"] == 1 and 0 < vad["core_fraction_per_session"] < 1
