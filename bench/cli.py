@@ -87,6 +87,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     realtime.add_argument("--barge-ins", type=int, default=4, help="barge-in measurements (one session each)")
     realtime.add_argument("--vad-sessions", type=int, default=4, help="live sessions for the VAD CPU measurement (0: skip)")
     realtime.add_argument("--vad-seconds", type=float, default=20.0, help="length of the VAD CPU measurement")
+    realtime.add_argument("--commit-baseline", action="store_true",
+                          help="also run each turn with the response created at the commit (no preemptive response): "
+                               "a same-run baseline for the server's --realtime-speculation-ms")
     args = p.parse_args(argv)
     if not isinstance(args.extra_body, dict):
         p.error("--extra-body must be a JSON object")

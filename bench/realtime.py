@@ -11,6 +11,12 @@ Per turn (server VAD, the default session):
   stopped_to_first_audio_s     speech_stopped -> the first response.output_audio.delta (transcription, LLM, TTS)
 With `--turn-detection manual` the session has no VAD: the client appends only the speech, then commits
 and sends response.create at once; speech_end_to_first_audio_s then runs from that last append.
+`--commit-baseline` measures every turn a second time, right after it, with the response started at the
+commit instead (server VAD with create_response off; the client sends response.create when it sees
+input_audio_buffer.committed): no preemptive response (frontend --realtime-speculation-ms) can run, so
+commit_baseline_speech_end_to_first_audio_s is the same turn without speculation, in the same run. The
+frontend's omni_frontend_realtime_speculations_total (GET /metrics) before and after the turns gives
+`speculations` {"adopted", "abandoned"} (only meaningful when no other client uses the server).
 Barge-in (per prompt, a session asked for a long story): once its first audio delta arrives the prompt is
 spoken over it; barge_in_s = the append of the chunk holding the first speech sample ->
 response.done(status cancelled).
@@ -100,7 +106,8 @@ def _connect(args):
     return client.realtime.connect(model=args.model)
 
 
-async def _turn(args, clip: bytes, silence_s: float) -> dict:
+async def _turn(args, clip: bytes, silence_s: float, commit_baseline: bool = False) -> dict:
+    """One spoken turn in a new session (`commit_baseline`: the client creates the response at the commit)."""
     first, last = speech_chunks(clip)
     manual = args.turn_detection == "manual"
     async with _connect(args) as conn:
@@ -112,13 +119,19 @@ async def _turn(args, clip: bytes, silence_s: float) -> dict:
                 update["audio"] = {"output": {"voice": args.voice}}
             if manual:
                 update.setdefault("audio", {})["input"] = {"turn_detection": None}
+            elif commit_baseline:
+                update.setdefault("audio", {})["input"] = {"turn_detection": {"type": "server_vad",
+                                                                              "create_response": False}}
             await conn.session.update(session=update)
             await session.wait("session.updated", 30)
             audio = clip[:(last + 1) * CHUNK_BYTES] if manual else clip + b"\0\0" * int(silence_s * RATE)
+            creator = asyncio.create_task(_create_at_commit(session)) if commit_baseline else None
             marks = await session.append(audio, mark=(last,))
             if manual:
                 await conn.input_audio_buffer.commit()
                 await conn.response.create()
+            if creator is not None:
+                await creator
             first_audio, _ = await session.wait("response.output_audio.delta", args.timeout)
             done_at, done = await session.wait("response.done", args.timeout)
             result = {"speech_end_to_first_audio_s": first_audio - marks[last], "e2e_s": done_at - marks[last],
@@ -134,6 +147,25 @@ async def _turn(args, clip: bytes, silence_s: float) -> dict:
             return result
         finally:
             await session.close()
+
+
+async def _create_at_commit(session: _Session) -> None:
+    """response.create as soon as input_audio_buffer.committed arrives (the commit baseline)."""
+    await session.wait("input_audio_buffer.committed", 120)
+    await session.conn.response.create()
+
+
+async def _speculations(client) -> dict[str, float] | None:
+    """omni_frontend_realtime_speculations_total by outcome from the frontend's /metrics (None if absent)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    response = await client.get("/metrics")
+    found = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            if sample.name == "omni_frontend_realtime_speculations_total":
+                found[sample.labels["outcome"]] = sample.value
+    return found or None
 
 
 async def _barge_in(args, clip: bytes) -> dict:
@@ -205,11 +237,19 @@ async def run(args, prompts: list[str], client) -> dict:
         await _turn(args, clip, args.silence_s)
     turns, barge_ins = [], []
     chat = RequestOptions("chat-audio", args.model, "/v1/chat/completions", args.voice or "alloy", args.max_tokens)
+    counted = await _speculations(client)
     for index, (prompt, clip) in enumerate(zip(prompts, clips)):
         try:
             turns.append({"prompt": prompt, **await _turn(args, clip, args.silence_s)})
         except (RuntimeError, TimeoutError, openai.OpenAIError) as exc:
             turns.append({"prompt": prompt, "error": str(exc)})
+        if args.commit_baseline and args.turn_detection != "manual":
+            try:
+                again = await _turn(args, clip, args.silence_s, commit_baseline=True)
+                turns[-1]["commit_baseline_speech_end_to_first_audio_s"] = again["speech_end_to_first_audio_s"]
+                turns[-1]["commit_baseline_stopped_to_first_audio_s"] = again["stopped_to_first_audio_s"]
+            except (RuntimeError, TimeoutError, openai.OpenAIError) as exc:
+                turns[-1]["commit_baseline_error"] = str(exc)
         baseline = await send(client, chat, index, prompt, time.perf_counter())
         if baseline.ok:
             turns[-1]["chat_audio_ttfp_s"] = request_metrics(baseline)["ttfp_s"]
@@ -220,14 +260,20 @@ async def run(args, prompts: list[str], client) -> dict:
         except (RuntimeError, TimeoutError, openai.OpenAIError) as exc:
             barge_ins.append({"prompt": prompt, "error": str(exc)})
         print(f"barge-in: {barge_ins[-1]}", flush=True)
+    speculations = None
+    if counted is not None:
+        now = await _speculations(client) or {}
+        speculations = {k: now.get(k, 0) - counted.get(k, 0) for k in ("adopted", "abandoned")}
     vad = await _vad_cost(args, clips) if args.vad_sessions else None
     names = ("speech_end_to_first_audio_s", "speech_end_to_stopped_s", "stopped_to_first_audio_s", "e2e_s",
+             "commit_baseline_speech_end_to_first_audio_s", "commit_baseline_stopped_to_first_audio_s",
              "chat_audio_ttfp_s")
     summary = {name: stats([t[name] for t in turns if name in t]) for name in names}
     summary["barge_in_s"] = stats([b["barge_in_s"] for b in barge_ins if b.get("status") == "cancelled"])
-    return {"turns": turns, "barge_ins": barge_ins, "vad_cost": vad,
+    return {"turns": turns, "barge_ins": barge_ins, "vad_cost": vad, "speculations": speculations,
             "summary": {k: v for k, v in summary.items() if v is not None},
-            "failed": sum(1 for r in turns + barge_ins if "error" in r or r.get("status") in ("failed", None))}
+            "failed": sum(1 for r in turns + barge_ins if "error" in r or "commit_baseline_error" in r
+                          or r.get("status") in ("failed", None))}
 
 
 def table(result: dict) -> str:
@@ -237,6 +283,9 @@ def table(result: dict) -> str:
     for name, values in result["summary"].items():
         lines.append(f"{name.removesuffix('_s') + ' (ms)':<32}{values['n']:>5}"
                      + "".join(f"{values[k] * 1000:>10.1f}" for k in ("mean", "median", "p90", "p99")))
+    if result.get("speculations"):
+        lines.append(f"speculations: {result['speculations']['adopted']:.0f} adopted, "
+                     f"{result['speculations']['abandoned']:.0f} abandoned (frontend /metrics over the turns)")
     vad = result.get("vad_cost")
     if vad and "error" not in vad:
         lines.append(f"VAD stub CPU: {vad['core_fraction_per_session'] * 100:.2f} % of one core per live session "

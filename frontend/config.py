@@ -58,7 +58,8 @@ class FrontendConfig:
     largest width x height the image routes accept; image_url_ttl_s: lifetime of a `response_format:
     "url"` image in seconds. Videos: job store under `data_dir`; at most `max_queued_videos` waiting
     (429 past it) and `max_running_videos` generating at once; finished videos kept `video_ttl_s` (0:
-    forever)."""
+    forever). realtime_speculation_ms: realtime sessions with server VAD start a turn's response after
+    this many ms of silence, held until the turn ends (omni_frontend.realtime.speculation); None: off."""
 
     triton_url: str
     pipelines: list[Pipeline]
@@ -77,6 +78,7 @@ class FrontendConfig:
     max_queued_videos: int = 16
     max_running_videos: int = 2
     video_ttl_s: int = 86400
+    realtime_speculation_ms: int | None = 200
 
     def pipeline(self, model: str, kind: str | None = None) -> Pipeline | None:
         """The loaded pipeline a client's `model` names (id or alias), optionally of one kind."""

@@ -15,6 +15,8 @@ Metric names (all on the frontend's GET /metrics; `pipeline` is the OpenAI model
   omni_frontend_queued_requests{pipeline}               requests waiting for a slot
   omni_frontend_queue_wait_seconds{pipeline}            time queued requests waited for their slot
   omni_frontend_overload_rejections_total{pipeline}     requests refused with 429
+  omni_frontend_realtime_speculations_total{outcome}    realtime responses started at a pause in the user's
+                                                        speech: adopted (the turn ended there) or abandoned
 All times are measured from the moment the request reached the frontend, so queueing is included.
 """
 from __future__ import annotations
@@ -59,6 +61,8 @@ class FrontendMetrics:
                                     ["pipeline"], buckets=_E2E_BUCKETS, registry=r)
         self.rejected = Counter("omni_frontend_overload_rejections", "Requests refused with 429", ["pipeline"],
                                 registry=r)
+        self.speculations = Counter("omni_frontend_realtime_speculations",
+                                    "Realtime responses started at a speech pause, by outcome", ["outcome"], registry=r)
 
 
 class RequestTimer:

@@ -57,6 +57,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="videos generating at once (their denoising steps are batched together)")
     p.add_argument("--video-ttl", type=int, default=86400,
                    help="seconds a finished video (and its files) is kept; 0 keeps it forever")
+    p.add_argument("--realtime-speculation-ms", type=int, default=200, metavar="MS",
+                   help="realtime sessions with server VAD start answering a turn after this many ms of silence "
+                        "(the reply is held until the turn ends, dropped if the user speaks on); used when shorter "
+                        "than the session's silence_duration_ms (default: %(default)s)")
+    p.add_argument("--no-realtime-speculation", action="store_true",
+                   help="answer a realtime turn only once the VAD has ended it (no preemptive responses)")
     p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for every model")
     p.add_argument("--no-prepare", action="store_true", help="skip preparing the default model checkpoints")
     p.add_argument("--no-recover", action="store_true",
@@ -86,6 +92,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.max_queued_videos < 0 or args.max_running_videos < 1 or args.video_ttl < 0:
         p.error("--max-queued-videos and --video-ttl must be >= 0, --max-running-videos >= 1")
+    if not 0 <= args.realtime_speculation_ms <= 60_000:
+        p.error("--realtime-speculation-ms must be in [0, 60000]")
     return args
 
 
@@ -178,7 +186,9 @@ def main(argv: list[str] | None = None) -> int:
                                         admission=admission_limits(args), data_dir=args.data_dir,
                                         max_queued_videos=args.max_queued_videos,
                                         max_running_videos=args.max_running_videos, video_ttl_s=args.video_ttl,
-                                        recover_stages=not args.no_recover),
+                                        recover_stages=not args.no_recover,
+                                        realtime_speculation_ms=None if args.no_realtime_speculation
+                                        else args.realtime_speculation_ms),
                          crashed_stubs=server.crashed_stubs)
         # httptools: uvicorn's C HTTP parser (its pure-Python h11 fallback cost ~1 ms more per streamed
         # request in scripts/profile_ttft.py: serving overhead over the engine 9.3 vs 10.3 ms)

@@ -6,7 +6,9 @@ Three kinds of work run next to the receive loop, each an asyncio task:
 - one transcription task per committed audio item (the ASR stage), emitting the input transcription events;
 - at most one response task: the chat pipeline (e.g. `voice`: LLM -> TTS) over one gRPC stream, mapped to
   response.* events. Cancelling it (response.cancel, barge-in, disconnect) cancels the gRPC stream, so
-  Triton cancels every stage; the response still ends with `response.done` (status cancelled).
+  Triton cancels every stage; the response still ends with `response.done` (status cancelled);
+- at most one speculation (`speculation.py`): a turn's transcription and response started at a pause in
+  the speech (`speech_paused`), events held; adopted by the turn's commit or abandoned.
 Every server event goes through `send`, one at a time, so each task's events keep their order.
 """
 from __future__ import annotations
@@ -25,6 +27,7 @@ from omni_frontend.realtime import config as session_config
 from omni_frontend.realtime.audio import STAGE_RATE, InputDecoder, OutputEncoder, b64decode
 from omni_frontend.realtime.conversation import Conversation, Item, Part, item_from_client, truncate
 from omni_frontend.realtime.protocol import ProtocolError, decode, encode, error_event, new_id
+from omni_frontend.realtime.speculation import Speculation
 from omni_frontend.realtime.stages import VADSequence, transcribe
 from omni_frontend.triton_client import TritonClient
 
@@ -32,6 +35,8 @@ log = logging.getLogger("omni_frontend.realtime")
 MAX_APPEND_BYTES = 10 * 1024 * 1024  # decoded audio per append event (its base64 stays under uvicorn's 16 MiB frame limit)
 MAX_BUFFER_S = 600  # uncommitted input audio kept at most
 MIN_COMMIT_MS = 100  # OpenAI: a commit needs at least 100 ms of audio
+# client events that change no state a speculation depends on (every other one abandons it)
+_KEEPS_SPECULATION = ("input_audio_buffer.append", "conversation.item.retrieve")
 
 
 class Response:
@@ -46,6 +51,7 @@ class Response:
         self.reason = "client_cancelled"
         self.usage = None
         self.task: asyncio.Task | None = None
+        self.adopted: Speculation | None = None  # the speculation whose pipeline events it streams
 
     def wire(self, status: str, details: dict | None = None) -> dict:
         return {"object": "realtime.response", "id": self.id, "status": status, "status_details": details,
@@ -58,11 +64,18 @@ class Response:
 
 class RealtimeSession:
     """Serves one accepted WebSocket. `send_text(str)` writes a frame; `run(receive)` reads client frames
-    until the client leaves, then `close()` stops every task and ends the VAD sequence."""
+    until the client leaves, then `close()` stops every task and ends the VAD sequence.
 
-    def __init__(self, triton: TritonClient, pipeline: Pipeline, model: str, send_text, request_id: str):
+    speculation_ms: with server VAD and automatic responses, start a turn's response after this many ms of
+    silence (the VAD's pause_duration_ms; used when shorter than the turn's silence_duration_ms), held until
+    the turn ends; None: off. outcomes: the speculations counter (FrontendMetrics.speculations) or None."""
+
+    def __init__(self, triton: TritonClient, pipeline: Pipeline, model: str, send_text, request_id: str,
+                 speculation_ms: int | None = None, outcomes=None):
         self.triton, self.pipeline, self.model, self._send_text = triton, pipeline, model, send_text
         self.request_id = request_id
+        self.speculation_ms, self.outcomes = speculation_ms, outcomes
+        self.speculation: tuple[Speculation, Response] | None = None
         self.session = session_config.default_session(model, new_id("sess"))
         self.settings = session_config.validate(self.session)
         self.conversation = Conversation()
@@ -123,10 +136,14 @@ class RealtimeSession:
 
     async def close(self) -> None:
         self.closed = True
-        tasks = [t for t in (self.response.task if self.response else None, self.vad_task, *self.tasks) if t]
+        await self._abandon_speculation()
+        response = self.response
+        tasks = [t for t in (response.task if response else None, self.vad_task, *self.tasks) if t]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if response is not None and response.adopted is not None:  # also when its task never ran
+            await response.adopted.aclose()
         if self.vad is not None:
             await self.vad.close()
 
@@ -144,6 +161,8 @@ class RealtimeSession:
     # -- client events -----------------------------------------------------------------------------
     async def handle(self, event: dict) -> None:
         kind, event_id = event["type"], event.get("event_id")
+        if kind not in _KEEPS_SPECULATION:
+            await self._abandon_speculation()
         try:
             handler = getattr(self, "_on_" + kind.replace(".", "_"))
             await handler(event)
@@ -248,21 +267,33 @@ class RealtimeSession:
         await self._cancel_response("client_cancelled")
 
     # -- turns -------------------------------------------------------------------------------------
-    def _take(self, end: int, start: int | None = None) -> np.ndarray:
-        """Remove the buffer's samples before absolute index `end`; returns those from `start` on."""
+    def _take(self, end: int, start: int | None = None, keep: bool = False) -> np.ndarray:
+        """Remove the buffer's samples before absolute index `end` (`keep`: leave the buffer as it is);
+        returns those from `start` on."""
         audio = np.concatenate(self.buffer) if self.buffer else np.zeros(0, np.float32)
         cut = max(0, min(end - self.buffer_start, audio.size))
         begin = 0 if start is None else max(0, min(start - self.buffer_start, cut))
         taken, rest = audio[begin:cut], audio[cut:]
-        self.buffer, self.buffer_start = ([rest] if rest.size else []), self.buffer_start + cut
+        if not keep:
+            self.buffer, self.buffer_start = ([rest] if rest.size else []), self.buffer_start + cut
         return taken
 
     async def _commit(self, audio: np.ndarray, item_id: str) -> None:
+        speculation, self.speculation = self.speculation, None
+        if speculation is not None and (speculation[0].item_id != item_id or self.response is not None
+                                        or not self.settings.create_response):
+            await speculation[0].abandon()
+            speculation = None
         previous = self.conversation.last_id
         item = Item(item_id, "user", [Part("input_audio", audio=audio)])
         self.conversation.add(item)
         await self.send({"type": "input_audio_buffer.committed", "item_id": item.id, "previous_item_id": previous})
         await self._announce(item, previous)
+        if speculation is not None:  # its transcript and its held response become this turn's
+            work, response = speculation
+            self._spawn(self._transcribe(item, work.asr))
+            self._start_response(response.spec, response.settings, response, work.adopt())
+            return
         self._spawn(self._transcribe(item))
         if self.settings.create_response and self.response is None:
             self._start_response({}, session_config.response_settings({}, self.settings))
@@ -271,15 +302,20 @@ class RealtimeSession:
         await self.send({"type": "conversation.item.added", "item": item.wire(), "previous_item_id": previous})
         await self.send({"type": "conversation.item.done", "item": item.wire(), "previous_item_id": previous})
 
-    async def _transcribe(self, item: Item) -> None:
-        """Transcribe the item's audio parts (the ASR stage) and report them; the item is then usable."""
+    def _asr(self, pcm: np.ndarray):
+        return transcribe(self.triton, self.pipeline.asr, pcm, self.settings.transcription_language,
+                          self.settings.transcription_prompt)
+
+    async def _transcribe(self, item: Item, first: asyncio.Task | None = None) -> None:
+        """Transcribe the item's audio parts (the ASR stage) and report them; the item is then usable.
+        `first`: the ASR result of the first audio part, already underway (a speculation's)."""
         try:
             for index, part in enumerate(item.parts):
                 if part.kind != "input_audio" or part.text:
                     continue
                 try:
-                    result = await transcribe(self.triton, self.pipeline.asr, part.audio,
-                                              self.settings.transcription_language, self.settings.transcription_prompt)
+                    result = await (first if first is not None else self._asr(part.audio))
+                    first = None
                 except APIError as exc:
                     if self.settings.transcribe:
                         await self.send({"type": "conversation.item.input_audio_transcription.failed",
@@ -303,12 +339,16 @@ class RealtimeSession:
     def _configure_vad(self) -> None:
         if self.settings.vad is None or self.pipeline.vad is None:
             return
-        self.vad = VADSequence(self.triton, self.pipeline.vad, self.settings.vad)
+        options = dict(self.settings.vad)
+        if self.speculation_ms is not None and self.settings.kind == "realtime":
+            options["pause_duration_ms"] = self.speculation_ms  # speech_paused / speech_resumed events
+        self.vad = VADSequence(self.triton, self.pipeline.vad, options)
         self.vad_origin = self.appended
         self.vad_queue, self.speech_start, self.speech_item_id = [], None, None
         self.vad_task = asyncio.create_task(self._feed_vad(self.vad))
 
     async def _stop_vad(self) -> None:
+        await self._abandon_speculation()
         if self.vad_task is not None:
             self.vad_task.cancel()
             await asyncio.gather(self.vad_task, return_exceptions=True)
@@ -331,6 +371,7 @@ class RealtimeSession:
                 await self.error(ProtocolError(f"voice activity detection failed: {exc.message}", code="vad_error",
                                                type="server_error"))
                 # start a new sequence with the next chunk (the model may have dropped this one)
+                await self._abandon_speculation()
                 self.vad_origin, scored = self.vad_origin + scored + chunk.size, 0
                 vad.restart()
                 continue
@@ -351,6 +392,10 @@ class RealtimeSession:
                              "item_id": self.speech_item_id})
             if self.response is not None and self.settings.interrupt_response:
                 await self._cancel_response("turn_detected")
+        elif turn["type"] == "speech_paused" and self.speech_item_id is not None:
+            await self._speculate(self.vad_origin + turn["sample"])
+        elif turn["type"] == "speech_resumed":
+            await self._abandon_speculation()
         elif turn["type"] == "speech_stopped" and self.speech_item_id is not None:
             item_id, start = self.speech_item_id, self.speech_start
             self.speech_item_id = self.speech_start = None
@@ -359,6 +404,28 @@ class RealtimeSession:
             audio = self._take(self.vad_origin + turn["sample"], start)
             if audio.size * 1000 >= MIN_COMMIT_MS * STAGE_RATE:
                 await self._commit(audio, item_id)
+            else:
+                await self._abandon_speculation()
+
+    # -- speculation (preemptive responses) ---------------------------------------------------------
+    async def _speculate(self, end: int) -> None:
+        """At a pause: start answering the turn's audio so far (see speculation.py), held until adopted."""
+        await self._abandon_speculation()
+        if self.response is not None or not self.settings.create_response or self.closed:
+            return
+        audio = self._take(end, self.speech_start, keep=True)
+        if audio.size * 1000 < MIN_COMMIT_MS * STAGE_RATE:
+            return
+        response = Response({}, session_config.response_settings({}, self.settings))
+        work = Speculation(self.speech_item_id, self.speech_start, end, audio, self._asr, self._pipeline_events,
+                           self._pipeline_body(response), f"{self.request_id}-{response.id}", self.conversation,
+                           response.instructions, self.outcomes)
+        self.speculation = (work, response)
+
+    async def _abandon_speculation(self) -> None:
+        speculation, self.speculation = self.speculation, None
+        if speculation is not None:
+            await speculation[0].abandon()
 
     # -- responses ---------------------------------------------------------------------------------
     async def _check_voice(self, voice: str, param: str) -> None:
@@ -373,10 +440,21 @@ class RealtimeSession:
                                     type=exc.type) from None
             raise ProtocolError(exc.message, code=exc.code or "invalid_value", param=param) from None
 
-    def _start_response(self, spec: dict, settings: session_config.ResponseSettings) -> None:
-        response = Response(spec, settings)
+    def _start_response(self, spec: dict, settings: session_config.ResponseSettings, response: Response | None = None,
+                        events: Speculation | None = None) -> None:
+        """Runs a new response (or `response`, a speculation's, streaming `events`: the adopted speculation)."""
+        response = response or Response(spec, settings)
+        response.adopted = events
         self.response = response
         response.task = asyncio.create_task(self._respond(response))
+
+    def _pipeline_body(self, response: Response) -> dict:
+        """The chat pipeline's REQUEST for `response`, without its messages."""
+        return {"modalities": ["audio" if response.audio_out else "text"], "voice": response.voice,
+                "max_tokens": response.max_tokens}
+
+    def _pipeline_events(self, body: dict, request_id: str):
+        return pipeline_stream.events(self.triton, self.pipeline.entry, body, request_id)
 
     async def _cancel_response(self, reason: str) -> None:
         response = self.response
@@ -387,6 +465,8 @@ class RealtimeSession:
         await asyncio.gather(response.task, return_exceptions=True)
         if self.response is response:  # cancelled before its first step: _respond never ran, so end it here
             self.response = None
+            if response.adopted is not None:
+                await response.adopted.aclose()
             await self.send({"type": "response.created", "response": response.wire("in_progress")})
             await self.send({"type": "response.done", "response": response.wire(
                 "cancelled", {"type": "cancelled", "reason": reason})})
@@ -394,16 +474,17 @@ class RealtimeSession:
     async def _respond(self, response: Response) -> None:
         """Runs one response and always ends it with response.done (completed, cancelled or failed)."""
         status, details = "completed", None
+        events = response.adopted
         output = _Output(self, response)
         try:
             await self.send({"type": "response.created", "response": response.wire("in_progress")})
             items = list(self.conversation.items)
             await asyncio.gather(*(item.transcribed.wait() for item in items))
-            body = {"messages": self.conversation.messages(response.instructions, items),
-                    "modalities": ["audio" if response.audio_out else "text"], "voice": response.voice,
-                    "max_tokens": response.max_tokens}
-            async for event, audio in pipeline_stream.events(self.triton, self.pipeline.entry, body,
-                                                             f"{self.request_id}-{response.id}"):
+            if events is None:
+                body = {"messages": self.conversation.messages(response.instructions, items),
+                        **self._pipeline_body(response)}
+                events = self._pipeline_events(body, f"{self.request_id}-{response.id}")
+            async for event, audio in events:
                 await output.event(event, audio)
             await output.finish()
             if output.finish_reason == "length":
@@ -421,6 +502,8 @@ class RealtimeSession:
             await self.error(ProtocolError(f"internal error: {type(exc).__name__}: {exc}", code="internal_error",
                                            type="server_error"))
         finally:
+            if response.adopted is not None:
+                await response.adopted.aclose()
             if response.item is not None:
                 response.item.status = "completed" if status == "completed" else "incomplete"
             self.response = None

@@ -9,7 +9,10 @@ ONNX call per window position (batch = the streams that still have a window), so
 share each forward. Turn logic follows silero's `VADIterator` (hysteresis: speech starts at a
 probability >= threshold, counts as silence below max(threshold - 0.15, 0.01)) with OpenAI's
 `turn_detection` fields: `prefix_padding_ms` of audio before the detected start belongs to the turn,
-and speech stops after `silence_duration_ms` of continuous silence. No torch.
+and speech stops after `silence_duration_ms` of continuous silence. With `pause_duration_ms` (shorter than
+`silence_duration_ms`) a stream also reports the pauses inside a turn: `speech_paused` once the silence has
+lasted that long, then either `speech_resumed` (speech again before `silence_duration_ms`) or the turn's
+`speech_stopped`; a server can start answering at the pause (a preemptive response). No torch.
 """
 from __future__ import annotations
 
@@ -41,18 +44,23 @@ def onnx_path() -> Path:
 @dataclasses.dataclass(frozen=True)
 class VADOptions:
     """OpenAI `turn_detection` (server_vad) fields: threshold in [0, 1]; prefix_padding_ms and
-    silence_duration_ms in milliseconds (>= 0). Raises RequestError naming the field otherwise."""
+    silence_duration_ms in milliseconds (>= 0); plus pause_duration_ms (ours, None = no pause events):
+    the silence in ms after which a turn counts as paused (only reported when shorter than
+    silence_duration_ms). Raises RequestError naming the field otherwise."""
 
     threshold: float = 0.5
     prefix_padding_ms: int = 300
     silence_duration_ms: int = 500
+    pause_duration_ms: int | None = None
 
     def __post_init__(self):
         if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)) \
                 or not 0.0 <= self.threshold <= 1.0:
             raise RequestError(f"threshold must be a number in [0, 1], got {self.threshold!r}", param="threshold")
-        for name in ("prefix_padding_ms", "silence_duration_ms"):
+        for name in ("prefix_padding_ms", "silence_duration_ms", "pause_duration_ms"):
             value = getattr(self, name)
+            if value is None and name == "pause_duration_ms":
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 60_000:
                 raise RequestError(f"{name} must be an integer in [0, 60000], got {value!r}", param=name)
 
@@ -69,6 +77,13 @@ class VADOptions:
     def silence_samples(self) -> int:
         return self.silence_duration_ms * SAMPLE_RATE // 1000
 
+    @property
+    def pause_samples(self) -> int | None:
+        """Samples of silence that make a pause; None when pauses are not reported."""
+        if self.pause_duration_ms is None or self.pause_duration_ms >= self.silence_duration_ms:
+            return None
+        return self.pause_duration_ms * SAMPLE_RATE // 1000
+
 
 class VADStream:
     """State of one audio stream: Silero's recurrent state and context, unscored samples, and the turn
@@ -82,6 +97,7 @@ class VADStream:
         self.scored = 0  # samples already scored (a multiple of WINDOW)
         self.speaking = False
         self.silence_start: int | None = None
+        self.paused = False  # a speech_paused was reported for the current silence
 
     def feed(self, pcm: np.ndarray) -> None:
         """Queue float32 [samples] mono 16 kHz audio for scoring."""
@@ -95,8 +111,11 @@ class VADStream:
         """Advance the turn state by one scored window; returns an event or None.
 
         {"type": "speech_started", "audio_start": sample (detected window start minus the prefix padding,
-        >= 0), "sample": end of the detecting window} or {"type": "speech_stopped", "audio_end": sample
-        where the silence began, "sample": end of the window that completed silence_duration_ms}.
+        >= 0), "sample": end of the detecting window}; {"type": "speech_paused", "audio_end": sample where
+        the silence began, "sample": end of the window that completed pause_duration_ms};
+        {"type": "speech_resumed", "audio_start": start of the speech window after the pause, "sample": its
+        end}; {"type": "speech_stopped", "audio_end": sample where the silence began, "sample": end of the
+        window that completed silence_duration_ms}.
         """
         start, end = self.scored - WINDOW, self.scored
         threshold = self.options.threshold
@@ -106,12 +125,19 @@ class VADStream:
                 self.speaking = True
                 return {"type": "speech_started", "audio_start": max(0, start - self.options.prefix_samples),
                         "sample": end}
+            if self.paused:
+                self.paused = False
+                return {"type": "speech_resumed", "audio_start": start, "sample": end}
         elif self.speaking and probability < max(threshold - HYSTERESIS, 0.01):
             if self.silence_start is None:
                 self.silence_start = start
             if end - self.silence_start >= self.options.silence_samples:
-                stopped, self.speaking, self.silence_start = self.silence_start, False, None
+                stopped, self.speaking, self.silence_start, self.paused = self.silence_start, False, None, False
                 return {"type": "speech_stopped", "audio_end": stopped, "sample": end}
+            pause = self.options.pause_samples
+            if pause is not None and not self.paused and end - self.silence_start >= pause:
+                self.paused = True
+                return {"type": "speech_paused", "audio_end": self.silence_start, "sample": end}
         return None
 
 

@@ -93,10 +93,18 @@ def inflight_back_to_zero(server, timeout_s: float = 60.0) -> bool:
                     timeout_s, 0.05)
 
 
+def speculations(server) -> dict[str, float]:
+    """The frontend's omni_frontend_realtime_speculations_total by outcome (preemptive responses)."""
+    return {outcome: metric_value(f"{server.base_url}/metrics", "omni_frontend_realtime_speculations_total",
+                                  outcome=outcome) or 0 for outcome in ("adopted", "abandoned")}
+
+
 def test_spoken_turn_with_server_vad(voice_server):
     """The SDK streams the spoken question in real-time-paced 100 ms chunks; server VAD ends the turn,
-    the audio is transcribed, and the spoken answer itself, transcribed back, says Paris."""
+    the audio is transcribed, and the spoken answer itself, transcribed back, says Paris. The response was
+    started at the pause before the end of the turn (a speculation) and adopted."""
     question = speech(voice_server, QUESTION)
+    before = speculations(voice_server)
 
     async def run():
         async with connect(voice_server) as conn:
@@ -126,6 +134,44 @@ def test_spoken_turn_with_server_vad(voice_server):
     transcript = next(e for _, e in events if e.type == "response.output_audio_transcript.done").transcript
     assert "paris" in transcript.lower() and "paris" in transcribe(voice_server, reply).lower()
     assert done.response.output[0].content[0].transcript == transcript
+    after = speculations(voice_server)
+    assert after["adopted"] == before["adopted"] + 1 and after["abandoned"] == before["abandoned"], (before, after)
+    assert inflight_back_to_zero(voice_server)
+
+
+def test_a_pause_mid_utterance_is_not_the_end_of_the_turn(voice_server):
+    """The speaker pauses inside the question ("What is the capital ... of France?", ~0.6 s of silence with
+    Kokoro's own edge pads; the turn ends after 800 ms): the response started at that pause is abandoned
+    when the speech resumes (its requests cancelled), and the one reply is for the whole question."""
+    pause = b"\0\0" * int(0.2 * RATE)
+    utterance = (b"\0\0" * int(0.5 * RATE) + _spoken(voice_server.base_url, "What is the capital") + pause
+                 + _spoken(voice_server.base_url, "of France?") + b"\0\0" * int(1.5 * RATE))
+    before = speculations(voice_server)
+
+    async def run():
+        async with connect(voice_server) as conn:
+            await until(conn, "session.created")
+            await conn.session.update(session={"type": "realtime", "audio": {"input": {"turn_detection": {
+                "type": "server_vad", "silence_duration_ms": 800}}}})
+            await until(conn, "session.updated")
+            events = []
+            sender = asyncio.create_task(append_paced(conn, utterance))
+            done = await until(conn, "response.done", events)
+            await sender
+            return events, done
+
+    events, done = asyncio.run(run())
+    kinds = [e.type for _, e in events]
+    assert kinds.count("input_audio_buffer.speech_started") == 1 and kinds.count("input_audio_buffer.committed") == 1
+    assert kinds.count("response.created") == 1 and done.response.status == "completed"
+    heard = next(e for _, e in events if e.type == "conversation.item.input_audio_transcription.completed")
+    assert "capital of france" in heard.transcript.lower(), heard.transcript
+    transcript = next(e for _, e in events if e.type == "response.output_audio_transcript.done").transcript
+    assert "paris" in transcript.lower(), transcript
+    after = speculations(voice_server)
+    # one abandoned at the pause inside the question, one adopted at its end
+    assert after["abandoned"] >= before["abandoned"] + 1 and after["adopted"] == before["adopted"] + 1, (before, after)
+    assert inflight_back_to_zero(voice_server)
 
 
 def test_text_turn_and_multi_turn_memory(voice_server):
@@ -532,7 +578,7 @@ def test_bench_realtime_workload(voice_server, tmp_path):
     out = tmp_path / "realtime.json"
     code = main(["--workload", "realtime", "--base-url", voice_server.base_url, "--num-prompts", "1", "--num-warmups", "0",
                  "--max-tokens", "12", "--barge-ins", "0", "--vad-sessions", "1", "--vad-seconds", "3",
-                 "--result-json", str(out)])
+                 "--commit-baseline", "--result-json", str(out)])
     result = json.loads(out.read_text())
     assert code == 0 and result["failed"] == 0 and result["config"]["workload"] == "realtime"
     turn = result["turns"][0]
@@ -540,5 +586,8 @@ def test_bench_realtime_workload(voice_server, tmp_path):
     assert abs(turn["speech_end_to_first_audio_s"] - turn["speech_end_to_stopped_s"] - turn["stopped_to_first_audio_s"]) < 1e-6
     assert 0.4 < turn["speech_end_to_stopped_s"] < 5  # at least most of silence_duration_ms (500 ms)
     assert result["summary"]["speech_end_to_first_audio_s"]["n"] == 1 and turn["chat_audio_ttfp_s"] > 0
+    # the same turn again with the response created at the commit: no speculation; this one's was adopted
+    assert turn["commit_baseline_speech_end_to_first_audio_s"] > turn["speech_end_to_stopped_s"]
+    assert result["speculations"]["adopted"] == 1
     vad = result["vad_cost"]
     assert vad["sessions"] == 1 and 0 < vad["core_fraction_per_session"] < 1

@@ -102,3 +102,49 @@ def test_bad_options_name_the_field(fields, param):
     with pytest.raises(RequestError) as info:
         VADOptions.from_json(fields)
     assert info.value.param == param
+
+
+@pytest.fixture(scope="module")
+def second_speech():
+    from omni_backends.voice.audio import resample
+    from omni_backends.voice.tts import KokoroTTS
+
+    return resample(KokoroTTS().synthesize("And here is the rest of what I wanted to say."), 24000, SAMPLE_RATE)
+
+
+def test_pauses_inside_a_turn_are_reported_and_resumed(vad, speech, second_speech):
+    """Two sentences with a short gap: with pause_duration_ms the gap is a pause (paused, then resumed when
+    the second sentence starts) and the trailing silence pauses, then stops the turn; without it only
+    started / stopped, at the same samples."""
+    gap = np.zeros(int(0.2 * SAMPLE_RATE), np.float32)  # + Kokoro's own edge pads: ~0.6 s of silence
+    audio = _padded(np.concatenate([speech, gap, second_speech]), before_s=1.0, after_s=1.5)
+    options = VADOptions(silence_duration_ms=800, pause_duration_ms=200)
+    stream = VADStream(options)
+    stream.feed(audio)
+    _, events = vad.process([stream])[0]
+    assert [e["type"] for e in events] == ["speech_started", "speech_paused", "speech_resumed", "speech_paused",
+                                           "speech_stopped"], events
+    started, paused, resumed, last_pause, stopped = events
+    first_end = np.flatnonzero(np.abs(speech) > 0.02)[-1] + SAMPLE_RATE
+    second_start = np.flatnonzero(np.abs(second_speech) > 0.02)[0] + SAMPLE_RATE + speech.size + gap.size
+    assert abs(paused["audio_end"] - first_end) < 0.25 * SAMPLE_RATE
+    assert options.pause_samples <= paused["sample"] - paused["audio_end"] < options.pause_samples + WINDOW
+    assert abs(resumed["audio_start"] - second_start) < 0.15 * SAMPLE_RATE and resumed["sample"] > paused["sample"]
+    # the turn's final pause and its stop name the same start of silence
+    assert last_pause["audio_end"] == stopped["audio_end"] and last_pause["sample"] < stopped["sample"]
+    assert stopped["sample"] - stopped["audio_end"] >= options.silence_samples
+    plain = VADStream(VADOptions(silence_duration_ms=800))
+    plain.feed(audio)
+    assert vad.process([plain])[0][1] == [started, stopped]
+    # a pause as long as the silence window is no pause: the turn just stops
+    late = VADStream(VADOptions(silence_duration_ms=800, pause_duration_ms=800))
+    late.feed(audio)
+    assert vad.process([late])[0][1] == [started, stopped]
+
+
+def test_pause_option_is_checked():
+    assert VADOptions.from_json({"pause_duration_ms": None}).pause_samples is None
+    assert VADOptions.from_json({"pause_duration_ms": 150}).pause_samples == 150 * SAMPLE_RATE // 1000
+    with pytest.raises(RequestError) as info:
+        VADOptions.from_json({"pause_duration_ms": -5})
+    assert info.value.param == "pause_duration_ms"

@@ -4,12 +4,15 @@ Contract (Triton sequence batching, `oldest` strategy: every request names its s
 id; the first carries START, the last END; requests of different sequences are batched):
   AUDIO   FP32  [1, samples]  the next chunk of the session's audio, mono 16 kHz in [-1, 1] (any length,
                               also 0; samples short of a 32 ms window wait for the next chunk)
-  OPTIONS BYTES [1, 1]        optional JSON {"threshold", "prefix_padding_ms", "silence_duration_ms"};
-                              kept for the sequence until changed (defaults 0.5 / 300 / 500)
+  OPTIONS BYTES [1, 1]        optional JSON {"threshold", "prefix_padding_ms", "silence_duration_ms",
+                              "pause_duration_ms"}; kept for the sequence until changed (defaults 0.5 /
+                              300 / 500 / null: no pause events)
   PROBS   FP32  [1, windows]  speech probability of each 512-sample window scored by this request
   EVENTS  BYTES [1, 1]        JSON list of turn events in order: {"type": "speech_started", "audio_start",
-                              "sample"} / {"type": "speech_stopped", "audio_end", "sample"}; sample offsets
-                              count 16 kHz samples from the sequence's first sample
+                              "sample"} / {"type": "speech_paused", "audio_end", "sample"} / {"type":
+                              "speech_resumed", "audio_start", "sample"} / {"type": "speech_stopped",
+                              "audio_end", "sample"} (paused / resumed only with pause_duration_ms); sample
+                              offsets count 16 kHz samples from the sequence's first sample
 A request of a sequence that was never started (no START) or bad OPTIONS gets an OpenAI-envelope
 error (400). State is dropped at END, at a new START for the same id, and after `idle_timeout_s`
 without requests. Logic: omni_backends.voice.vad.
