@@ -135,7 +135,7 @@ def fused_moe_decode(hidden: torch.Tensor, router_logits: torch.Tensor, w13: tor
         router_logits = router_logits.contiguous()
     out, summed = finish_outputs(T, H, hidden, residual)
     grid = (T * top_k * triton.cdiv(inter, config.BLOCK_N),)
-    pdl = pdl_for(hidden.device)
+    pdl = pdl_for(hidden.device, T)
     _moe_decode_kernel[grid](hidden, router_logits, w13, w2, out, workspace.accumulator, workspace.counter,
                              out if residual is None else residual, summed, out if norm_weight is None else norm_weight,
                              float(eps), T, E, H, inter, hidden.stride(0), router_logits.stride(0), w13.stride(0),
