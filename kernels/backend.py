@@ -17,7 +17,8 @@ kernel before it, and nothing it reads or writes is touched before that kernel h
 most `PDL_MAX_ROWS` rows use it (where it measured faster). `set_pdl(False)`
 (initial value from `OMNI_KERNELS_PDL`, "0" = off) launches them plainly; on CPU, in the interpreter and before
 sm_90 it is a no-op (`pdl_for`). `set_prefetch(True)` (`OMNI_KERNELS_PREFETCH=1`; default off) also lets
-`decode_linear` pull its weight slice into L2 before that wait (benchmark A/B).
+`decode_linear` pull its weight slice into L2 before that wait, and the one-launch MoE its W2 columns right after
+routing (benchmark A/B).
 
 Triton fixes its mode (compile for the GPU, or interpret) when it is first imported: its own library
 functions (`tl.sum`, `tl.sigmoid`, ...) are decorated then, from `TRITON_INTERPRET`. On a machine without
