@@ -48,7 +48,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty((*x.shape[:-1], d), dtype=x.dtype, device=x.device)
     block = min(1024, triton.next_power_of_2(d))
     grid = (x2.shape[0], triton.cdiv(d, block))
-    pdl = pdl_for(x.device)
+    pdl = pdl_for(x.device, x2.shape[0])
     _silu_and_mul_kernel[grid](x2, out, d, x2.stride(0), d, BLOCK=block, PDL=pdl, launch_pdl=pdl,
                                num_warps=max(1, block // 256))
     return out

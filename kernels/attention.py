@@ -211,7 +211,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight
         acc = torch.empty(batch * hq * splits, d, **f32)
     else:
         m = l = acc = out   # unused
-    pdl = pdl_for(q.device)
+    pdl = pdl_for(q.device, batch)
     _decode_attention_kernel[(batch * hk, splits)](
         q, k, v, q_weight.contiguous(), k_weight.contiguous(), cos, sin, key_cache, value_cache,
         written.contiguous(), out, m, l, acc, hk, float(eps), float(scale), SPLIT_COLUMNS,

@@ -13,10 +13,12 @@ comes from the environment variable `OMNI_KERNELS` ("0" turns them off; default 
 Programmatic dependent launch (PDL, Hopper and later): the decode kernels are launched with Triton's
 `launch_pdl` option and start with `griddepcontrol.wait` then `griddepcontrol.launch_dependents`
 (`grid_dependency`), so in a CUDA graph of a decode step a kernel's launch and prologue overlap the tail of the
-kernel before it, and nothing it reads or writes is touched before that kernel has finished. `set_pdl(False)`
+kernel before it, and nothing it reads or writes is touched before that kernel has finished. Only launches of at
+most `PDL_MAX_ROWS` rows use it (where it measured faster). `set_pdl(False)`
 (initial value from `OMNI_KERNELS_PDL`, "0" = off) launches them plainly; on CPU, in the interpreter and before
 sm_90 it is a no-op (`pdl_for`). `set_prefetch(True)` (`OMNI_KERNELS_PREFETCH=1`; default off) also lets
-`decode_linear` pull its weight slice into L2 before that wait (benchmark A/B).
+`decode_linear` pull its weight slice into L2 before that wait, and the one-launch MoE its W2 columns right after
+routing (benchmark A/B).
 
 Triton fixes its mode (compile for the GPU, or interpret) when it is first imported: its own library
 functions (`tl.sum`, `tl.sigmoid`, ...) are decorated then, from `TRITON_INTERPRET`. On a machine without
@@ -123,12 +125,15 @@ def prefetch() -> bool:
 
 
 _capability: dict[int, tuple[int, int]] = {}
+# Rows up to which the decode kernels use PDL. H200 run 14: a one-row decode step gained (thinker 3.44 -> 3.12 ms
+# under the profiler, talker frame 4.25 -> 4.02 ms) and the talker frame at 16 rows lost (5.30-5.37 -> 5.72 ms).
+PDL_MAX_ROWS = 1
 
 
-def pdl_for(device: torch.device) -> bool:
-    """Whether kernels launched on `device` now use programmatic dependent launch: requested, compiled (not the
-    interpreter) and a CUDA device of compute capability 9.0 or later."""
-    if not (_pdl and HAVE_TRITON and not INTERPRETED and device.type == "cuda"):
+def pdl_for(device: torch.device, rows: int) -> bool:
+    """Whether a kernel launched on `device` for `rows` rows (tokens) uses programmatic dependent launch now:
+    requested, at most PDL_MAX_ROWS rows, compiled (not the interpreter), a CUDA device of compute capability 9.0+."""
+    if not (_pdl and rows <= PDL_MAX_ROWS and HAVE_TRITON and not INTERPRETED and device.type == "cuda"):
         return False
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _capability:

@@ -44,18 +44,21 @@ class LinearConfig:
 
 
 # (out features N, in features K) -> config at one row, tuned on the H200 for the Qwen3-Omni decoders' linears
-# (`scripts/bench_kernels --tune-decode`, run 9, bench/results/tune_decode_h200_run9.json); None: torch's linear
-# (+ rms_norm) was faster for that shape. Shapes not in the table get `linear_config`'s rule.
+# (`scripts/bench_kernels --tune-decode`, run 14 with programmatic dependent launch,
+# bench/results/tune_decode_h200_run14.json); None: torch's linear (+ rms_norm) was faster for that shape. SPLIT_K 1
+# is the direct-store path. The thinker's q/k/v tile was 1.5% slower than cuBLAS alone (8.16 vs 8.04 us) and is
+# kept: in the decode step it is a PDL launch between PDL launches, where cuBLAS's kernel leaves a launch gap on
+# each side. Shapes not in the table get `linear_config`'s rule.
 LINEAR_CONFIGS: dict[tuple[int, int], LinearConfig | None] = {
     (2048, 4096): LinearConfig(BLOCK_N=64, BLOCK_K=128, SPLIT_K=8, num_warps=4, num_stages=3),    # thinker o_proj
-    (5120, 2048): None,                                                                          # thinker q/k/v
-    (128, 2048): LinearConfig(BLOCK_N=32, BLOCK_K=128, SPLIT_K=8, num_warps=4, num_stages=3),     # thinker router
-    (1024, 2048): LinearConfig(BLOCK_N=64, BLOCK_K=128, SPLIT_K=16, num_warps=4, num_stages=3),   # talker o_proj
-    (2560, 1024): None,                                                                          # talker q/k/v
-    (128, 1024): LinearConfig(BLOCK_N=32, BLOCK_K=128, SPLIT_K=16, num_warps=4, num_stages=3),    # talker router
-    (4096, 1024): None,                                                                          # predictor q/k/v
-    (6144, 1024): None,                                                                          # predictor gate/up
-    (1024, 3072): LinearConfig(BLOCK_N=64, BLOCK_K=128, SPLIT_K=16, num_warps=4, num_stages=3),   # predictor down
+    (5120, 2048): LinearConfig(BLOCK_N=64, BLOCK_K=256, SPLIT_K=1, num_warps=4, num_stages=3),    # thinker q/k/v
+    (128, 2048): LinearConfig(BLOCK_N=32, BLOCK_K=128, SPLIT_K=16, num_warps=4, num_stages=3),    # thinker router
+    (1024, 2048): LinearConfig(BLOCK_N=64, BLOCK_K=128, SPLIT_K=8, num_warps=4, num_stages=3),    # talker o_proj
+    (2560, 1024): LinearConfig(BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, num_warps=4, num_stages=3),    # talker q/k/v
+    (128, 1024): LinearConfig(BLOCK_N=16, BLOCK_K=256, SPLIT_K=1, num_warps=4, num_stages=3),     # talker router
+    (4096, 1024): LinearConfig(BLOCK_N=32, BLOCK_K=128, SPLIT_K=1, num_warps=4, num_stages=4),    # predictor q/k/v
+    (6144, 1024): LinearConfig(BLOCK_N=64, BLOCK_K=128, SPLIT_K=1, num_warps=4, num_stages=4),    # predictor gate/up
+    (1024, 3072): LinearConfig(BLOCK_N=64, BLOCK_K=128, SPLIT_K=8, num_warps=4, num_stages=3),    # predictor down
 }
 
 
@@ -157,7 +160,7 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor, workspace: SplitKWorksp
         workspace = workspace_for("decode_linear", workspace, T, N, x.device)
         acc, counter = workspace.accumulator, workspace.counter
     out, summed = finish_outputs(T, N, x, residual)
-    pdl = pdl_for(x.device)
+    pdl = pdl_for(x.device, T)
     prefetch_lines = triton.next_power_of_2(triton.cdiv(k_split * x.element_size(), 128)) if pdl and prefetch() else 0
     grid = (triton.cdiv(N, config.BLOCK_N) * splits,)
     _decode_linear_kernel[grid](x, weight, out, acc, counter, out if residual is None else residual, summed,

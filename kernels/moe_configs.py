@@ -76,20 +76,21 @@ MOE_CONFIGS: dict[tuple[int, int], list[tuple[int, MoeConfig]]] = {
 
 
 # The one-launch decode path, per expert shape: (largest token count, config); past the last bound the grouped
-# path above runs. Tuned on the H200 (`scripts/bench_kernels --tune-decode --tokens 1,2,4`, runs 8-9,
-# bench/results/tune_decode_h200_run9.json): 64 / 32-column tiles, 256-wide K steps, 512-row down
-# tiles. It won at 2 and 4 tokens too, but its results there were wrong on the H200 in runs 8-9 (one row right,
-# the others not; see the finish in `splitk`): the tables stop at one token until a run checks more.
+# path above runs. Tuned on the H200 (`scripts/bench_kernels --tune-decode --tokens 1`, run 14 with programmatic
+# dependent launch, bench/results/tune_decode_h200_run14.json; runs 8-9 before it): thinker 32-column tiles,
+# 128-wide K steps, 256-row down tiles, 4 stages (25.3 us; the run-9 tile 64 x 256 x 512 took 28.1 us there: its
+# 196 KB of shared memory leave no room for the next launch's programs to start early), talker 32 x 256 x 512.
+# It won at 2 and 4 tokens too in runs 8-9, but its results there were wrong then (one row right, the others
+# not; see the finish in `splitk`): the tables stop at one token until a run checks more.
 DEFAULT_DECODE_CONFIGS: list[tuple[int, DecodeConfig]] = [(1, DecodeConfig(32, 256, 512, 4, 3))]
 DECODE_CONFIGS: dict[tuple[int, int], list[tuple[int, DecodeConfig]]] = {
     THINKER: [
-        (1, DecodeConfig(BLOCK_N=64, BLOCK_K=256, BLOCK_H=512, num_warps=4, num_stages=3)),
+        (1, DecodeConfig(BLOCK_N=32, BLOCK_K=128, BLOCK_H=256, num_warps=4, num_stages=4)),
     ],
     TALKER: [
         (1, DecodeConfig(BLOCK_N=32, BLOCK_K=256, BLOCK_H=512, num_warps=4, num_stages=3)),
     ],
 }
-
 
 def decode_tokens(hidden: int | None, inter: int | None) -> int:
     """Up to how many tokens the one-launch decode path runs for experts of this shape (0: never)."""

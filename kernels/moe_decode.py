@@ -14,7 +14,8 @@ columns of the expert's intermediate dim I:
      over I-chunks and over the token's experts in one place);
   4. the last program to finish converts the accumulator to the output dtype and, when asked, adds the residual
      and applies the next RMSNorm (`splitk._finish_rows`: the decoder's next input norm costs no launch).
-So the intermediate [slots, I] and the per-slot rows [slots, H] never reach memory, and the weights are
+With `backend.set_prefetch(True)` (and PDL) each program first asks L2 for its W2 columns of step 3, so they stream
+from HBM during step 2. So the intermediate [slots, I] and the per-slot rows [slots, H] never reach memory, and the weights are
 streamed by T * top_k * I / BLOCK_N programs at once (thinker, one token, BLOCK_N 64: 96; H200 runs 8-10:
 31.7 -> 25.3-26.0 us, 56% -> 69-71% of the copy bandwidth).
 
@@ -33,7 +34,8 @@ import dataclasses
 
 import torch
 
-from .backend import DOT_IN_FP32, dot_step, grid_dependency, helper, kernel, pdl_for, rounded, tl, triton
+from .backend import (DOT_IN_FP32, dot_step, grid_dependency, helper, kernel, pdl_for, prefetch, prefetch_l2, rounded,
+                      tl, triton)
 from .moe_configs import DecodeConfig
 from .splitk import SplitKWorkspace, _finish_rows, finish_block, finish_outputs, norm_args, workspace_for
 
@@ -67,7 +69,8 @@ def _moe_decode_kernel(x_ptr, logits_ptr, w13_ptr, w2_ptr, out_ptr, acc_ptr, cou
                        TOP_K: tl.constexpr, TOP_K_POW2: tl.constexpr, RENORM: tl.constexpr, BLOCK_E: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
                        EVEN_K: tl.constexpr, EVEN_H: tl.constexpr, DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                       NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_W: tl.constexpr, PDL: tl.constexpr):
+                       NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_W: tl.constexpr, PDL: tl.constexpr,
+                       PREFETCH: tl.constexpr):
     dt = out_ptr.dtype.element_ty
     grid_dependency(PDL)   # the logits and hidden rows come from the launches before
     pid = tl.program_id(0)
@@ -79,6 +82,9 @@ def _moe_decode_kernel(x_ptr, logits_ptr, w13_ptr, w2_ptr, out_ptr, acc_ptr, cou
     # 2. gate/up GEMV for BLOCK_N columns of I, SiLU-mul epilogue
     n = (pid % n_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < I
+    if PREFETCH:   # the W2 columns of step 3 into L2 while gate/up streams (they depend on the expert only)
+        rows = tl.minimum(tl.arange(0, BLOCK_W), H - 1)
+        prefetch_l2(w2_ptr + expert * w2_stride_e + rows * w2_stride_h + (pid % n_blocks) * BLOCK_N)
     k = tl.arange(0, BLOCK_K)
     m = tl.arange(0, 16)   # the token's row padded to a 16-row MMA tile: the loads become async-copy stages
     a_ptrs = x_ptr + t.to(tl.int64) * x_stride + m[:, None] * 0 + k[None, :]
@@ -135,7 +141,7 @@ def fused_moe_decode(hidden: torch.Tensor, router_logits: torch.Tensor, w13: tor
         router_logits = router_logits.contiguous()
     out, summed = finish_outputs(T, H, hidden, residual)
     grid = (T * top_k * triton.cdiv(inter, config.BLOCK_N),)
-    pdl = pdl_for(hidden.device)
+    pdl = pdl_for(hidden.device, T)
     _moe_decode_kernel[grid](hidden, router_logits, w13, w2, out, workspace.accumulator, workspace.counter,
                              out if residual is None else residual, summed, out if norm_weight is None else norm_weight,
                              float(eps), T, E, H, inter, hidden.stride(0), router_logits.stride(0), w13.stride(0),
@@ -146,7 +152,8 @@ def fused_moe_decode(hidden: torch.Tensor, router_logits: torch.Tensor, w13: tor
                              EVEN_H=H % config.BLOCK_H == 0, DOT_F32=DOT_IN_FP32,
                              DOT_PRECISION="ieee" if hidden.dtype == torch.float32 else "tf32",
                              NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None, BLOCK_W=finish_block(H),
-                             PDL=pdl, launch_pdl=pdl, num_warps=config.num_warps, num_stages=config.num_stages)
+                             PDL=pdl, PREFETCH=pdl and prefetch(), launch_pdl=pdl, num_warps=config.num_warps,
+                             num_stages=config.num_stages)
     return out if residual is None else (out, summed)
 
 

@@ -80,7 +80,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     else:
         r2 = summed = x2  # unused by the kernel
     block_m, block_h, warps = _launch_shape(M, H)
-    pdl = pdl_for(x.device)
+    pdl = pdl_for(x.device, M)
     _rms_norm_kernel[(triton.cdiv(M, block_m),)](
         x2, r2, weight.contiguous(), out, summed, M, H, x2.stride(0), r2.stride(0), H, H, float(eps),
         HAS_RESIDUAL=residual is not None, BLOCK_M=block_m, BLOCK_H=block_h, PDL=pdl, launch_pdl=pdl,

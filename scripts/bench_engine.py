@@ -6,8 +6,8 @@
   bandwidth  device-to-device copy of 2 GiB: (bytes read + written) / time, the HBM ceiling of this run
   thinker    decode step of the static engine (`StaticDecoder`) at batch 1, 4, 16: CUDA graphs vs eager,
              omni_kernels on vs off (when available), and the kernels with one switch changed (`--modes`, MODES:
-             on_no_pdl, on_prefetch, on_torch_linears, on_main = both of the last off, on_unfused_step,
-             on_unfused_attention); with --rounds N
+             on_no_pdl, on_prefetch, on_torch_linears, on_main = both of the last off, on_rows16,
+             on_unfused_step, on_unfused_attention); with --rounds N
              every mode is timed N times, modes interleaved (the machine's speed drifts), medians reported; the floor = (active weight bytes + KV bytes of the step) / measured
              bandwidth; greedy tokens of a fixed (seeded) prompt per mode, and each mode's logits over the same 32
              tokens (kernels-off's) against kernels-off's (relative / absolute difference, argmax flips and
@@ -90,7 +90,7 @@ def kv_bytes(text_config, length: int, element_size: int = 2) -> int:
 
 # The A/B modes of the thinker and talker parts: each the default engine ("on") with some switches changed.
 DEFAULT_MODE = {"kernels": True, "fused_attention": True, "step_fusion": True, "pdl": True, "prefetch": False,
-                "direct_decode_linear": True}
+                "direct_decode_linear": True, "linear_rows": 1}
 MODES = {
     "off": {"kernels": False},                                  # transformers' modules (grouped_mm MoE)
     "on": {},
@@ -98,6 +98,7 @@ MODES = {
     "on_prefetch": {"prefetch": True},                          # decode_linear pulls its weights into L2 first
     "on_torch_linears": {"direct_decode_linear": False},        # q/k/v, gate/up through torch's linear
     "on_main": {"pdl": False, "direct_decode_linear": False},   # the kernels as before PDL and direct stores
+    "on_rows16": {"linear_rows": 16},                           # decode_linear (+ norm epilogues) up to 16 rows
     "on_unfused_step": {"step_fusion": False},                  # separate norms, torch router, four-launch MoE
     "on_unfused_attention": {"fused_attention": False},         # norms + RoPE + cache writes + SDPA
 }
@@ -114,6 +115,7 @@ def set_mode(name: str) -> None:
     fused.set_fused_attention(mode["fused_attention"])
     fused.set_step_fusion(mode["step_fusion"])
     fused.set_direct_decode_linear(mode["direct_decode_linear"])
+    fused.set_linear_rows(mode["linear_rows"])
     omni_kernels.set_pdl(mode["pdl"])
     omni_kernels.set_prefetch(mode["prefetch"])
 
@@ -129,9 +131,10 @@ def selected_modes(args) -> list[str]:
 
 
 def median_entry(times: list[float], floor_ms: float | None = None, rows: int = 1) -> dict:
-    """ms per step over the rounds: the median, every round's value, and (with a floor) the multiple of it."""
+    """ms per step over the rounds: the median, the best and every round's value, and (with a floor) the multiple
+    of it."""
     ms = statistics.median(times)
-    entry = {"ms_per_step": ms, "rounds_ms": times, "tokens_per_s": rows * 1e3 / ms}
+    entry = {"ms_per_step": ms, "best_ms": min(times), "rounds_ms": times, "tokens_per_s": rows * 1e3 / ms}
     if floor_ms is not None:
         entry.update(floor_ms=floor_ms, x_floor=ms / floor_ms)
     return entry
@@ -269,7 +272,8 @@ def bench_thinker(path, config, device, args, bw: float) -> dict:
                 entry["logits_vs_kernels_off"] = compare_logits(decode_32(decoder, reference_tokens)[1],
                                                                 reference_logits)
             entry["graphs"] = decoder.graphs.stats().__dict__
-        print(f"thinker {label}: " + ", ".join(f"{k} {v['ms_per_step']:.3f} ms ({v['x_floor']:.2f}x floor)"
+        print(f"thinker {label}: " + ", ".join(f"{k} {v['ms_per_step']:.3f} ms ({v['x_floor']:.2f}x floor; best "
+                                               f"round {v['best_ms']:.3f})"
                                                for k, v in entry.items() if k.startswith("batch")), flush=True)
     del runs, decoder
     torch.cuda.empty_cache() if device.startswith("cuda") else None

@@ -174,6 +174,9 @@ def cases(ok, tokens: list[int], device: str, dtype=torch.bfloat16, random: bool
                     grouped = ok.moe_configs.moe_config(T, m.hidden, m.inter, one_launch=False)
                     out.append(Case("fused_moe", name, T, lambda *a, w=workspace: ok.fused_moe(*a, workspace=w),
                                     ok.fused_moe_reference, sets, moe_bytes, flops=flops))
+                    out.append(Case("fused_moe", f"{name} L2 prefetch", T,
+                                    lambda *a, w=workspace: _with_prefetch(ok, lambda: ok.fused_moe(*a, workspace=w)),
+                                    ok.fused_moe_reference, sets, moe_bytes, flops=flops))
                     out.append(Case("fused_moe", f"{name} 4 launches", T,
                                     lambda *a, c=grouped: ok.fused_moe(*a, config=c), ok.fused_moe_reference, sets,
                                     moe_bytes, flops=flops))
@@ -184,6 +187,16 @@ def cases(ok, tokens: list[int], device: str, dtype=torch.bfloat16, random: bool
         if "decode_linear" in ops and T <= LINEAR_MAX_TOKENS:
             out.extend(_linear_cases(ok, T, dtype, device, random, es))
     return out
+
+
+def _with_prefetch(ok, fn):
+    """fn() with the decode kernels' L2 prefetch on (`omni_kernels.set_prefetch`), restored afterwards."""
+    was = ok.prefetch()
+    ok.set_prefetch(True)
+    try:
+        return fn()
+    finally:
+        ok.set_prefetch(was)
 
 
 def _router_moe_cases(ok, m: MoeModel, T: int, w13, w2, name: str, grouped, dtype, device: str, random: bool,

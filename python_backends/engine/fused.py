@@ -75,6 +75,16 @@ def set_direct_decode_linear(flag: bool) -> None:
     _direct_decode_linear = bool(flag)
 
 
+def set_linear_rows(rows: int) -> None:
+    """Rows up to which `decode_linear` replaces torch's linear (default LINEAR_ROWS, measured at one row; at most
+    DECODE_ROWS; benchmark A/B)."""
+    global _linear_rows
+    _linear_rows = max(0, min(int(rows), DECODE_ROWS))
+
+
+_linear_rows = LINEAR_ROWS
+
+
 def step_fusion_active(x: torch.Tensor, rows: int = DECODE_ROWS) -> bool:
     """True when the decode-step fusions apply to a step on rows x [T, ...] (at most `rows` of them)."""
     return _step_fusion and x.shape[0] <= rows and active(x)
@@ -202,7 +212,7 @@ def moe(mlp: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
 
 def _decode_linear_for(weight: torch.Tensor, x: torch.Tensor, with_norm: bool) -> bool:
     n, k = weight.shape
-    if not (step_fusion_active(x, LINEAR_ROWS) and omni_kernels.linear_decode.decode_linear_faster(n, k, with_norm)):
+    if not (step_fusion_active(x, _linear_rows) and omni_kernels.linear_decode.decode_linear_faster(n, k, with_norm)):
         return False
     return with_norm or _direct_decode_linear or omni_kernels.linear_decode.linear_config(n, k).SPLIT_K > 1
 

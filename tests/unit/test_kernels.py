@@ -457,9 +457,10 @@ def layer_chain(x, residual, p, cache, written, columns):
 @pytest.mark.skipif(not CUDA, reason="programmatic dependent launch needs a CUDA GPU (sm_90)")
 def test_decode_layer_chain_in_a_graph():
     """Two decode layers' kernel chain (10 launches) captured in one CUDA graph with PDL equals the same chain
-    launched plainly, eagerly, and the references; replayed 20 times on fresh inputs (a kernel that read its
-    input before the one before it had finished would see stale values)."""
-    H, HQ, HK, D, E, I, top_k, L = 1024, 16, 2, 128, 32, 384, 4, 256
+    launched plainly (eager, PDL off) and the references, replayed 20 times on fresh inputs: a kernel that read its
+    input before the one before it had finished would see stale values. Every expert is used (top_k = E): with a
+    real top-k choice a last-bit difference of a router logit can swap a near-tied expert (H200 run 14)."""
+    H, HQ, HK, D, E, I, top_k, L = 1024, 16, 2, 128, 8, 384, 8, 256
     p = {"hq": HQ, "hk": HK, "top_k": top_k, "qkv": randn((HQ + 2 * HK) * D, H, scale=H ** -0.5),
          "qn": randn(D), "kn": randn(D), "o": randn(H, HQ * D, scale=(HQ * D) ** -0.5), "n1": randn(H),
          "router": randn(E, H, scale=H ** -0.5), "w13": randn(E, 2 * I, H, scale=H ** -0.5),
@@ -498,10 +499,10 @@ def test_decode_layer_chain_in_a_graph():
             ref = two_layers()
             ok.set_enabled(True)
             ok.set_pdl(True)
-            for got, eager, want in zip(out, plain, ref):   # two layers of bf16 roundings: 3e-2
+            for got, eager, want in zip(out, plain, ref):
                 assert torch.isfinite(got).all()
-                assert ((got.double() - want.double()).norm() / want.double().norm()).item() <= 3e-2
-                assert ((got.double() - eager.double()).norm() / eager.double().norm()).item() <= 1e-2
+                assert ((got.double() - eager.double()).norm() / eager.double().norm()).item() <= 1e-2   # atomics' order
+                assert ((got.double() - want.double()).norm() / want.double().norm()).item() <= 3e-2   # 2 layers of bf16
     finally:
         ok.set_pdl(was)
     assert all(ws.is_clean() for ws in (p["ws_o"], p["ws_r"], p["ws_moe"]))
@@ -513,15 +514,16 @@ def test_pdl_switch():
     was = ok.pdl(), ok.prefetch()
     try:
         ok.set_pdl(False)
-        assert not ok.pdl() and not backend.pdl_for(torch.device("cpu"))
+        assert not ok.pdl() and not backend.pdl_for(torch.device("cpu"), 1)
         ok.set_pdl(True)
-        assert ok.pdl() and not backend.pdl_for(torch.device("cpu"))
+        assert ok.pdl() and not backend.pdl_for(torch.device("cpu"), 1)
         ok.set_prefetch(True)
         assert ok.prefetch()
         if backend.INTERPRETED:
-            assert not backend.pdl_for(torch.device("cuda", 0))
+            assert not backend.pdl_for(torch.device("cuda", 0), 1)
         elif CUDA:
-            assert backend.pdl_for(torch.device(DEVICE)) == (torch.cuda.get_device_capability() >= (9, 0))
+            assert backend.pdl_for(torch.device(DEVICE), 1) == (torch.cuda.get_device_capability() >= (9, 0))
+            assert not backend.pdl_for(torch.device(DEVICE), backend.PDL_MAX_ROWS + 1)
         x, weight = randn(2, 80), randn(48, 80, scale=80 ** -0.5)
         config = LinearConfig(16, 32, 1)
         on = run_kernel("decode_linear", ok.decode_linear, x, weight, config=config)
