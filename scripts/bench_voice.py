@@ -7,6 +7,10 @@ Each stage runs in its own process so its resident memory (RSS) is its own:
   llm:      SmolLM2 load time, RSS, time to first token, decode tokens/s (alone and 4 concurrent)
   pipeline: all three loaded in one process: total RSS and time to first audio
             (end of user speech -> ASR -> LLM stream -> sentence chunker -> first TTS chunk)
+  wer:      SmolLM2's 64-token replies to the 24 bench prompts spoken by Kokoro (one call, and chunked as the
+            pipeline chunks them) and transcribed back by Whisper: WER against the reply's words, with the
+            Markdown marks dropped before speech (as served) and read aloud (as before `markup.speakable`);
+            table on stdout, JSON in var/bench/voice_wer.json
 Usage: .venv/bin/python scripts/bench_voice.py [tts|asr|llm|pipeline ...]
 """
 from __future__ import annotations
@@ -128,7 +132,55 @@ def bench_pipeline() -> None:
     llm.shutdown()
 
 
-BENCHES = {"tts": bench_tts, "asr": bench_asr, "llm": bench_llm, "pipeline": bench_pipeline}
+def bench_wer() -> None:
+    import json
+    import re
+    from pathlib import Path
+
+    import jiwer
+    from omni_bench.datasets import BUILTIN_PROMPTS
+    from omni_backends.engine import SamplingParams
+    from omni_backends.voice import tts as tts_module
+    from omni_backends.voice.asr import WhisperASR
+    from omni_backends.voice.audio import resample
+    from omni_backends.voice.chunker import SentenceChunker
+    from omni_backends.voice.llm import ChatLLM
+    from omni_backends.voice.markup import speakable
+
+    llm = ChatLLM()
+    params = SamplingParams(max_tokens=64, temperature=0.0)
+    replies = [llm.complete([{"role": "user", "content": prompt}], params)[0] for prompt in BUILTIN_PROMPTS]
+    llm.shutdown()
+    tts, asr = tts_module.KokoroTTS(), WhisperASR()
+    words = jiwer.Compose([jiwer.ToLowerCase(), jiwer.RemovePunctuation(), jiwer.RemoveMultipleSpaces(),
+                           jiwer.Strip(), jiwer.ReduceToListOfListOfWords()])
+
+    def heard(texts: list[str]) -> str:
+        pcm = np.concatenate([tts.synthesize(text) for text in texts] or [np.zeros(1, np.float32)])
+        return asr.transcribe(resample(pcm, 24000, 16000)).text
+
+    def chunked(reply: str) -> list[str]:
+        chunker = SentenceChunker()
+        return [c for word in re.findall(r"\S+\s*", reply) for c in chunker.feed(word)] + chunker.flush()
+
+    refs = [speakable(reply) for reply in replies]  # the words a listener should hear
+    formatted = [i for i, reply in enumerate(replies) if refs[i] != reply]
+    results = {"replies": len(replies), "formatted_replies": len(formatted)}
+    print(f"{'marks':<10}{'calls':<9}{'WER all':>9}{'WER formatted':>15}")
+    for marks, strip in (("read", lambda text: text), ("dropped", speakable)):
+        tts_module.speakable = strip
+        for calls in ("one", "chunked"):
+            hyps = [heard([reply] if calls == "one" else chunked(reply)) for reply in replies]
+            wer = [jiwer.wer([refs[i] for i in idx], [hyps[i] for i in idx], reference_transform=words,
+                             hypothesis_transform=words) if idx else None
+                   for idx in (range(len(replies)), formatted)]
+            results[f"{marks}_{calls}"] = {"wer": wer[0], "wer_formatted": wer[1]}
+            print(f"{marks:<10}{calls:<9}{wer[0]:>9.3f}{wer[1] if wer[1] is None else f'{wer[1]:.3f}':>15}")
+    Path("var/bench").mkdir(parents=True, exist_ok=True)
+    Path("var/bench/voice_wer.json").write_text(json.dumps(results, indent=1))
+
+
+BENCHES = {"tts": bench_tts, "asr": bench_asr, "llm": bench_llm, "pipeline": bench_pipeline, "wer": bench_wer}
 
 if __name__ == "__main__":
     names = sys.argv[1:] or list(BENCHES)
