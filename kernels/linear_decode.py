@@ -30,7 +30,7 @@ from .norm import rms_norm_reference
 from .splitk import SplitKWorkspace, _finish_rows, finish_block, finish_outputs, norm_args, workspace_for
 
 MAX_ROWS = 16   # one MMA row tile
-MAX_OUT = 16384  # the last program holds one output row in registers
+MAX_OUT = 16384  # with a finish (K split or norm), the last program holds one output row in registers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,29 +131,34 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor, workspace: SplitKWorksp
                   config: LinearConfig | None = None):
     """`F.linear(x, weight)` for a few rows, optionally followed by the residual add and RMSNorm.
 
-    x: [T, K] with T <= 16 (bf16/fp16/fp32); weight: [N, K] in x's dtype, N <= 16384 (a bias-free linear's
-    weight). workspace: `SplitKWorkspace(max_rows >= T, N, device)`, reused call after call on one
-    stream (default: a new one per call). norm_weight [N] (x's dtype), eps, residual [T, N] (optional): return
+    x: [T, K] with T <= 16 (bf16/fp16/fp32); weight: [N, K] in x's dtype (a bias-free linear's weight), N <= 16384
+    unless the config is direct-store (SPLIT_K 1 and no norm: e.g. an lm_head). workspace: `SplitKWorkspace(max_rows
+    >= T, N, device)`, reused call after call on one stream (default: a new one per call; the direct store needs
+    none). norm_weight [N] (x's dtype), eps, residual [T, N] (optional): return
     what `rms_norm(out, norm_weight, eps, residual)` returns (`(normed, out + residual)` with a residual).
     config: tile and K split (default `linear_config(N, K)`). Returns [T, N] in x's dtype (or that norm's result).
-    Raises ValueError on mismatched shapes/dtypes, more than 16 rows, or a workspace that does not fit.
+    Raises ValueError on mismatched shapes/dtypes, more than 16 rows, more than 16384 outputs with a K split or the
+    norm, or a workspace that does not fit.
     Source: torch.nn.Linear, the decoder layer's residual add, transformers Qwen3OmniMoeThinkerTextRMSNorm.
     """
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1] or x.dtype != weight.dtype \
-            or not 0 < x.shape[0] <= MAX_ROWS or weight.shape[0] > MAX_OUT:
+            or not 0 < x.shape[0] <= MAX_ROWS:
         raise ValueError(f"decode_linear: x {tuple(x.shape)} {x.dtype}, weight {tuple(weight.shape)} {weight.dtype} "
-                         f"(1..{MAX_ROWS} rows, at most {MAX_OUT} outputs)")
+                         f"(1..{MAX_ROWS} rows)")
     (T, K), N = x.shape, weight.shape[0]
     residual, norm_weight = norm_args("decode_linear", T, N, x.dtype, residual, norm_weight)
+    config = config or linear_config(N, K)
+    k_split = triton.cdiv(triton.cdiv(K, config.SPLIT_K), config.BLOCK_K) * config.BLOCK_K
+    splits = triton.cdiv(K, k_split)
+    direct = splits == 1 and norm_weight is None
+    if not direct and N > MAX_OUT:
+        raise ValueError(f"decode_linear: weight {tuple(weight.shape)}: more than {MAX_OUT} outputs need the "
+                         f"direct store (SPLIT_K 1, no norm; config {config})")
     backend = select("decode_linear", x, weight)
     if backend == "reference":
         return decode_linear_reference(x, weight, residual, norm_weight, eps)
     x = x if x.stride(-1) == 1 else x.contiguous()
     weight = weight if weight.stride(-1) == 1 else weight.contiguous()
-    config = config or linear_config(N, K)
-    k_split = triton.cdiv(triton.cdiv(K, config.SPLIT_K), config.BLOCK_K) * config.BLOCK_K
-    splits = triton.cdiv(K, k_split)
-    direct = splits == 1 and norm_weight is None
     if direct:   # no accumulator (a given workspace is checked, not touched)
         acc = counter = x if workspace is None else workspace.check("decode_linear", T, N, x.device).accumulator
     else:
@@ -161,7 +166,8 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor, workspace: SplitKWorksp
         acc, counter = workspace.accumulator, workspace.counter
     out, summed = finish_outputs(T, N, x, residual)
     pdl = pdl_for(x.device, T)
-    prefetch_lines = triton.next_power_of_2(triton.cdiv(k_split * x.element_size(), 128)) if pdl and prefetch() else 0
+    prefetch_lines = triton.next_power_of_2(triton.cdiv(k_split * x.element_size(), 128)) \
+        if pdl and prefetch("decode_linear") else 0
     grid = (triton.cdiv(N, config.BLOCK_N) * splits,)
     _decode_linear_kernel[grid](x, weight, out, acc, counter, out if residual is None else residual, summed,
                                 out if norm_weight is None else norm_weight, float(eps), T, N, K, x.stride(0),

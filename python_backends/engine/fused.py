@@ -221,8 +221,16 @@ def linear(owner: torch.nn.Module, x: torch.Tensor, weight: torch.Tensor) -> tor
     """`F.linear(x, weight)` for a bias-free weight owned by `owner` (the router's `gate.weight`, the fused q/k/v
     weight of an attention module): `decode_linear` at decode sizes where the tuning table measured it faster."""
     if _decode_linear_for(weight, x, with_norm=False):
-        return omni_kernels.decode_linear(x, weight, _workspace(owner, weight.shape[0], x.device))
+        split = omni_kernels.linear_decode.linear_config(*weight.shape).SPLIT_K > 1   # the direct store needs none
+        return omni_kernels.decode_linear(x, weight, _workspace(owner, weight.shape[0], x.device) if split else None)
     return torch.nn.functional.linear(x, weight)
+
+
+def lm_head(head: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """`head(x)` for a decoder's output projection [vocab, hidden] on x [T, hidden] -> [T, vocab] logits in x's
+    dtype: `decode_linear` (direct store, a PDL launch in the step's chain) where the tuning table has a tile for the
+    head's shape and measured it faster than torch's linear, else the module."""
+    return head(x) if head.bias is not None else linear(head, x, head.weight)
 
 
 def linear_norm(proj: torch.nn.Linear, x: torch.Tensor, norm: torch.nn.Module, residual: torch.Tensor):

@@ -304,3 +304,32 @@ def test_direct_decode_linear_switch(monkeypatch):
         assert fused._decode_linear_for(split, x, False) and fused._decode_linear_for(direct, x, with_norm=True)
     finally:
         fused.set_direct_decode_linear(True)
+
+
+def test_lm_head_through_decode_linear_where_the_table_has_its_tile(monkeypatch):
+    """`fused.lm_head`: a head wider than the split-K finish runs as `decode_linear` (direct store, no workspace) at
+    one row when the table has a tile for its shape, equal to the module's output (fp32: summation order only);
+    without the entry, or at two rows, the module runs."""
+    from omni_backends.engine import fused
+
+    ok = pytest.importorskip("omni_kernels")
+    if not ok.HAVE_TRITON or not ok.backend.INTERPRETED:
+        pytest.skip("needs Triton's interpreter (a machine without CUDA; on the H200: tests/unit/test_kernels.py)")
+    from omni_kernels.linear_decode import LinearConfig
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(32, ok.linear_decode.MAX_OUT + 64, bias=False)
+    x = torch.randn(2, 32)
+    monkeypatch.setattr(fused, "active", lambda x: True)
+    monkeypatch.setenv("OMNI_KERNELS_INTERPRET", "1")
+    calls = []
+    real = ok.decode_linear
+    monkeypatch.setattr(ok, "decode_linear", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
+    with torch.inference_mode():
+        assert torch.equal(fused.lm_head(head, x[:1]), head(x[:1])) and not calls   # no tile: the module
+        monkeypatch.setitem(ok.linear_decode.LINEAR_CONFIGS, tuple(head.weight.shape), LinearConfig(1024, 32, 1))
+        out = fused.lm_head(head, x[:1])
+        assert calls == [None] and ok.last_backend("decode_linear") == "interpreter"   # no workspace
+        assert ((out - head(x[:1])).norm() / head(x[:1]).norm()).item() < 1e-5
+        assert torch.equal(fused.lm_head(head, x), head(x)) and len(calls) == 1   # two rows: the module
+    assert not hasattr(head, fused.WORKSPACE)
