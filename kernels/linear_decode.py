@@ -45,20 +45,24 @@ class LinearConfig:
 
 # (out features N, in features K) -> config at one row, tuned on the H200 for the Qwen3-Omni decoders' linears
 # (`scripts/bench_kernels --tune-decode`, run 14 with programmatic dependent launch,
-# bench/results/tune_decode_h200_run14.json); None: torch's linear (+ rms_norm) was faster for that shape. SPLIT_K 1
+# bench/results/tune_decode_h200_run14.json; the thinker's router and lm_head from run 16,
+# bench/results/tune_decode_h200_run16.json); None: torch's linear (+ rms_norm) was faster for that shape. SPLIT_K 1
 # is the direct-store path. The thinker's q/k/v tile was 1.5% slower than cuBLAS alone (8.16 vs 8.04 us) and is
 # kept: in the decode step it is a PDL launch between PDL launches, where cuBLAS's kernel leaves a launch gap on
-# each side. Shapes not in the table get `linear_config`'s rule.
+# each side. The lm_head (0.62 GB) streams at 4.45 TB/s (139.9 us vs cuBLAS 150.2 us, run 16). Run 16's other
+# winners (talker / code predictor: 5 stages, 8 warps) were faster alone but made the talker frame 3.5% slower in
+# the decode chain, and are not taken. Shapes not in the table get `linear_config`'s rule.
 LINEAR_CONFIGS: dict[tuple[int, int], LinearConfig | None] = {
     (2048, 4096): LinearConfig(BLOCK_N=64, BLOCK_K=128, SPLIT_K=8, num_warps=4, num_stages=3),    # thinker o_proj
     (5120, 2048): LinearConfig(BLOCK_N=64, BLOCK_K=256, SPLIT_K=1, num_warps=4, num_stages=3),    # thinker q/k/v
-    (128, 2048): LinearConfig(BLOCK_N=32, BLOCK_K=128, SPLIT_K=16, num_warps=4, num_stages=3),    # thinker router
+    (128, 2048): LinearConfig(BLOCK_N=16, BLOCK_K=128, SPLIT_K=16, num_warps=4, num_stages=3),    # thinker router
     (1024, 2048): LinearConfig(BLOCK_N=64, BLOCK_K=128, SPLIT_K=8, num_warps=4, num_stages=3),    # talker o_proj
     (2560, 1024): LinearConfig(BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, num_warps=4, num_stages=3),    # talker q/k/v
     (128, 1024): LinearConfig(BLOCK_N=16, BLOCK_K=256, SPLIT_K=1, num_warps=4, num_stages=3),     # talker router
     (4096, 1024): LinearConfig(BLOCK_N=32, BLOCK_K=128, SPLIT_K=1, num_warps=4, num_stages=4),    # predictor q/k/v
     (6144, 1024): LinearConfig(BLOCK_N=64, BLOCK_K=128, SPLIT_K=1, num_warps=4, num_stages=4),    # predictor gate/up
     (1024, 3072): LinearConfig(BLOCK_N=64, BLOCK_K=128, SPLIT_K=8, num_warps=4, num_stages=3),    # predictor down
+    (152064, 2048): LinearConfig(BLOCK_N=64, BLOCK_K=256, SPLIT_K=1, num_warps=4, num_stages=3),  # thinker lm_head
 }
 
 
