@@ -11,7 +11,7 @@ Decode-step fusions (`set_step_fusion`, on by default): at decode sizes the resi
 o_proj, after a dense MLP's down_proj (<= LINEAR_ROWS rows) and after a sparse MoE block (the next layer's input
 norm; <= DECODE_ROWS rows) run inside the launch that produces their input (`omni_kernels.decode_linear`,
 `fused_moe` with a norm epilogue; the MoE itself one launch at the fewest tokens), and the linears that the
-tuning table marks faster (the routers; q/k/v and gate/up where its direct-store tiles beat torch) run as
+tuning table marks faster (the routers; q/k/v, gate/up and the lm_head where its direct-store tiles beat torch) run as
 `decode_linear` (`set_direct_decode_linear(False)` keeps torch's linear for the direct-store ones). The decode kernels
 are launched with programmatic dependent launch on sm_90 (`omni_kernels.set_pdl`), so inside a step's CUDA graph
 each launch overlaps the tail of the one before. Those kernels keep a zeroed split-K
@@ -69,7 +69,7 @@ _direct_decode_linear = True
 
 def set_direct_decode_linear(flag: bool) -> None:
     """Run the plain decode linears whose tuned tile is direct-store (one K slice: q/k/v, dense gate/up where it
-    beat torch) as `decode_linear` (default); False keeps torch's linear for them (benchmark A/B). The split-K
+    beat torch, the thinker's lm_head) as `decode_linear` (default); False keeps torch's linear for them (benchmark A/B). The split-K
     ones (the routers, the norm-fused linears) are not affected."""
     global _direct_decode_linear
     _direct_decode_linear = bool(flag)
