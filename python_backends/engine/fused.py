@@ -69,8 +69,8 @@ _direct_decode_linear = True
 
 def set_direct_decode_linear(flag: bool) -> None:
     """Run the plain decode linears whose tuned tile is direct-store (one K slice: q/k/v, dense gate/up where it
-    beat torch, the thinker's lm_head) as `decode_linear` (default); False keeps torch's linear for them (benchmark A/B). The split-K
-    ones (the routers, the norm-fused linears) are not affected."""
+    beat torch, the thinker's lm_head) as `decode_linear` (default); False keeps torch's linear for them (benchmark
+    A/B). The split-K ones (the routers, the norm-fused linears) are not affected."""
     global _direct_decode_linear
     _direct_decode_linear = bool(flag)
 
