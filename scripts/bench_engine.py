@@ -8,7 +8,8 @@
              omni_kernels on vs off (when available), and the kernels with one switch changed (`--modes`, MODES:
              on_no_pdl, on_prefetch, on_prefetch_linear, on_torch_linears, on_main = both of the last off, on_rows16,
              on_unfused_step, on_unfused_attention, on_tuned / on_tuned_torch_head = the decode tiles of a
-             `bench_kernels --tune-decode` JSON given as --tables, with the lm_head's tile / torch's); with --rounds N
+             `bench_kernels --tune-decode` JSON given as --tables, with the lm_head's tile / torch's,
+             on_full_inputs = the step's host work as before run 16); with --rounds N
              every mode is timed N times, modes interleaved (the machine's speed drifts), medians reported; the
              floor = (active weight bytes + KV bytes of the step) / measured bandwidth; greedy tokens of a fixed
              (seeded) prompt per mode, and each mode's logits over the same 32
@@ -92,7 +93,8 @@ def kv_bytes(text_config, length: int, element_size: int = 2) -> int:
 
 # The A/B modes of the thinker and talker parts: each the default engine ("on") with some switches changed.
 DEFAULT_MODE = {"kernels": True, "fused_attention": True, "step_fusion": True, "pdl": True, "prefetch": False,
-                "direct_decode_linear": True, "linear_rows": 1, "tables": "checked_in", "decode_head": True}
+                "direct_decode_linear": True, "linear_rows": 1, "tables": "checked_in", "decode_head": True,
+                "lean_inputs": True}
 MODES = {
     "off": {"kernels": False},                                  # transformers' modules (grouped_mm MoE)
     "on": {},
@@ -106,6 +108,7 @@ MODES = {
     "on_unfused_attention": {"fused_attention": False},         # norms + RoPE + cache writes + SDPA
     "on_tuned": {"tables": "tuned"},                            # the decode tiles of --tables (a tune-decode JSON)
     "on_tuned_torch_head": {"tables": "tuned", "decode_head": False},   # same, lm_head through torch's linear
+    "on_full_inputs": {"lean_inputs": False},                   # the thinker step pads and copies every input
 }
 
 
@@ -114,8 +117,10 @@ def set_mode(name: str) -> None:
     import omni_kernels
 
     from omni_backends.engine import fused
+    from omni_backends.qwen3_omni import decoder
 
     mode = {**DEFAULT_MODE, **MODES[name]}
+    decoder.set_lean_inputs(mode["lean_inputs"])
     use_tables(_tuned_tables if mode["tables"] == "tuned" else None, mode["decode_head"])
     fused.set_enabled(mode["kernels"])
     fused.set_fused_attention(mode["fused_attention"])

@@ -333,3 +333,48 @@ def test_lm_head_through_decode_linear_where_the_table_has_its_tile(monkeypatch)
         assert ((out - head(x[:1])).norm() / head(x[:1]).norm()).item() < 1e-5
         assert torch.equal(fused.lm_head(head, x), head(x)) and len(calls) == 1   # two rows: the module
     assert not hasattr(head, fused.WORKSPACE)
+
+
+def test_lean_step_inputs_give_the_same_outputs(qwen3_omni_stages):
+    """`decoder.set_lean_inputs` (default on: a full bucket's embeddings go to the step as they are) gives the same
+    logits as padding and copying every input, for a full bucket (2 rows) and a padded one (3 rows in bucket 4)."""
+    from transformers.cache_utils import DynamicCache
+
+    from omni_backends.engine.kv_batch import cache_layers
+    from omni_backends.qwen3_omni import decoder as decoder_module
+
+    model = qwen3_omni_stages.thinker
+    text_model = getattr(model.model, "language_model", model.model)
+    config = text_model.config
+    cache = DynamicCache(config=config)
+    with torch.inference_mode():
+        positions = torch.arange(4)[None].expand(3, 1, 4)
+        text_model(inputs_embeds=torch.randn(1, 4, config.hidden_size) * 0.5, position_ids=positions,
+                   past_key_values=cache, use_cache=True)
+
+    def step(lean: bool, rows: int) -> torch.Tensor:
+        decoder_module.set_lean_inputs(lean)
+        decoder = StaticDecoder(text_model, head=lambda h: (model.lm_head(h),), slots=4, max_len=16, graphs=False)
+        for i in range(rows):
+            decoder.add(f"r{i}", cache_layers(cache))
+        embeds = torch.randn(rows, config.hidden_size, generator=torch.Generator().manual_seed(rows))
+        return decoder.step(embeds, [4] * rows)[0]
+
+    try:
+        with torch.inference_mode():
+            for rows in (2, 3):
+                lean, full = step(True, rows), step(False, rows)
+                assert lean.shape == (rows, config.vocab_size) and torch.equal(lean, full)
+    finally:
+        decoder_module.set_lean_inputs(True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs")
+def test_step_graphs_constant_inputs_are_copied_at_capture_only():
+    """`StepGraphs.run(..., constant=names)`: those inputs keep their captured values; the others are copied in
+    before every replay (the first call captures, then replays)."""
+    graphs = StepGraphs(lambda x, c: (x + c,))
+    one, two = torch.ones(4, device="cuda"), torch.full((4,), 2.0, device="cuda")
+    assert torch.equal(graphs.run("k", {"x": one, "c": one}, constant=("c",))[0], two)   # captured with c = 1
+    out = graphs.run("k", {"x": two, "c": two}, constant=("c",))[0]   # replayed: x copied, c kept from the capture
+    assert graphs.stats().replays == 2 and torch.equal(out, torch.full((4,), 3.0, device="cuda"))
