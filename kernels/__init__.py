@@ -14,7 +14,7 @@ interpreter for CPU tensors under `OMNI_KERNELS_INTERPRET=1`; otherwise the op's
                    scale) -> [B, Hq, D]   (q/k norm + RoPE + cache write + grouped-query attention)
 Switch: `set_enabled(flag)` / `enabled()`; `last_backend(op)` names the backend of the last call.
 Programmatic dependent launch of the decode kernels: `set_pdl(flag)` / `pdl()` (env `OMNI_KERNELS_PDL=0`: off);
-their L2 weight prefetch: `set_prefetch(flag)` / `prefetch()` (off by default).
+their L2 weight prefetch: `set_prefetch(flag or kernel name)` / `prefetch(kernel=None)` (off by default).
 See docs/kernels.md.
 """
 from .activation import silu_and_mul, silu_and_mul_reference

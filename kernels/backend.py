@@ -18,7 +18,7 @@ most `PDL_MAX_ROWS` rows use it (where it measured faster). `set_pdl(False)`
 (initial value from `OMNI_KERNELS_PDL`, "0" = off) launches them plainly; on CPU, in the interpreter and before
 sm_90 it is a no-op (`pdl_for`). `set_prefetch(True)` (`OMNI_KERNELS_PREFETCH=1`; default off) also lets
 `decode_linear` pull its weight slice into L2 before that wait, and the one-launch MoE its W2 columns right after
-routing (benchmark A/B).
+routing (benchmark A/B); `set_prefetch("decode_linear")` only the former.
 
 Triton fixes its mode (compile for the GPU, or interpret) when it is first imported: its own library
 functions (`tl.sum`, `tl.sigmoid`, ...) are decorated then, from `TRITON_INTERPRET`. On a machine without
@@ -84,7 +84,8 @@ else:  # pragma: no cover - exercised on machines without Triton
 
 _enabled = os.environ.get("OMNI_KERNELS", "1") != "0"
 _pdl = os.environ.get("OMNI_KERNELS_PDL", "1") != "0"
-_prefetch = os.environ.get("OMNI_KERNELS_PREFETCH", "0") == "1"
+PREFETCH_KERNELS = ("decode_linear", "fused_moe")   # the kernels with an optional L2 prefetch
+_prefetch = frozenset(PREFETCH_KERNELS if os.environ.get("OMNI_KERNELS_PREFETCH", "0") == "1" else ())
 _last: dict[str, str] = {}
 _lock = threading.Lock()
 
@@ -112,16 +113,22 @@ def pdl() -> bool:
     return _pdl
 
 
-def set_prefetch(flag: bool) -> None:
-    """Let `decode_linear` prefetch its weight slice into L2 before waiting for the kernel before it (only with
-    PDL; default off: benchmark A/B)."""
+def set_prefetch(flag: bool | str) -> None:
+    """Let `decode_linear` prefetch its weight slice into L2 before waiting for the kernel before it, and the
+    one-launch MoE its W2 columns after routing (only with PDL; default off: benchmark A/B). True: both; a name of
+    PREFETCH_KERNELS: that kernel only; False: none. Raises ValueError for another name."""
     global _prefetch
-    _prefetch = bool(flag)
+    if isinstance(flag, str):
+        if flag not in PREFETCH_KERNELS:
+            raise ValueError(f"set_prefetch: {flag!r} is not one of {PREFETCH_KERNELS}")
+        _prefetch = frozenset((flag,))
+    else:
+        _prefetch = frozenset(PREFETCH_KERNELS if flag else ())
 
 
-def prefetch() -> bool:
-    """Whether the L2 prefetch before the grid-dependency wait is requested."""
-    return _prefetch
+def prefetch(kernel: str | None = None) -> bool:
+    """Whether `kernel`'s L2 prefetch is requested (None: any kernel's)."""
+    return bool(_prefetch) if kernel is None else kernel in _prefetch
 
 
 _capability: dict[int, tuple[int, int]] = {}

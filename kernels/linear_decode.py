@@ -30,7 +30,7 @@ from .norm import rms_norm_reference
 from .splitk import SplitKWorkspace, _finish_rows, finish_block, finish_outputs, norm_args, workspace_for
 
 MAX_ROWS = 16   # one MMA row tile
-MAX_OUT = 16384  # the last program holds one output row in registers
+MAX_OUT = 16384  # with a finish (K split or norm), the last program holds one output row in registers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,20 +45,24 @@ class LinearConfig:
 
 # (out features N, in features K) -> config at one row, tuned on the H200 for the Qwen3-Omni decoders' linears
 # (`scripts/bench_kernels --tune-decode`, run 14 with programmatic dependent launch,
-# bench/results/tune_decode_h200_run14.json); None: torch's linear (+ rms_norm) was faster for that shape. SPLIT_K 1
+# bench/results/tune_decode_h200_run14.json; the thinker's router and lm_head from run 16,
+# bench/results/tune_decode_h200_run16.json); None: torch's linear (+ rms_norm) was faster for that shape. SPLIT_K 1
 # is the direct-store path. The thinker's q/k/v tile was 1.5% slower than cuBLAS alone (8.16 vs 8.04 us) and is
 # kept: in the decode step it is a PDL launch between PDL launches, where cuBLAS's kernel leaves a launch gap on
-# each side. Shapes not in the table get `linear_config`'s rule.
+# each side. The lm_head (0.62 GB) streams at 4.45 TB/s (139.9 us vs cuBLAS 150.2 us, run 16). Run 16's other
+# winners (talker / code predictor: 5 stages, 8 warps) were faster alone but made the talker frame 3.5% slower in
+# the decode chain, and are not taken. Shapes not in the table get `linear_config`'s rule.
 LINEAR_CONFIGS: dict[tuple[int, int], LinearConfig | None] = {
     (2048, 4096): LinearConfig(BLOCK_N=64, BLOCK_K=128, SPLIT_K=8, num_warps=4, num_stages=3),    # thinker o_proj
     (5120, 2048): LinearConfig(BLOCK_N=64, BLOCK_K=256, SPLIT_K=1, num_warps=4, num_stages=3),    # thinker q/k/v
-    (128, 2048): LinearConfig(BLOCK_N=32, BLOCK_K=128, SPLIT_K=16, num_warps=4, num_stages=3),    # thinker router
+    (128, 2048): LinearConfig(BLOCK_N=16, BLOCK_K=128, SPLIT_K=16, num_warps=4, num_stages=3),    # thinker router
     (1024, 2048): LinearConfig(BLOCK_N=64, BLOCK_K=128, SPLIT_K=8, num_warps=4, num_stages=3),    # talker o_proj
     (2560, 1024): LinearConfig(BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, num_warps=4, num_stages=3),    # talker q/k/v
     (128, 1024): LinearConfig(BLOCK_N=16, BLOCK_K=256, SPLIT_K=1, num_warps=4, num_stages=3),     # talker router
     (4096, 1024): LinearConfig(BLOCK_N=32, BLOCK_K=128, SPLIT_K=1, num_warps=4, num_stages=4),    # predictor q/k/v
     (6144, 1024): LinearConfig(BLOCK_N=64, BLOCK_K=128, SPLIT_K=1, num_warps=4, num_stages=4),    # predictor gate/up
     (1024, 3072): LinearConfig(BLOCK_N=64, BLOCK_K=128, SPLIT_K=8, num_warps=4, num_stages=3),    # predictor down
+    (152064, 2048): LinearConfig(BLOCK_N=64, BLOCK_K=256, SPLIT_K=1, num_warps=4, num_stages=3),  # thinker lm_head
 }
 
 
@@ -131,29 +135,34 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor, workspace: SplitKWorksp
                   config: LinearConfig | None = None):
     """`F.linear(x, weight)` for a few rows, optionally followed by the residual add and RMSNorm.
 
-    x: [T, K] with T <= 16 (bf16/fp16/fp32); weight: [N, K] in x's dtype, N <= 16384 (a bias-free linear's
-    weight). workspace: `SplitKWorkspace(max_rows >= T, N, device)`, reused call after call on one
-    stream (default: a new one per call). norm_weight [N] (x's dtype), eps, residual [T, N] (optional): return
+    x: [T, K] with T <= 16 (bf16/fp16/fp32); weight: [N, K] in x's dtype (a bias-free linear's weight), N <= 16384
+    unless the config is direct-store (SPLIT_K 1 and no norm: e.g. an lm_head). workspace: `SplitKWorkspace(max_rows
+    >= T, N, device)`, reused call after call on one stream (default: a new one per call; the direct store needs
+    none). norm_weight [N] (x's dtype), eps, residual [T, N] (optional): return
     what `rms_norm(out, norm_weight, eps, residual)` returns (`(normed, out + residual)` with a residual).
     config: tile and K split (default `linear_config(N, K)`). Returns [T, N] in x's dtype (or that norm's result).
-    Raises ValueError on mismatched shapes/dtypes, more than 16 rows, or a workspace that does not fit.
+    Raises ValueError on mismatched shapes/dtypes, more than 16 rows, more than 16384 outputs with a K split or the
+    norm, or a workspace that does not fit.
     Source: torch.nn.Linear, the decoder layer's residual add, transformers Qwen3OmniMoeThinkerTextRMSNorm.
     """
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1] or x.dtype != weight.dtype \
-            or not 0 < x.shape[0] <= MAX_ROWS or weight.shape[0] > MAX_OUT:
+            or not 0 < x.shape[0] <= MAX_ROWS:
         raise ValueError(f"decode_linear: x {tuple(x.shape)} {x.dtype}, weight {tuple(weight.shape)} {weight.dtype} "
-                         f"(1..{MAX_ROWS} rows, at most {MAX_OUT} outputs)")
+                         f"(1..{MAX_ROWS} rows)")
     (T, K), N = x.shape, weight.shape[0]
     residual, norm_weight = norm_args("decode_linear", T, N, x.dtype, residual, norm_weight)
+    config = config or linear_config(N, K)
+    k_split = triton.cdiv(triton.cdiv(K, config.SPLIT_K), config.BLOCK_K) * config.BLOCK_K
+    splits = triton.cdiv(K, k_split)
+    direct = splits == 1 and norm_weight is None
+    if not direct and N > MAX_OUT:
+        raise ValueError(f"decode_linear: weight {tuple(weight.shape)}: more than {MAX_OUT} outputs need the "
+                         f"direct store (SPLIT_K 1, no norm; config {config})")
     backend = select("decode_linear", x, weight)
     if backend == "reference":
         return decode_linear_reference(x, weight, residual, norm_weight, eps)
     x = x if x.stride(-1) == 1 else x.contiguous()
     weight = weight if weight.stride(-1) == 1 else weight.contiguous()
-    config = config or linear_config(N, K)
-    k_split = triton.cdiv(triton.cdiv(K, config.SPLIT_K), config.BLOCK_K) * config.BLOCK_K
-    splits = triton.cdiv(K, k_split)
-    direct = splits == 1 and norm_weight is None
     if direct:   # no accumulator (a given workspace is checked, not touched)
         acc = counter = x if workspace is None else workspace.check("decode_linear", T, N, x.device).accumulator
     else:
@@ -161,7 +170,8 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor, workspace: SplitKWorksp
         acc, counter = workspace.accumulator, workspace.counter
     out, summed = finish_outputs(T, N, x, residual)
     pdl = pdl_for(x.device, T)
-    prefetch_lines = triton.next_power_of_2(triton.cdiv(k_split * x.element_size(), 128)) if pdl and prefetch() else 0
+    prefetch_lines = triton.next_power_of_2(triton.cdiv(k_split * x.element_size(), 128)) \
+        if pdl and prefetch("decode_linear") else 0
     grid = (triton.cdiv(N, config.BLOCK_N) * splits,)
     _decode_linear_kernel[grid](x, weight, out, acc, counter, out if residual is None else residual, summed,
                                 out if norm_weight is None else norm_weight, float(eps), T, N, K, x.stride(0),

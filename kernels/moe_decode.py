@@ -152,8 +152,8 @@ def fused_moe_decode(hidden: torch.Tensor, router_logits: torch.Tensor, w13: tor
                              EVEN_H=H % config.BLOCK_H == 0, DOT_F32=DOT_IN_FP32,
                              DOT_PRECISION="ieee" if hidden.dtype == torch.float32 else "tf32",
                              NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None, BLOCK_W=finish_block(H),
-                             PDL=pdl, PREFETCH=pdl and prefetch(), launch_pdl=pdl, num_warps=config.num_warps,
-                             num_stages=config.num_stages)
+                             PDL=pdl, PREFETCH=pdl and prefetch("fused_moe"), launch_pdl=pdl,
+                             num_warps=config.num_warps, num_stages=config.num_stages)
     return out if residual is None else (out, summed)
 
 

@@ -6,10 +6,13 @@
   bandwidth  device-to-device copy of 2 GiB: (bytes read + written) / time, the HBM ceiling of this run
   thinker    decode step of the static engine (`StaticDecoder`) at batch 1, 4, 16: CUDA graphs vs eager,
              omni_kernels on vs off (when available), and the kernels with one switch changed (`--modes`, MODES:
-             on_no_pdl, on_prefetch, on_torch_linears, on_main = both of the last off, on_rows16,
-             on_unfused_step, on_unfused_attention); with --rounds N
-             every mode is timed N times, modes interleaved (the machine's speed drifts), medians reported; the floor = (active weight bytes + KV bytes of the step) / measured
-             bandwidth; greedy tokens of a fixed (seeded) prompt per mode, and each mode's logits over the same 32
+             on_no_pdl, on_prefetch, on_prefetch_linear, on_torch_linears, on_main = both of the last off, on_rows16,
+             on_unfused_step, on_unfused_attention, on_tuned / on_tuned_torch_head = the decode tiles of a
+             `bench_kernels --tune-decode` JSON given as --tables, with the lm_head's tile / torch's,
+             on_full_inputs = the step's host work as before run 16); with --rounds N
+             every mode is timed N times, modes interleaved (the machine's speed drifts), medians reported; the
+             floor = (active weight bytes + KV bytes of the step) / measured bandwidth; greedy tokens of a fixed
+             (seeded) prompt per mode, and each mode's logits over the same 32
              tokens (kernels-off's) against kernels-off's (relative / absolute difference, argmax flips and
              whether they are near-ties of the random model); with --profile, each graph mode's kernels at
              batch 1 (torch.profiler over 20 replays: us per step by kernel, and the time between kernels)
@@ -90,17 +93,22 @@ def kv_bytes(text_config, length: int, element_size: int = 2) -> int:
 
 # The A/B modes of the thinker and talker parts: each the default engine ("on") with some switches changed.
 DEFAULT_MODE = {"kernels": True, "fused_attention": True, "step_fusion": True, "pdl": True, "prefetch": False,
-                "direct_decode_linear": True, "linear_rows": 1}
+                "direct_decode_linear": True, "linear_rows": 1, "tables": "checked_in", "decode_head": True,
+                "lean_inputs": True}
 MODES = {
     "off": {"kernels": False},                                  # transformers' modules (grouped_mm MoE)
     "on": {},
     "on_no_pdl": {"pdl": False},                                # plain launches (no programmatic dependent launch)
-    "on_prefetch": {"prefetch": True},                          # decode_linear pulls its weights into L2 first
+    "on_prefetch": {"prefetch": True},                          # decode_linear pulls its weights into L2 first,
+    "on_prefetch_linear": {"prefetch": "decode_linear"},        # the MoE its W2 columns; or decode_linear only
     "on_torch_linears": {"direct_decode_linear": False},        # q/k/v, gate/up through torch's linear
     "on_main": {"pdl": False, "direct_decode_linear": False},   # the kernels as before PDL and direct stores
     "on_rows16": {"linear_rows": 16},                           # decode_linear (+ norm epilogues) up to 16 rows
     "on_unfused_step": {"step_fusion": False},                  # separate norms, torch router, four-launch MoE
     "on_unfused_attention": {"fused_attention": False},         # norms + RoPE + cache writes + SDPA
+    "on_tuned": {"tables": "tuned"},                            # the decode tiles of --tables (a tune-decode JSON)
+    "on_tuned_torch_head": {"tables": "tuned", "decode_head": False},   # same, lm_head through torch's linear
+    "on_full_inputs": {"lean_inputs": False},                   # the thinker step pads and copies every input
 }
 
 
@@ -109,8 +117,11 @@ def set_mode(name: str) -> None:
     import omni_kernels
 
     from omni_backends.engine import fused
+    from omni_backends.qwen3_omni import decoder
 
     mode = {**DEFAULT_MODE, **MODES[name]}
+    decoder.set_lean_inputs(mode["lean_inputs"])
+    use_tables(_tuned_tables if mode["tables"] == "tuned" else None, mode["decode_head"])
     fused.set_enabled(mode["kernels"])
     fused.set_fused_attention(mode["fused_attention"])
     fused.set_step_fusion(mode["step_fusion"])
@@ -120,6 +131,42 @@ def set_mode(name: str) -> None:
     omni_kernels.set_prefetch(mode["prefetch"])
 
 
+_checked_in: dict = {}   # the decode tables as imported (before any mode changed them)
+_tuned_tables: dict | None = None   # from --tables
+
+
+def load_tables(path: str) -> dict:
+    """The tuned decode tables of a `bench_kernels --tune-decode --result-json` file: {"decode": {(H, I): [(tokens,
+    DecodeConfig)]}, "linear": {(N, K): LinearConfig | None}}."""
+    from omni_kernels import moe_configs
+    from omni_kernels.linear_decode import LinearConfig
+
+    tuned = json.loads(Path(path).read_text())["decode_tuning"]
+    shapes = {"thinker": moe_configs.THINKER, "talker": moe_configs.TALKER}
+    decode = {shapes[name]: [(t, moe_configs.DecodeConfig(**c)) for t, c in entries]
+              for name, entries in tuned["DECODE_CONFIGS"].items() if entries}
+    linear = {tuple(int(v) for v in key.split("x")): c and LinearConfig(**c)
+              for key, c in tuned["LINEAR_CONFIGS"].items()}
+    return {"decode": decode, "linear": linear}
+
+
+def use_tables(tuned: dict | None, decode_head: bool = True) -> None:
+    """Set omni_kernels' decode tables (read at launch, so at graph capture) to the checked-in ones updated with
+    `tuned` (`load_tables`); decode_head False drops the entries of linears too wide for the split-K finish (the
+    lm_head: torch's linear then)."""
+    from omni_kernels import linear_decode, moe_configs
+
+    tables = ((moe_configs.DECODE_CONFIGS, "decode"), (linear_decode.LINEAR_CONFIGS, "linear"))
+    for table, key in tables:
+        _checked_in.setdefault(key, dict(table))
+        table.clear()
+        table.update(_checked_in[key])
+        table.update((tuned or {}).get(key, {}))
+    if not decode_head:
+        for n, k in [shape for shape in linear_decode.LINEAR_CONFIGS if shape[0] > linear_decode.MAX_OUT]:
+            del linear_decode.LINEAR_CONFIGS[(n, k)]
+
+
 def selected_modes(args) -> list[str]:
     from omni_backends.engine import fused
 
@@ -127,6 +174,8 @@ def selected_modes(args) -> list[str]:
     unknown = set(names) - set(MODES)
     if unknown:
         raise SystemExit(f"unknown modes {sorted(unknown)} (known: {', '.join(MODES)})")
+    if any(MODES[m].get("tables") == "tuned" for m in names) and _tuned_tables is None:
+        raise SystemExit(f"modes {names} need --tables (a bench_kernels --tune-decode --result-json file)")
     return [m for m in MODES if m in names and (m == "off" or fused.available())]
 
 
@@ -200,6 +249,7 @@ def fill_slots(decoder, model_forward, prompt_embeds: torch.Tensor, count: int, 
 def bench_thinker(path, config, device, args, bw: float) -> dict:
     from transformers.cache_utils import DynamicCache
 
+    from omni_backends.engine import fused
     from omni_backends.engine.runner import cache_kwargs, text_mrope_position_ids
     from omni_backends.qwen3_omni.decoder import StaticDecoder
     from omni_backends.qwen3_omni.loading import load_thinker
@@ -235,7 +285,7 @@ def bench_thinker(path, config, device, args, bw: float) -> dict:
         for graphs in ((True, False) if name in ("off", "on") and args.eager else (True,)):
             label = f"kernels_{name}" + ("" if graphs else "_eager")
             runs[label] = (name, graphs, StaticDecoder(
-                text_model, head=lambda h: (model.lm_head(h).float(),), slots=max(args.batches),
+                text_model, head=lambda h: (fused.lm_head(model.lm_head, h).float(),), slots=max(args.batches),
                 max_len=args.prompt_tokens + 2 * args.steps + 64, graphs=graphs, name=label))
             result["modes"][label] = {}
     times: dict[tuple[str, int], list[float]] = {}
@@ -395,7 +445,7 @@ def bench_overlap(path, config, device, args) -> dict:
     (step + frame) pair run serially vs concurrently."""
     import threading
 
-
+    from omni_backends.engine import fused
     from omni_backends.engine.runner import cache_kwargs, text_mrope_position_ids
     from omni_backends.qwen3_omni.decoder import StaticDecoder
     from omni_backends.qwen3_omni.loading import load_talker, load_thinker
@@ -408,8 +458,9 @@ def bench_overlap(path, config, device, args) -> dict:
     text_model = getattr(thinker.model, "language_model", thinker.model)
     embed = thinker.get_input_embeddings()
     steps = args.steps
-    decoder = StaticDecoder(text_model, head=lambda h: (thinker.lm_head(h).float(),), slots=max(args.batches),
-                            max_len=args.prompt_tokens + 4 * steps + 64, name="overlap-thinker")
+    decoder = StaticDecoder(text_model, head=lambda h: (fused.lm_head(thinker.lm_head, h).float(),),
+                            slots=max(args.batches), max_len=args.prompt_tokens + 4 * steps + 64,
+                            name="overlap-thinker")
     decode = TalkerDecode(talker, slots=max(args.batches), max_len=40 + 4 * steps + 16)
     frames = CodePredictorFrames(talker, max_batch=max(args.batches))
     prompt = torch.randint(0, 1000, (args.prompt_tokens,), device=device)
@@ -563,8 +614,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eager", action=argparse.BooleanOptionalAction, default=True,
                         help="also time the thinker without CUDA graphs (modes off and on)")
     parser.add_argument("--profile", action="store_true", help="kernel breakdown of each graph mode at batch 1")
+    parser.add_argument("--tables", help="a bench_kernels --tune-decode --result-json file: the decode tiles of the "
+                                         "on_tuned modes (the other modes keep the checked-in tables)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
+    global _tuned_tables
+    _tuned_tables = load_tables(args.tables) if args.tables else None
     from omni_backends import prepare
     from omni_backends.paths import model_home
     from omni_backends.qwen3_omni.loading import load_config

@@ -60,6 +60,8 @@ LINEAR_SHAPES = (("thinker o_proj", HEADS * HEAD_DIM, THINKER_HIDDEN, True),
                  ("code predictor q/k/v", 1024, (16 + 2 * 8) * HEAD_DIM, False),
                  ("code predictor gate/up", 1024, 2 * CODE_PREDICTOR_INTER, False),
                  ("code predictor down_proj", CODE_PREDICTOR_INTER, 1024, True))
+# the thinker's output projection (vocab x hidden, 0.62 GB in bf16): tuned at one row (direct store only), not a case
+HEAD_SHAPES = (("thinker lm_head", THINKER_HIDDEN, 152064),)
 LINEAR_MAX_TOKENS = 4   # decode_linear's cases (the engine uses it up to this many rows)
 ATTENTION_COLUMNS, ATTENTION_MAX_ROWS = 1024, 64   # decode attention: cached columns, most rows timed
 

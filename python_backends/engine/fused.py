@@ -11,7 +11,7 @@ Decode-step fusions (`set_step_fusion`, on by default): at decode sizes the resi
 o_proj, after a dense MLP's down_proj (<= LINEAR_ROWS rows) and after a sparse MoE block (the next layer's input
 norm; <= DECODE_ROWS rows) run inside the launch that produces their input (`omni_kernels.decode_linear`,
 `fused_moe` with a norm epilogue; the MoE itself one launch at the fewest tokens), and the linears that the
-tuning table marks faster (the routers; q/k/v and gate/up where its direct-store tiles beat torch) run as
+tuning table marks faster (the routers; q/k/v, gate/up and the lm_head where its direct-store tiles beat torch) run as
 `decode_linear` (`set_direct_decode_linear(False)` keeps torch's linear for the direct-store ones). The decode kernels
 are launched with programmatic dependent launch on sm_90 (`omni_kernels.set_pdl`), so inside a step's CUDA graph
 each launch overlaps the tail of the one before. Those kernels keep a zeroed split-K
@@ -69,8 +69,8 @@ _direct_decode_linear = True
 
 def set_direct_decode_linear(flag: bool) -> None:
     """Run the plain decode linears whose tuned tile is direct-store (one K slice: q/k/v, dense gate/up where it
-    beat torch) as `decode_linear` (default); False keeps torch's linear for them (benchmark A/B). The split-K
-    ones (the routers, the norm-fused linears) are not affected."""
+    beat torch, the thinker's lm_head) as `decode_linear` (default); False keeps torch's linear for them (benchmark
+    A/B). The split-K ones (the routers, the norm-fused linears) are not affected."""
     global _direct_decode_linear
     _direct_decode_linear = bool(flag)
 
@@ -221,8 +221,16 @@ def linear(owner: torch.nn.Module, x: torch.Tensor, weight: torch.Tensor) -> tor
     """`F.linear(x, weight)` for a bias-free weight owned by `owner` (the router's `gate.weight`, the fused q/k/v
     weight of an attention module): `decode_linear` at decode sizes where the tuning table measured it faster."""
     if _decode_linear_for(weight, x, with_norm=False):
-        return omni_kernels.decode_linear(x, weight, _workspace(owner, weight.shape[0], x.device))
+        split = omni_kernels.linear_decode.linear_config(*weight.shape).SPLIT_K > 1   # the direct store needs none
+        return omni_kernels.decode_linear(x, weight, _workspace(owner, weight.shape[0], x.device) if split else None)
     return torch.nn.functional.linear(x, weight)
+
+
+def lm_head(head: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """`head(x)` for a decoder's output projection [vocab, hidden] on x [T, hidden] -> [T, vocab] logits in x's
+    dtype: `decode_linear` (direct store, a PDL launch in the step's chain) where the tuning table has a tile for the
+    head's shape and measured it faster than torch's linear, else the module."""
+    return head(x) if head.bias is not None else linear(head, x, head.weight)
 
 
 def linear_norm(proj: torch.nn.Linear, x: torch.Tensor, norm: torch.nn.Module, residual: torch.Tensor):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Collection, Hashable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -90,8 +90,11 @@ class StepGraphs:
         """True when `key` has a captured graph."""
         return key in self._graphs
 
-    def run(self, key: Hashable, inputs: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        """`fn(**inputs)`: replayed from the bucket's graph when possible (see class doc)."""
+    def run(self, key: Hashable, inputs: Mapping[str, torch.Tensor],
+            constant: Collection[str] = ()) -> tuple[torch.Tensor, ...]:
+        """`fn(**inputs)`: replayed from the bucket's graph when possible (see class doc). `constant`: names of
+        inputs that are the same in every run of `key` (e.g. a range the key determines): copied into the graph's
+        buffers at capture only, not before each replay (one copy launch less each)."""
         with self._lock:
             if not self._graphable(inputs) or key in self._eager_keys:
                 self._eager += 1
@@ -101,7 +104,8 @@ class StepGraphs:
                 self._eager += 1
                 return self.fn(**inputs)
             for name, value in inputs.items():
-                graph.inputs[name].copy_(value, non_blocking=True)
+                if name not in constant:
+                    graph.inputs[name].copy_(value, non_blocking=True)
             graph.graph.replay()
             self._replays += 1
             return graph.outputs

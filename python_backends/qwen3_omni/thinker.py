@@ -19,6 +19,7 @@ import torch
 
 from omni_backends.engine import DecoderRunner, EngineLoop, Prompt, SamplingParams, StepOutput, \
     text_mrope_position_ids
+from omni_backends.engine import fused
 from omni_backends.engine.limits import longest_token_chars
 from omni_backends.engine.options import EngineOptions
 from omni_backends.engine.static_runner import StaticRunner
@@ -75,7 +76,7 @@ class Thinker:
         layers = (0, self.accept_layer)
         if self.options.engine == "static":
             text_model = getattr(model.model, "language_model", model.model)   # transformers 5.2x / 5.1x
-            decoder = StaticDecoder(text_model, head=lambda hidden: (model.lm_head(hidden).float(),),
+            decoder = StaticDecoder(text_model, head=lambda hidden: (fused.lm_head(model.lm_head, hidden).float(),),
                                     slots=max_running, max_len=self.options.max_len,
                                     graphs=self.options.cuda_graphs, name="thinker")
             runner = StaticRunner(model, decoder, self.embed_tokens, hidden_layers=layers,

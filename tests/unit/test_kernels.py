@@ -425,6 +425,27 @@ def test_decode_linear_matches_reference(case, dtype):
     assert workspace.is_clean()
 
 
+# wider than the split-K finish holds (MAX_OUT): the direct store only (CUDA: the thinker's lm_head, 152064 x 2048)
+WIDE_LINEAR = (2048, 152064, LinearConfig(128, 128, 1, 8, 4)) if CUDA else (32, 16448, LinearConfig(1024, 32, 1))
+
+
+@needs_triton
+@pytest.mark.parametrize("rows", [1, 3])
+def test_decode_linear_direct_store_wider_than_the_finish(rows):
+    """An lm_head-wide linear through the direct store (no workspace, no finish) equals the reference (bf16); a K
+    split or the norm at that width is refused."""
+    K, N, config = WIDE_LINEAR
+    x, weight = randn(rows, K), randn(N, K, scale=K ** -0.5)
+    assert N > ok.linear_decode.MAX_OUT
+    out = run_kernel("decode_linear", ok.decode_linear, x, weight, config=config)
+    assert out.shape == (rows, N)
+    assert_close("decode_linear", out, ok.decode_linear_reference(x, weight))
+    with pytest.raises(ValueError, match="direct store"):
+        ok.decode_linear(x, weight, config=LinearConfig(config.BLOCK_N, 16, 2))   # two K slices
+    with pytest.raises(ValueError, match="direct store"):
+        ok.decode_linear(x, weight, norm_weight=randn(N), config=config)
+
+
 def test_decode_linear_rejects_bad_inputs():
     x, weight = torch.randn(2, 8, device=DEVICE), torch.randn(4, 8, device=DEVICE)
     with pytest.raises(ValueError, match="decode_linear"):
@@ -509,16 +530,21 @@ def test_decode_layer_chain_in_a_graph():
 
 
 def test_pdl_switch():
-    """set_pdl / pdl switch programmatic dependent launch; it never applies to CPU tensors or the interpreter, and
-    interpreted kernels give the same results either way."""
+    """set_pdl / pdl switch programmatic dependent launch, set_prefetch / prefetch the L2 prefetches (all, or one
+    kernel's); they never apply to CPU tensors or the interpreter, and interpreted kernels give the same results
+    either way."""
     was = ok.pdl(), ok.prefetch()
     try:
         ok.set_pdl(False)
         assert not ok.pdl() and not backend.pdl_for(torch.device("cpu"), 1)
         ok.set_pdl(True)
         assert ok.pdl() and not backend.pdl_for(torch.device("cpu"), 1)
+        ok.set_prefetch("decode_linear")   # one kernel's prefetch only
+        assert ok.prefetch() and ok.prefetch("decode_linear") and not ok.prefetch("fused_moe")
+        with pytest.raises(ValueError, match="set_prefetch"):
+            ok.set_prefetch("rms_norm")
         ok.set_prefetch(True)
-        assert ok.prefetch()
+        assert ok.prefetch("decode_linear") and ok.prefetch("fused_moe")
         if backend.INTERPRETED:
             assert not backend.pdl_for(torch.device("cuda", 0), 1)
         elif CUDA:

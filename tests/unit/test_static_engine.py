@@ -304,3 +304,77 @@ def test_direct_decode_linear_switch(monkeypatch):
         assert fused._decode_linear_for(split, x, False) and fused._decode_linear_for(direct, x, with_norm=True)
     finally:
         fused.set_direct_decode_linear(True)
+
+
+def test_lm_head_through_decode_linear_where_the_table_has_its_tile(monkeypatch):
+    """`fused.lm_head`: a head wider than the split-K finish runs as `decode_linear` (direct store, no workspace) at
+    one row when the table has a tile for its shape, equal to the module's output (fp32: summation order only);
+    without the entry, or at two rows, the module runs."""
+    from omni_backends.engine import fused
+
+    ok = pytest.importorskip("omni_kernels")
+    if not ok.HAVE_TRITON or not ok.backend.INTERPRETED:
+        pytest.skip("needs Triton's interpreter (a machine without CUDA; on the H200: tests/unit/test_kernels.py)")
+    from omni_kernels.linear_decode import LinearConfig
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(32, ok.linear_decode.MAX_OUT + 64, bias=False)
+    x = torch.randn(2, 32)
+    monkeypatch.setattr(fused, "active", lambda x: True)
+    monkeypatch.setenv("OMNI_KERNELS_INTERPRET", "1")
+    calls = []
+    real = ok.decode_linear
+    monkeypatch.setattr(ok, "decode_linear", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
+    with torch.inference_mode():
+        assert torch.equal(fused.lm_head(head, x[:1]), head(x[:1])) and not calls   # no tile: the module
+        monkeypatch.setitem(ok.linear_decode.LINEAR_CONFIGS, tuple(head.weight.shape), LinearConfig(1024, 32, 1))
+        out = fused.lm_head(head, x[:1])
+        assert calls == [None] and ok.last_backend("decode_linear") == "interpreter"   # no workspace
+        assert ((out - head(x[:1])).norm() / head(x[:1]).norm()).item() < 1e-5
+        assert torch.equal(fused.lm_head(head, x), head(x)) and len(calls) == 1   # two rows: the module
+    assert not hasattr(head, fused.WORKSPACE)
+
+
+def test_lean_step_inputs_give_the_same_outputs(qwen3_omni_stages):
+    """`decoder.set_lean_inputs` (default on: a full bucket's embeddings go to the step as they are) gives the same
+    logits as padding and copying every input, for a full bucket (2 rows) and a padded one (3 rows in bucket 4)."""
+    from transformers.cache_utils import DynamicCache
+
+    from omni_backends.engine.kv_batch import cache_layers
+    from omni_backends.qwen3_omni import decoder as decoder_module
+
+    model = qwen3_omni_stages.thinker
+    text_model = getattr(model.model, "language_model", model.model)
+    config = text_model.config
+    cache = DynamicCache(config=config)
+    with torch.inference_mode():
+        positions = torch.arange(4)[None].expand(3, 1, 4)
+        text_model(inputs_embeds=torch.randn(1, 4, config.hidden_size) * 0.5, position_ids=positions,
+                   past_key_values=cache, use_cache=True)
+
+    def step(lean: bool, rows: int) -> torch.Tensor:
+        decoder_module.set_lean_inputs(lean)
+        decoder = StaticDecoder(text_model, head=lambda h: (model.lm_head(h),), slots=4, max_len=16, graphs=False)
+        for i in range(rows):
+            decoder.add(f"r{i}", cache_layers(cache))
+        embeds = torch.randn(rows, config.hidden_size, generator=torch.Generator().manual_seed(rows))
+        return decoder.step(embeds, [4] * rows)[0]
+
+    try:
+        with torch.inference_mode():
+            for rows in (2, 3):
+                lean, full = step(True, rows), step(False, rows)
+                assert lean.shape == (rows, config.vocab_size) and torch.equal(lean, full)
+    finally:
+        decoder_module.set_lean_inputs(True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs")
+def test_step_graphs_constant_inputs_are_copied_at_capture_only():
+    """`StepGraphs.run(..., constant=names)`: those inputs keep their captured values; the others are copied in
+    before every replay (the first call captures, then replays)."""
+    graphs = StepGraphs(lambda x, c: (x + c,))
+    one, two = torch.ones(4, device="cuda"), torch.full((4,), 2.0, device="cuda")
+    assert torch.equal(graphs.run("k", {"x": one, "c": one}, constant=("c",))[0], two)   # captured with c = 1
+    out = graphs.run("k", {"x": two, "c": two}, constant=("c",))[0]   # replayed: x copied, c kept from the capture
+    assert graphs.stats().replays == 2 and torch.equal(out, torch.full((4,), 3.0, device="cuda"))
