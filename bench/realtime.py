@@ -278,10 +278,11 @@ async def run(args, prompts: list[str], client) -> dict:
 
 def table(result: dict) -> str:
     """The summary as a table (times in ms) plus the VAD cost line."""
+    width = max([len(name) + 4 for name in result["summary"]] + [32])
     lines = [f"== realtime: {len(result['turns'])} turns, {len(result['barge_ins'])} barge-ins, {result['failed']} failed",
-             f"{'metric':<32}{'n':>5}" + "".join(f"{k:>10}" for k in ("mean", "median", "p90", "p99"))]
+             f"{'metric':<{width}}{'n':>5}" + "".join(f"{k:>10}" for k in ("mean", "median", "p90", "p99"))]
     for name, values in result["summary"].items():
-        lines.append(f"{name.removesuffix('_s') + ' (ms)':<32}{values['n']:>5}"
+        lines.append(f"{name.removesuffix('_s') + ' (ms)':<{width}}{values['n']:>5}"
                      + "".join(f"{values[k] * 1000:>10.1f}" for k in ("mean", "median", "p90", "p99")))
     if result.get("speculations"):
         lines.append(f"speculations: {result['speculations']['adopted']:.0f} adopted, "

@@ -57,7 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="videos generating at once (their denoising steps are batched together)")
     p.add_argument("--video-ttl", type=int, default=86400,
                    help="seconds a finished video (and its files) is kept; 0 keeps it forever")
-    p.add_argument("--realtime-speculation-ms", type=int, default=200, metavar="MS",
+    p.add_argument("--realtime-speculation-ms", type=int, default=100, metavar="MS",
                    help="realtime sessions with server VAD start answering a turn after this many ms of silence "
                         "(the reply is held until the turn ends, dropped if the user speaks on); used when shorter "
                         "than the session's silence_duration_ms (default: %(default)s)")

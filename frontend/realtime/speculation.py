@@ -15,6 +15,8 @@ requests are cancelled (so every stage's in-flight count returns to 0) and the t
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import numpy as np
@@ -26,6 +28,7 @@ from omni_frontend.realtime.conversation import Conversation, Item, Part
 # the pipeline's (event, payload) pairs, as omni_frontend.pipeline_stream.events yields them
 PipelineEvents = Callable[[dict, str], AsyncIterator[tuple[dict, np.ndarray | None]]]
 _END = object()
+log = logging.getLogger("omni_frontend.realtime")
 
 
 class Speculation:
@@ -48,6 +51,7 @@ class Speculation:
         self._conversation = conversation
         self._instructions, self._body, self._events, self._request_id = instructions, body, events, request_id
         self._queue: asyncio.Queue = asyncio.Queue()
+        self._started = time.perf_counter()
         self.asr = asyncio.create_task(transcribe(audio))
         self._pipeline = asyncio.create_task(self._run())
         self.settled = False
@@ -75,6 +79,9 @@ class Speculation:
         self.settled = True
         if self.outcomes is not None:
             self.outcomes.labels("adopted").inc()
+        log.info("speculation for %s adopted %.0f ms after the pause (transcript %s, %d pipeline events held)",
+                 self.item_id, (time.perf_counter() - self._started) * 1000, "ready" if self.asr.done() else "pending",
+                 self._queue.qsize())
         return self
 
     def __aiter__(self) -> "Speculation":

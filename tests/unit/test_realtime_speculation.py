@@ -254,3 +254,13 @@ def test_pause_events_are_asked_for_only_with_speculation_on():
 
     assert asyncio.run(options(150))["pause_duration_ms"] == 150
     assert "pause_duration_ms" not in asyncio.run(options(None))
+
+
+def test_launcher_flags():
+    from omni_frontend.serve import parse_args
+
+    assert parse_args([]).realtime_speculation_ms == 100 and not parse_args([]).no_realtime_speculation
+    assert parse_args(["--realtime-speculation-ms", "120"]).realtime_speculation_ms == 120
+    assert parse_args(["--no-realtime-speculation"]).no_realtime_speculation
+    with pytest.raises(SystemExit):
+        parse_args(["--realtime-speculation-ms", "-1"])
