@@ -63,16 +63,21 @@ def time_stretch(pcm: np.ndarray, rate: int, factor: float) -> np.ndarray:
 
 
 def trim_edges(pcm: np.ndarray, rate: int, lead_s: float, tail_s: float,
-               threshold: float = SILENCE_THRESHOLD) -> np.ndarray:
+               threshold: float = SILENCE_THRESHOLD, pad: bool = False) -> np.ndarray:
     """Shorten the silence at both ends to at most `lead_s` before the first and `tail_s` after the last
-    sample whose magnitude reaches `threshold` (never lengthens; sound itself is never cut).
+    sample whose magnitude reaches `threshold` (sound itself is never cut); with `pad`, shorter edges are
+    lengthened with zeros, so both are exactly `lead_s` and `tail_s`.
 
-    pcm: float [samples] mono; rate: Hz. Returns a float32 view of pcm (all-silent input: empty).
+    pcm: float [samples] mono; rate: Hz. Returns float32 [samples], a view of pcm unless padded
+    (all-silent input: empty).
     """
     pcm = np.asarray(pcm, dtype=np.float32).reshape(-1)
     loud = np.flatnonzero(np.abs(pcm) >= threshold)
     if loud.size == 0:
         return pcm[:0]
-    start = max(0, int(loud[0]) - round(lead_s * rate))
-    stop = min(pcm.size, int(loud[-1]) + 1 + round(tail_s * rate))
-    return pcm[start:stop]
+    lead, tail = round(lead_s * rate), round(tail_s * rate)
+    start, stop = int(loud[0]) - lead, int(loud[-1]) + 1 + tail
+    out = pcm[max(0, start):min(pcm.size, stop)]
+    if pad and (start < 0 or stop > pcm.size):
+        out = np.pad(out, (max(0, -start), max(0, stop - pcm.size)))
+    return out

@@ -20,9 +20,10 @@ tempo change is done by FFmpeg's pitch-preserving `atempo` (`audio.time_stretch`
 """
 from __future__ import annotations
 
+import abc
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -63,15 +64,17 @@ def voice_names(files: KokoroFiles | None = None) -> tuple[str, ...]:
         return tuple(sorted(table.files))
 
 
-def resolve_voice(voice: str | None, names: Sequence[str]) -> str:
-    """The shipped voice for a requested name: itself, its OpenAI alias target, or DEFAULT_VOICE for None.
+def resolve_voice(voice: str | None, names: Sequence[str], default: str = DEFAULT_VOICE,
+                  aliases: Mapping[str, str] = OPENAI_VOICES) -> str:
+    """The shipped voice for a requested name: itself, its alias target (OpenAI's names: `aliases`), or
+    `default` for None. Defaults: Kokoro's voices.
 
     Raises RequestError (param "voice") naming the available voices when it is unknown.
     """
-    name = OPENAI_VOICES.get(voice or DEFAULT_VOICE, voice or DEFAULT_VOICE)
+    name = aliases.get(voice or default, voice or default)
     if name not in names:
         raise RequestError(f"unknown voice {voice!r}; available: {', '.join(names)} "
-                           f"(or an OpenAI voice name: {', '.join(OPENAI_VOICES)})", param="voice")
+                           f"(or an OpenAI voice name: {', '.join(aliases)})", param="voice")
     return name
 
 
@@ -82,7 +85,67 @@ def check_speed(speed: float) -> float:
     return speed
 
 
-class KokoroTTS:
+def session_options(intra_op_num_threads: int | None = None):
+    """onnxruntime SessionOptions of a TTS engine: `intra_op_num_threads` threads (default `$OMNI_TTS_THREADS`,
+    else min(2, cpu count)), one inter-op thread, idle threads sleeping instead of spinning (the cores are
+    shared with the LLM and the ASR)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = intra_op_num_threads or int(os.environ.get(THREADS_ENV, 0)) or min(2, os.cpu_count() or 1)
+    options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return options
+
+
+def fit_for_joining(pcm: np.ndarray, pause_s: float, speed: float, pad: bool = False) -> np.ndarray:
+    """One synthesised piece (float32 [samples] at 24 kHz, rendered at `native_speed(speed)`) made ready to
+    play back to back with the next: LEAD_S of silence before its first sound and `pause_s` after its last
+    (both scaled by 1/native speed; `trim_edges`, which pads shorter edges with zeros when `pad`), then the
+    tempo change beyond the native speed by `time_stretch`. Returns float32 [samples] (empty if all silent)."""
+    native = native_speed(speed)
+    pcm = trim_edges(pcm, SAMPLE_RATE, LEAD_S / native, pause_s / native, pad=pad)
+    return time_stretch(pcm, SAMPLE_RATE, speed / native) if speed > native and pcm.size else pcm
+
+
+def native_speed(speed: float) -> float:
+    """The part of `speed` an engine renders itself (its duration scaling): up to NATIVE_MAX_SPEED."""
+    return min(speed, NATIVE_MAX_SPEED)
+
+
+class SpeechEngine(abc.ABC):
+    """A voice_tts engine (KokoroTTS, omni_backends.voice.piper_tts.PiperTTS): `voices`, `tokenize` and `stream`
+    of its own, `synthesize` / `synthesize_batch` from here."""
+
+    @property
+    @abc.abstractmethod
+    def voices(self) -> tuple[str, ...]:
+        """The voice names this engine speaks (OpenAI's names are accepted too, as aliases)."""
+
+    @abc.abstractmethod
+    def tokenize(self, text: str) -> list[list[int]]:
+        """The engine's phoneme ids of `text` (Markdown marks removed first), in the pieces it synthesises."""
+
+    @abc.abstractmethod
+    def stream(self, text: str, voice: str | None = None, speed: float = 1.0,
+               cancel: CancelToken | None = None) -> Iterator[np.ndarray]:
+        """Yield the speech for `text` piece by piece: float32 [samples] mono at 24 kHz in [-1, 1], each shaped by
+        `fit_for_joining`. voice: a name of `voices`, an OpenAI alias or None (the engine's default); speed:
+        0.25-4.0. Raises RequestError for an unknown voice or a speed out of range, Interrupted when `cancel`
+        is set."""
+
+    def synthesize(self, text: str, voice: str | None = None, speed: float = 1.0,
+                   cancel: CancelToken | None = None) -> np.ndarray:
+        """Speech for `text`: float32 [samples] mono at 24 kHz (empty when nothing is speakable). See `stream`."""
+        parts = list(self.stream(text, voice, speed, cancel))
+        return np.concatenate(parts) if parts else np.zeros(0, np.float32)
+
+    def synthesize_batch(self, texts: Sequence[str], voice: str | None = None, speed: float = 1.0) -> list[np.ndarray]:
+        """Speech for each text: a list of float32 [samples] arrays at 24 kHz, one `synthesize` each."""
+        return [self.synthesize(text, voice, speed) for text in texts]
+
+
+class KokoroTTS(SpeechEngine):
     """Kokoro-82M synthesiser. One instance owns one onnxruntime session; `synthesize` is thread-safe.
 
     files: model assets (default: `prepare_kokoro(model_home())`).
@@ -95,12 +158,7 @@ class KokoroTTS:
         import onnxruntime as ort
 
         files = files or prepare_kokoro(model_home())
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = intra_op_num_threads or int(os.environ.get(THREADS_ENV, 0)) or min(2, os.cpu_count() or 1)
-        options.inter_op_num_threads = 1
-        # idle intra-op threads sleep instead of spinning: the cores are shared with the LLM and the ASR
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self._session = ort.InferenceSession(capped_graph(files.onnx), sess_options=options,
+        self._session = ort.InferenceSession(capped_graph(files.onnx), sess_options=session_options(intra_op_num_threads),
                                              providers=["CPUExecutionProvider"])
         self._vocab: dict[str, int] = json.loads(files.vocab.read_text(encoding="utf-8"))["vocab"]
         self._pauses = {self._vocab[mark]: pause for mark, pause in PAUSE_AFTER_S.items() if mark in self._vocab}
@@ -132,21 +190,21 @@ class KokoroTTS:
                 chunks.extend(_split_long(ids, self._vocab[" "]))
         return [chunk[:-1] if chunk[-1] == self._vocab[" "] else chunk for chunk in chunks]
 
-    def stream(self, text: str, voice: str = DEFAULT_VOICE, speed: float = 1.0,
+    def stream(self, text: str, voice: str | None = None, speed: float = 1.0,
                cancel: CancelToken | None = None) -> Iterator[np.ndarray]:
         """Yield the speech for `text` chunk by chunk: each a float32 [samples] mono array at 24 kHz in [-1, 1],
         starting LEAD_S before its first sound and ending with a pause set by its last punctuation
         (PAUSE_AFTER_S; both scaled by 1/speed), so chunks play back to back without clicks or long gaps.
 
-        voice: one of `voices` or an OpenAI alias (see `resolve_voice`); speed: 0.25-4.0 (2.0 = twice as fast).
+        voice: one of `voices`, an OpenAI alias (see `resolve_voice`) or None (DEFAULT_VOICE); speed: 0.25-4.0
+        (2.0 = twice as fast).
         cancel: setting it ends the ONNX run in progress at once (RunOptions.terminate) and raises Interrupted.
         Raises RequestError (a ValueError) for an unknown voice or a speed out of range. Text with nothing speakable yields nothing.
         """
         import onnxruntime as ort
 
         style = self._styles[resolve_voice(voice, self.voices)]
-        check_speed(speed)
-        native = min(speed, NATIVE_MAX_SPEED)
+        native = native_speed(check_speed(speed))
         for ids in self.tokenize(text):
             feeds = {
                 "tokens": np.array([[0, *ids, 0]], dtype=np.int64),
@@ -167,26 +225,13 @@ class KokoroTTS:
             finally:
                 if forget is not None:
                     forget()
-            pcm = trim_edges(pcm, SAMPLE_RATE, LEAD_S / native, self._pause_after(ids[-1]) / native)
-            if speed > native:
-                pcm = time_stretch(pcm, SAMPLE_RATE, speed / native)
+            pcm = fit_for_joining(pcm, self._pause_after(ids[-1]), speed)
             if pcm.size:
                 yield pcm
 
     def _pause_after(self, last_id: int) -> float:
         """Seconds of silence kept after a chunk whose last phoneme id is `last_id` (at speed 1.0)."""
         return self._pauses.get(last_id, PAUSE_OTHER_S)
-
-    def synthesize(self, text: str, voice: str = DEFAULT_VOICE, speed: float = 1.0,
-                   cancel: CancelToken | None = None) -> np.ndarray:
-        """Speech for `text`: float32 [samples] mono at 24 kHz (empty when nothing is speakable). See `stream`."""
-        parts = list(self.stream(text, voice, speed, cancel))
-        return np.concatenate(parts) if parts else np.zeros(0, np.float32)
-
-    def synthesize_batch(self, texts: Sequence[str], voice: str = DEFAULT_VOICE, speed: float = 1.0) -> list[np.ndarray]:
-        """Speech for each text: a list of float32 [samples] arrays at 24 kHz (one graph call per chunk;
-        the ONNX graph has a fixed batch size of 1)."""
-        return [self.synthesize(text, voice, speed) for text in texts]
 
 
 def duration_caps(phonemes: int, speed: float) -> np.ndarray:

@@ -3,7 +3,8 @@
 REQUEST {"input": str, "voice": str, "speed": float} -> one {"type": "audio.delta", "sample_rate": 24000,
 "transcript"} + AUDIO per sentence chunk (the next chunk is synthesised while the current one is sent),
 then {"type": "done", "usage": {"input_tokens" (phoneme tokens), "output_tokens": 0, "total_tokens"}}.
-REQUEST {"action": "voices"} -> {"type": "voices", "voices": [str], "default": str}.
+REQUEST {"action": "voices"} -> {"type": "voices", "voices": [str], "default": str}: the voices of the engine
+voice_tts runs (its config parameter `engine`, read by omni_backends.voice.engines.stage_engine).
 """
 from __future__ import annotations
 
@@ -15,22 +16,23 @@ from omni_backends.errors import RequestError
 from omni_backends.serving import bls, events
 from omni_backends.serving.decoupled import AsyncDecoupledModel
 from omni_backends.voice.chunker import SentenceChunker
-from omni_backends.voice.tts import DEFAULT_VOICE, SAMPLE_RATE, check_speed, resolve_voice, voice_names
+from omni_backends.voice import engines
+from omni_backends.voice.tts import SAMPLE_RATE, check_speed
 
 
 class TritonPythonModel(AsyncDecoupledModel):
     def setup(self, args: dict) -> None:
-        self.voices = voice_names()
+        self.voices = engines.voices(engines.stage_engine(args["model_repository"]))
 
     async def handle(self, ctx):
         body = ctx.body()
         if events.wants_voices(body):
-            yield events.voices_event(self.voices, DEFAULT_VOICE, body, lambda v: resolve_voice(v, self.voices)), None
+            yield events.voices_event(self.voices.names, self.voices.default, body, self.voices.resolve), None
             return
         text = body.get("input")
         if not isinstance(text, str) or not text.strip():
             raise RequestError("input must be a non-empty string", param="input")
-        voice = resolve_voice(body.get("voice"), self.voices)
+        voice = self.voices.resolve(body.get("voice"))
         speed = check_speed(float(body.get("speed") or 1.0))
         chunker = SentenceChunker()
         chunks = [c for c in chunker.feed(text) + chunker.flush() if any(ch.isalnum() for ch in c)]

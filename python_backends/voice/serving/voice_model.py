@@ -5,7 +5,7 @@ Events: {"type": "input_audio.transcription", "text"} per input_audio part, then
 writes them ("text" modality) and, concurrently, {"type": "audio.delta", "sample_rate": 24000,
 "transcript"} + AUDIO for each sentence chunk as soon as it is spoken ("audio" modality; the
 transcripts concatenate to the spoken text), then {"type": "done", "finish_reason", "usage"}.
-REQUEST {"action": "voices"} -> one {"type": "voices"} event (the Kokoro voices, as `tts` lists them).
+REQUEST {"action": "voices"} -> one {"type": "voices"} event (the voices of voice_tts's engine, as `tts` lists them).
 """
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from omni_backends.voice.chunker import SentenceChunker
 from omni_backends.chat_request import audio_clips
 from omni_backends.voice.protocol import SAMPLING_FIELDS, text_messages
 from omni_backends.voice.serving.speech_model import speak
-from omni_backends.voice.tts import DEFAULT_VOICE, SAMPLE_RATE, resolve_voice, voice_names
+from omni_backends.voice import engines
+from omni_backends.voice.tts import SAMPLE_RATE
 
 INPUT_AUDIO = "INPUT_AUDIO"
 _END = object()
@@ -29,15 +30,15 @@ _END = object()
 
 class TritonPythonModel(AsyncDecoupledModel):
     def setup(self, args: dict) -> None:
-        self.voices = voice_names()
+        self.voices = engines.voices(engines.stage_engine(args["model_repository"]))
 
     async def handle(self, ctx):
         body = ctx.body()
         if events.wants_voices(body):
-            yield events.voices_event(self.voices, DEFAULT_VOICE, body, lambda v: resolve_voice(v, self.voices)), None
+            yield events.voices_event(self.voices.names, self.voices.default, body, self.voices.resolve), None
             return
         modalities = body.get("modalities") or ["text", "audio"]
-        voice = resolve_voice(body.get("voice"), self.voices) if "audio" in modalities else None
+        voice = self.voices.resolve(body.get("voice")) if "audio" in modalities else None
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise RequestError("messages must be a non-empty list", param="messages")
