@@ -18,7 +18,8 @@ Two engines (`EngineOptions.engine`):
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -227,13 +228,18 @@ class Talker:
             self.cancel(request_id)
 
     @torch.no_grad()
-    def step(self) -> dict[str, TalkerOutput]:
+    def step(self, on_prefill: Callable[[list[str], float], None] | None = None) -> dict[str, TalkerOutput]:
         """Advance every request that can: prefill new ones, then one codec frame each for those whose
         next text embedding exists. Returns request id -> TalkerOutput for requests that produced a frame
-        or finished; finished requests are forgotten."""
+        or finished; finished requests are forgotten. on_prefill(request ids, started): called once the
+        prefill of new requests is launched (started: its `time.monotonic()` start; the device may still run it)."""
         out: dict[str, TalkerOutput] = {}
         new = [rid for rid, req in self._requests.items() if not req.prefilled and req.first_text is not None]
-        self._prefill(new)
+        if new:
+            started = time.monotonic()
+            self._prefill(new)
+            if on_prefill is not None:
+                on_prefill([rid for rid in new if self._requests[rid].prefilled], started)
         for rid in new:
             if not self._requests[rid].prefilled:
                 out[rid] = TalkerOutput(self._no_codes(), True, "length")   # prompt beyond max_len

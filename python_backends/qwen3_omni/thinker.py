@@ -22,6 +22,7 @@ from omni_backends.engine import DecoderRunner, EngineLoop, Prompt, SamplingPara
 from omni_backends.engine import fused
 from omni_backends.engine.limits import longest_token_chars
 from omni_backends.engine.options import EngineOptions
+from omni_backends.engine.request import Marks
 from omni_backends.engine.static_runner import StaticRunner
 from omni_backends.qwen3_omni.decoder import StaticDecoder
 from omni_backends.qwen3_omni.prompt import PromptBuilder, ThinkerInputs
@@ -113,15 +114,16 @@ class Thinker:
         return inputs
 
     def submit_inputs(self, request_id: str, inputs: ThinkerInputs, params: SamplingParams,
-                      on_token: OnToken, embeds: bool = True) -> None:
+                      on_token: OnToken, embeds: bool = True, marks: Marks | None = None) -> None:
         """Queue a request from prebuilt `ThinkerInputs` (as `submit`, without prompt building). embeds=False:
-        the tokens carry no `embed` (a consumer in this process looks the ids up itself)."""
+        the tokens carry no `embed` (a consumer in this process looks the ids up itself); marks: gets the
+        prefill's milestones (`EngineLoop.submit`)."""
         ids = inputs.input_ids
 
         def on_output(rid: str, out: StepOutput) -> None:
             on_token(rid, self.token(ids, out, embeds))
 
-        self.loop.submit(request_id, self.engine_prompt(inputs), params, on_output)
+        self.loop.submit(request_id, self.engine_prompt(inputs), params, on_output, marks=marks)
 
     @staticmethod
     def engine_prompt(inputs: ThinkerInputs) -> Prompt:
