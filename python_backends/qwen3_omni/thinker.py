@@ -81,16 +81,26 @@ class Thinker:
                                     slots=max_running, max_len=self.options.max_len,
                                     graphs=self.options.cuda_graphs, name="thinker")
             runner = StaticRunner(model, decoder, self.embed_tokens, hidden_layers=layers,
-                                  position_ids_fn=text_mrope_position_ids, prefill_chunk=self.options.prefill_chunk)
+                                  position_ids_fn=text_mrope_position_ids, prefill_chunk=self.options.prefill_chunk,
+                                  prefill_graph_tokens=self.options.graph_prefill_tokens(decoder.device))
         else:
             runner = DecoderRunner(model, hidden_layers=layers, position_ids_fn=text_mrope_position_ids,
                                    prefill_chunk=self.options.prefill_chunk)
         self.loop = EngineLoop(runner, max_running=max_running, name="qwen3-omni-thinker", stream=stream)
 
     def warmup(self) -> int:
-        """Capture the static engine's decode graphs before serving (CUDA only); returns graphs captured."""
-        decoder = getattr(self.loop.runner, "decoder", None)
-        return decoder.warmup() if decoder is not None else 0
+        """Capture the static engine's decode and prefill graphs before serving (CUDA only); returns graphs
+        captured."""
+        runner = self.loop.runner
+        decoder = getattr(runner, "decoder", None)
+        if decoder is None:
+            return 0
+        captured = decoder.warmup()
+        if runner.prefill_graphs is not None:
+            with torch.inference_mode():
+                example = torch.tensor([self.config.im_start_token_id], device=decoder.device)
+                captured += runner.prefill_graphs.warmup(example)
+        return captured
 
     @property
     def context_length(self) -> int:
