@@ -60,7 +60,8 @@ SHARED_PARAMETERS = ("checkpoint", "kernels")   # unprefixed in a co-located mod
 INT, BOOL, STR = "int", "bool", "str"
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 ENGINES = ("dynamic", "static")
-_ENGINE_KEYS = {"engine": ENGINES, "cuda_graphs": BOOL, "max_len": INT, "prefill_chunk": INT, "max_running": INT}
+_ENGINE_KEYS = {"engine": ENGINES, "cuda_graphs": BOOL, "max_len": INT, "prefill_chunk": INT, "max_running": INT,
+                "prefill_graph_tokens": INT}
 # Keys every stage accepts (rendered into instance_group / parameters) and the per-stage parameter keys.
 COMMON_KEYS = {"device": STR, "instances": INT, "dtype": DTYPES, "threads": INT}
 STAGE_KEYS = {

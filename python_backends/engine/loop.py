@@ -25,7 +25,8 @@ from typing import Sequence
 import torch
 
 from omni_backends.batch_loop import BatchLoop, LoopUnavailable, asks_to_stop
-from omni_backends.engine.request import EngineRequest, FinishReason, IsCancelled, OnOutput, Prompt, StepOutput
+from omni_backends.engine.request import EngineRequest, FinishReason, IsCancelled, Marks, OnOutput, Prompt, \
+    StepOutput
 from omni_backends.engine.runner import Runner, RowOutput
 from omni_backends.engine.sampling import SamplingParams, sample_rows
 
@@ -87,18 +88,19 @@ class EngineLoop(BatchLoop):
     # ---- public, thread-safe -------------------------------------------------------------------
 
     def submit(self, request_id: str, prompt: Prompt, params: SamplingParams, on_output: OnOutput,
-               cancelled: IsCancelled | None = None) -> None:
+               cancelled: IsCancelled | None = None, marks: Marks | None = None) -> None:
         """Queue a request; it joins the batch at the next iteration.
 
         cancelled: optional callable, True once the caller gave up; asked before each prefill step of the
             request, so a request abandoned while it waits never costs a prefill.
+        marks: optional `Marks` that gets the request's "prefill_start" and "prefill_end" times.
 
         Raises:
             ValueError: when request_id is already in flight.
             EngineUnavailable: while the loop restarts after a crash.
             RuntimeError: after shutdown().
         """
-        self._enqueue(EngineRequest(request_id, prompt, params, on_output, cancelled))
+        self._enqueue(EngineRequest(request_id, prompt, params, on_output, cancelled, marks))
 
     def stats(self) -> EngineStats:
         """Current counters (see EngineStats)."""
@@ -130,6 +132,8 @@ class EngineLoop(BatchLoop):
                 if "queued_s" not in request.state:
                     request.state["queued_s"] = now - request.submitted_at
                     self._emit_timing("queue", request.state["queued_s"])
+                    if request.marks is not None:
+                        request.marks.mark("prefill_start", now)
             self._forward(pending, prefill=True)
         self._apply_aborts()
         decoding = [r for r in self._running.values() if r.prefilled]
@@ -156,7 +160,10 @@ class EngineLoop(BatchLoop):
             return
         with self._cond:
             self._steps += 1
+        sampled_at = time.monotonic()
         for (request, row), token in zip(done, sampled):
+            if prefill and request.marks is not None:
+                request.marks.mark("prefill_end", sampled_at)
             request.prefilled = True
             self._emit_token(request, row, token)
         self._emit_timing("prefill" if prefill else "decode", time.monotonic() - started)

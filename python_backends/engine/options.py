@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 ENGINES = ("dynamic", "static")
 
 
@@ -17,6 +19,9 @@ class EngineOptions:
         max_len: static engine: most cached tokens per request (prompt + generated).
         prefill_chunk: most prompt tokens prefilled per engine iteration (0: no limit), so a long prompt
             does not stall the streams decoding beside it (both engines: chunked prefill).
+        prefill_graph_tokens: static engine on CUDA with cuda_graphs: a prompt of up to this many tokens arriving
+            alone is prefilled by replaying a CUDA graph of its length bucket (`engine.prefill_graphs`; thinker and
+            talker prompts); 0: eager prefills only.
 
     Raises:
         ValueError: naming the field, on an unknown engine or a non-positive size.
@@ -26,6 +31,12 @@ class EngineOptions:
     cuda_graphs: bool = True
     max_len: int = 4096
     prefill_chunk: int = 512
+    prefill_graph_tokens: int = 256
+
+    def graph_prefill_tokens(self, device: torch.device) -> int:
+        """`prefill_graph_tokens` where prefill graphs apply (the static engine with graphs, on CUDA), else 0."""
+        usable = self.engine == "static" and self.cuda_graphs and device.type == "cuda"
+        return self.prefill_graph_tokens if usable else 0
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -34,14 +45,16 @@ class EngineOptions:
             raise ValueError(f"max_len must be >= 2, got {self.max_len}")
         if self.prefill_chunk < 0:
             raise ValueError(f"prefill_chunk must be >= 0, got {self.prefill_chunk}")
+        if self.prefill_graph_tokens < 0:
+            raise ValueError(f"prefill_graph_tokens must be >= 0, got {self.prefill_graph_tokens}")
 
     @classmethod
     def from_parameters(cls, parameters: dict[str, str]) -> "EngineOptions":
-        """From config.pbtxt parameters `engine`, `cuda_graphs` (true/false), `max_len`, `prefill_chunk`
-        (missing or empty: the defaults). Raises ValueError naming the parameter."""
+        """From config.pbtxt parameters `engine`, `cuda_graphs` (true/false), `max_len`, `prefill_chunk`,
+        `prefill_graph_tokens` (missing or empty: the defaults). Raises ValueError naming the parameter."""
         defaults = cls()
         values = {}
-        for name in ("max_len", "prefill_chunk"):
+        for name in ("max_len", "prefill_chunk", "prefill_graph_tokens"):
             raw = (parameters.get(name) or "").strip()
             try:
                 values[name] = int(raw) if raw else getattr(defaults, name)

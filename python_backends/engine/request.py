@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Literal, Protocol
 
 import torch
 
@@ -93,6 +93,14 @@ OnOutput = Callable[[str, StepOutput], None]
 IsCancelled = Callable[[], bool]
 
 
+class Marks(Protocol):
+    """Receives a request's milestones inside the engine: `mark(name, at)` with `at` a `time.monotonic()` time;
+    names "prefill_start" (its first prefill forward starts) and "prefill_end" (its first token was sampled, so
+    its prefill is done on the device too). E.g. `qwen3_omni.first_audio.FirstAudioTimeline`."""
+
+    def mark(self, name: str, at: float | None = None) -> None: ...
+
+
 class EngineRequest:
     """Live state of one request inside the engine (owned by the engine thread).
 
@@ -100,11 +108,12 @@ class EngineRequest:
     next_position (text position of the next token to feed), generator (per-request RNG or None),
     prefilled (the whole prompt has been run), cancelled (optional callable: True once the caller gave up;
     asked before each prefill step), submitted_at (time.monotonic() of submit), state (dict a
-    model-specific runner may use for its own per-request data, e.g. a partial prefill).
+    model-specific runner may use for its own per-request data, e.g. a partial prefill), marks (optional
+    `Marks` receiving the request's prefill milestones).
     """
 
     def __init__(self, request_id: str, prompt: Prompt, params: SamplingParams, on_output: OnOutput,
-                 cancelled: IsCancelled | None = None):
+                 cancelled: IsCancelled | None = None, marks: Marks | None = None):
         self.request_id = request_id
         self.prompt = prompt
         self.params = params
@@ -116,6 +125,7 @@ class EngineRequest:
         self.prefilled = False
         self.submitted_at = time.monotonic()
         self.state: dict[str, Any] = {}
+        self.marks = marks
 
     def output_tensor(self) -> torch.Tensor:
         """int64 [n]: the ids generated so far."""

@@ -3,7 +3,9 @@
 The `Runner` for GPU serving. A prompt runs through transformers' forward into a `DynamicCache`, at
 most `prefill_chunk` tokens per engine iteration, so a long prompt is spread over several iterations
 and the running streams decode in between (chunked prefill); prompts with extra model inputs (audio
-features) run whole; short plain prompts arriving together run in one right-padded forward. When a prompt is complete its KV is copied into a slot of the decoder's
+features) run whole; short plain prompts arriving together run in one right-padded forward, and a short plain
+prompt arriving alone, with `prefill_graphs`, replays a CUDA graph of the forward for its length bucket
+(`PrefillGraphs`). When a prompt is complete its KV is copied into a slot of the decoder's
 `StaticKVCache`, and from then on the request decodes in the decoder's fixed-shape (CUDA-graph) step
 together with every other live request.
 """
@@ -17,6 +19,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from omni_backends.engine.kv_batch import cache_layers
+from omni_backends.engine.prefill_graphs import PrefillGraphs
 from omni_backends.engine.request import EngineRequest
 from omni_backends.engine.runner import PositionIdsFn, RowOutput, cache_kwargs
 from omni_backends.engine.static_kv import LayerKV
@@ -53,11 +56,15 @@ class StaticRunner:
         prefill_chunk: most prompt tokens run per engine iteration over all prefilling requests; 0: no limit.
         cache_config: config for the prefill's `DynamicCache` (default: the model's).
         max_prefill_batch: most whole prompts prefilled together in one forward.
+        prefill_graph_tokens: a lone whole plain prompt of up to this many tokens is prefilled by `PrefillGraphs`
+            (right-padded to its length bucket, `padded_forward`); 0: eager forwards only.
+        graphs: let `PrefillGraphs` capture CUDA graphs (else its padded forward runs eagerly).
     """
 
     def __init__(self, model: torch.nn.Module, decoder: Decoder, embed: torch.nn.Module, *,
                  hidden_layers: Sequence[int] = (), position_ids_fn: PositionIdsFn | None = None,
-                 prefill_chunk: int = 512, cache_config=None, max_prefill_batch: int = 16) -> None:
+                 prefill_chunk: int = 512, cache_config=None, max_prefill_batch: int = 16,
+                 prefill_graph_tokens: int = 0, graphs: bool = True) -> None:
         if prefill_chunk < 0:
             raise ValueError(f"prefill_chunk must be >= 0, got {prefill_chunk}")
         self.model, self.decoder, self.embed = model.eval(), decoder, embed
@@ -66,6 +73,9 @@ class StaticRunner:
         self.prefill_chunk = prefill_chunk
         self.cache_config = cache_config or model.config
         self.max_prefill_batch = max_prefill_batch
+        self.prefill_graphs = PrefillGraphs(self.padded_forward, hidden=len(self.hidden_layers),
+                                            max_tokens=prefill_graph_tokens, graphs=graphs,
+                                            name="prefill") if prefill_graph_tokens else None
 
     @property
     def device(self) -> torch.device:
@@ -104,7 +114,10 @@ class StaticRunner:
                                                 hidden_states={k: torch.cat(v) for k, v in state.hidden.items()})
         for kind in ("input_ids", "inputs_embeds"):
             group = [r for r in whole if getattr(r.prompt, kind) is not None]
-            if group:
+            if len(group) == 1 and kind == "input_ids" and self.prefill_graphs is not None \
+                    and self.prefill_graphs.fits(len(group[0].prompt)):
+                out[group[0].request_id] = self._prefill_graphed(group[0])
+            elif group:
                 out.update(zip((r.request_id for r in group), self._prefill_together(group, kind)))
         return [out[r.request_id] for r in requests]
 
@@ -129,6 +142,22 @@ class StaticRunner:
             hidden = {layer: out.hidden_states[layer][row, :lengths[row]].clone() for layer in self.hidden_layers}
             rows.append(RowOutput(logits=out.logits[row, lengths[row] - 1].float(), hidden_states=hidden))
         return rows
+
+    def _prefill_graphed(self, request: EngineRequest) -> RowOutput:
+        """One whole plain prompt through `prefill_graphs` (its KV copied into a decoder slot)."""
+        result = self.prefill_graphs.run(request.prompt.input_ids.to(self.device))
+        self.decoder.add(request.request_id, result.layers)
+        return RowOutput(logits=result.logits.float(), hidden_states=dict(zip(self.hidden_layers, result.hidden)))
+
+    def padded_forward(self, input_ids: torch.Tensor):
+        """The forward `PrefillGraphs` captures: input_ids [1, W] (right-padded) -> (logits [1, W, V], the
+        `hidden_layers` states [1, W, H] each, the DynamicCache); pure causal attention, positions 0..W-1."""
+        cache = DynamicCache(config=self.cache_config)
+        width = input_ids.shape[1]
+        positions = self.position_ids_fn(torch.arange(width, device=input_ids.device)[None])
+        out = self.model(input_ids=input_ids, position_ids=positions, **cache_kwargs(self.model, cache),
+                         use_cache=True, output_hidden_states=bool(self.hidden_layers))
+        return out.logits, [out.hidden_states[layer] for layer in self.hidden_layers], cache
 
     def _run_chunk(self, request: EngineRequest, state: _Prefill, count: int) -> torch.Tensor:
         prompt, start, stop = request.prompt, state.done, state.done + count

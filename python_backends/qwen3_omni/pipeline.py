@@ -14,6 +14,8 @@ Threads and what crosses them (`LocalOmniPipeline`):
             thinker's own embedding table (shared weights, no copy between stages).
   code2wav  a `StageThread`: decodes the talker's frames into PCM chunks (`Code2WavStreamer.step`) and
             reports them as `SpeechChunk`s to `on_event`.
+First audio: a request submitted with a `FirstAudioTimeline` gets its milestones marked on every thread on the way
+to its first audio chunk (`first_audio`; the engine threads only look up requests still waiting for it).
 Tensors between CUDA streams: the talker prompt (thinker hidden states) is complete before it is handed
 over (the thinker thread synchronises its stream for a request's first token) and is marked as used by the
 talker's stream (`record_stream`) so the allocator cannot reuse it early; every other crossing is host data.
@@ -24,6 +26,7 @@ import contextlib
 import logging
 import queue
 import threading
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +37,7 @@ import torch
 from omni_backends.engine import SamplingParams
 from omni_backends.engine.options import EngineOptions
 from omni_backends.qwen3_omni.code2wav import Code2WavStreamer
+from omni_backends.qwen3_omni.first_audio import FirstAudioTimeline
 from omni_backends.qwen3_omni.loading import Qwen3OmniStages
 from omni_backends.qwen3_omni.prompt import ThinkerInputs
 from omni_backends.qwen3_omni.talker import Talker
@@ -131,6 +135,7 @@ class _Speech:
     codes: list[torch.Tensor] = field(default_factory=list)          # code2wav thread: frames not reported
     pending: list[torch.Tensor] = field(default_factory=list)        # code2wav thread: frames not decoded
     ending: tuple[str, str | None] | None = None                     # code2wav thread: (reason, error) to end with
+    frames: int = 0                                                  # talker thread: frames made so far
 
 
 class LocalOmniPipeline:
@@ -150,6 +155,9 @@ class LocalOmniPipeline:
         self.device = talker.device
         self._speech: dict[str, _Speech] = {}
         self._lock = threading.Lock()
+        # requests before their first audio chunk whose submitter asked for a timeline (engine threads read it
+        # without the lock: single dict operations are atomic)
+        self._timelines: dict[str, FirstAudioTimeline] = {}
         self._talker = StageThread("qwen3-omni-talker", self.device, self._talker_apply, self._talker_work,
                                    talker.has_ready, self._talker_failed, priority=TALKER_PRIORITY)
         self._code2wav = StageThread("qwen3-omni-code2wav", self.device, self._code2wav_apply, self._code2wav_work,
@@ -177,9 +185,12 @@ class LocalOmniPipeline:
 
     # ---- consumer side (any thread) ----------------------------------------------------------------
     def submit(self, request_id: str, inputs: ThinkerInputs, params: SamplingParams, on_event: OnEvent,
-               voice: str | None = None, talker_params: SamplingParams | None = None) -> None:
+               voice: str | None = None, talker_params: SamplingParams | None = None,
+               timeline: FirstAudioTimeline | None = None) -> None:
         """Start a request: the thinker gets `inputs` now; with a `voice` (and `talker_params`,
         `Talker.sampling_params`) the talker starts when the consumer speaks the first token.
+        timeline: with a voice, the engines mark the request's way to its first audio in it (from "submitted"
+        to "code2wav_end"; the consumer marks "token_read", "audio_read" and "audio_sent").
         Raises RequestError for an unknown voice, ValueError for a request id in flight."""
         if voice is not None:
             self.talker.speaker_id(voice)
@@ -187,18 +198,26 @@ class LocalOmniPipeline:
                 if request_id in self._speech:
                     raise ValueError(f"request id {request_id!r} is already in flight")
                 self._speech[request_id] = _Speech(voice, talker_params or self.talker.sampling_params(), on_event)
+        timeline = timeline if voice is not None else None
         cuda = self.device.type == "cuda"
 
         def on_token(rid: str, token: ThinkerToken) -> None:
-            if cuda and token.talker_prompt is not None:
-                torch.cuda.current_stream().synchronize()   # the talker prompt is complete before it crosses
+            if token.talker_prompt is not None:
+                if cuda:
+                    torch.cuda.current_stream().synchronize()   # the talker prompt is complete before it crosses
+                if timeline is not None:
+                    timeline.mark("first_token")
             on_event(token)
 
+        if timeline is not None:
+            self._timelines[request_id] = timeline
+            timeline.mark("submitted")
         try:
-            self.thinker.submit_inputs(request_id, inputs, params, on_token, embeds=False)
+            self.thinker.submit_inputs(request_id, inputs, params, on_token, embeds=False, marks=timeline)
         except Exception:
             with self._lock:
                 self._speech.pop(request_id, None)
+            self._timelines.pop(request_id, None)
             raise
 
     def speak(self, request_id: str, token: ThinkerToken, final: bool = False) -> None:
@@ -213,6 +232,8 @@ class LocalOmniPipeline:
         ids = [] if token.token_id is None else [token.token_id]
         if ids or final:
             self._talker.post(("speak", request_id, ids, final))
+        if token.talker_prompt is not None and (timeline := self._timelines.get(request_id)) is not None:
+            timeline.mark("talker_posted")
 
     def stop(self, request_id: str) -> None:
         """The consumer ended the text early (a stop string): stop the thinker; the talker finishes speaking
@@ -222,6 +243,7 @@ class LocalOmniPipeline:
     def abort(self, request_id: str) -> None:
         """Forget a request in every engine (no event follows); no-op when it already finished."""
         self.thinker.abort(request_id)
+        self._timelines.pop(request_id, None)
         with self._lock:
             speech = self._speech.pop(request_id, None)
         if speech is not None:
@@ -288,10 +310,32 @@ class LocalOmniPipeline:
         self.talker.push_texts(pushes)
 
     def _talker_work(self) -> None:
-        out = self.talker.step()
+        out = self.talker.step(on_prefill=self._talker_prefilled if self._timelines else None)
+        if self._timelines:
+            self._mark_frames(out)
         if out:   # one message per step for all requests: the code2wav thread wakes once per frame
             self._code2wav.post(("codes", {rid: (o.codes, o.finish_reason if o.finished else None)
                                            for rid, o in out.items()}))
+
+    def _talker_prefilled(self, request_ids: Sequence[str], started: float) -> None:
+        now = time.monotonic()
+        for rid in request_ids:
+            if (timeline := self._timelines.get(rid)) is not None:
+                timeline.mark("talker_start", started)
+                timeline.mark("talker_prefill", now)
+
+    def _mark_frames(self, out: dict) -> None:
+        """Mark each frame a request made before its first audio (talker thread)."""
+        now = time.monotonic()
+        for rid, result in out.items():
+            timeline = self._timelines.get(rid)
+            if timeline is None or not result.codes.shape[-1]:
+                continue
+            with self._lock:
+                speech = self._speech.get(rid)
+            if speech is not None:
+                speech.frames += result.codes.shape[-1]
+                timeline.frame(speech.frames, now)
 
     def _talker_failed(self, exc: Exception) -> None:
         log.error("talker failed:\n%s", traceback.format_exc())
@@ -342,7 +386,10 @@ class LocalOmniPipeline:
                 new[rid] = codes
                 if speech.ending is not None:
                     final.append(rid)
+        started = time.monotonic()
         pcm = self.code2wav.step(new, final=final) if new else {}
+        if self._timelines:
+            self._mark_first_audio(pcm, started)
         for rid, speech in ready.items():
             chunk = pcm.get(rid, np.zeros(0, np.float32))
             if rid in failed:
@@ -352,6 +399,14 @@ class LocalOmniPipeline:
                 self._finish(rid, speech, SpeechChunk(self._take_codes(speech), chunk, True, speech.ending[0]))
             elif chunk.size:
                 speech.on_event(SpeechChunk(self._take_codes(speech), chunk))
+
+    def _mark_first_audio(self, pcm: dict[str, np.ndarray], started: float) -> None:
+        """Mark the decode that made a request's first PCM; its timeline leaves the engine threads (code2wav)."""
+        now = time.monotonic()
+        for rid, chunk in pcm.items():
+            if chunk.size and (timeline := self._timelines.pop(rid, None)) is not None:
+                timeline.mark("code2wav_start", started)
+                timeline.mark("code2wav_end", now)
 
     @staticmethod
     def _take_codes(speech: _Speech) -> torch.Tensor:
@@ -364,6 +419,7 @@ class LocalOmniPipeline:
             if self._speech.get(rid) is not speech:   # aborted meanwhile
                 return
             del self._speech[rid]
+        self._timelines.pop(rid, None)
         speech.on_event(chunk)
 
     def _code2wav_failed(self, exc: Exception) -> None:
@@ -380,15 +436,18 @@ class LocalOmniPipeline:
 
     # ---- all requests at once (tests, benchmarks) ----------------------------------------------------
     def run(self, requests: Sequence["OmniRequest"]) -> dict[str, "OmniResult"]:
-        """Run all requests together until each has its text and audio. Raises RuntimeError with the
-        failing stage's error text when a request fails."""
+        """Run all requests together until each has its text and audio (each result's `first_audio` timeline
+        from its arrival here to its first chunk read). Raises RuntimeError with the failing stage's error text
+        when a request fails."""
         events: queue.SimpleQueue = queue.SimpleQueue()
-        results = {r.request_id: OmniResult(codes=torch.zeros(16, 0, dtype=torch.long)) for r in requests}
+        results = {r.request_id: OmniResult(codes=torch.zeros(16, 0, dtype=torch.long),
+                                            first_audio=FirstAudioTimeline(self.code2wav.first_chunk_frames))
+                   for r in requests}
         for r in requests:
             inputs = self.thinker.prompts.build(r.messages, r.audios)
             self.submit(r.request_id, inputs, r.thinker_params,
                         lambda event, rid=r.request_id: events.put((rid, event)), voice=r.voice,
-                        talker_params=r.talker_params)
+                        talker_params=r.talker_params, timeline=results[r.request_id].first_audio)
         open_requests = set(results)
         while open_requests:
             rid, event = events.get()
@@ -399,12 +458,16 @@ class LocalOmniPipeline:
             if isinstance(event, ThinkerToken):
                 if event.token_id is not None:
                     result.token_ids.append(event.token_id)
+                if event.index == 0:
+                    result.first_audio.mark("token_read")
                 self.speak(rid, event, final=event.finished)
                 if event.finished:
                     result.finish_reason = event.finish_reason
                 continue
             result.codes = torch.cat([result.codes, event.codes], -1)
             if event.pcm.size:
+                result.first_audio.mark("audio_read")
+                result.first_audio.mark("audio_sent")   # nothing to send in process
                 result.chunks.append(event.pcm)
             if event.finished:
                 open_requests.discard(rid)
@@ -427,12 +490,14 @@ class OmniRequest:
 @dataclass
 class OmniResult:
     """token_ids: generated thinker ids; codes: int64 [16, frames]; audio: float32 [samples] at 24 kHz
-    (the streamed chunks, in `chunks`, concatenated); finish_reason of the thinker."""
+    (the streamed chunks, in `chunks`, concatenated); finish_reason of the thinker; first_audio: the request's
+    `FirstAudioTimeline` (complete once its first chunk was read)."""
 
     token_ids: list[int] = field(default_factory=list)
     codes: torch.Tensor | None = None
     chunks: list[np.ndarray] = field(default_factory=list)
     finish_reason: str | None = None
+    first_audio: FirstAudioTimeline | None = None
 
     @property
     def audio(self) -> np.ndarray:

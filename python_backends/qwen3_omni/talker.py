@@ -18,7 +18,8 @@ Two engines (`EngineOptions.engine`):
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -26,6 +27,7 @@ from transformers.cache_utils import DynamicCache
 
 from omni_backends.engine.kv_batch import cache_layers
 from omni_backends.engine.options import EngineOptions
+from omni_backends.engine.prefill_graphs import PrefillGraphs
 from omni_backends.engine.runner import cache_kwargs
 from omni_backends.engine.sampling import SamplingParams, make_generator, sample_next_token, sample_rows
 from omni_backends.errors import RequestError
@@ -108,10 +110,14 @@ class Talker:
         self.options = options or EngineOptions()
         self.decode: TalkerDecode | None = None
         self.frames: CodePredictorFrames | None = None
+        self.prefill_graphs: PrefillGraphs | None = None
         if self.options.engine == "static":
             self.decode = TalkerDecode(model, slots=max_running, max_len=self.options.max_len,
                                        graphs=self.options.cuda_graphs)
             self.frames = CodePredictorFrames(model, max_batch=max_running, graphs=self.options.cuda_graphs)
+            if tokens := min(self.options.graph_prefill_tokens(self.device), self.options.max_len - 1):
+                self.prefill_graphs = PrefillGraphs(self._padded_forward, hidden=1, max_tokens=tokens,
+                                                    name="talker-prefill")
         self.groups = self.tc.num_code_groups
         vocab = self.tc.text_config.vocab_size
         self.suppress = tuple(i for i in range(vocab - 1024, vocab) if i != self.tc.codec_eos_token_id)
@@ -125,7 +131,12 @@ class Talker:
         """Capture the static engine's graphs before serving (CUDA only); returns graphs captured."""
         if self.decode is None:
             return 0
-        return self.decode.decoder.warmup() + self.frames.warmup()
+        captured = self.decode.decoder.warmup() + self.frames.warmup()
+        if self.prefill_graphs is not None:
+            with torch.inference_mode():
+                example = torch.zeros(1, self.tc.text_config.hidden_size, dtype=self.model.dtype, device=self.device)
+                captured += self.prefill_graphs.warmup(example)
+        return captured
 
     @property
     def voices(self) -> list[str]:
@@ -227,13 +238,18 @@ class Talker:
             self.cancel(request_id)
 
     @torch.no_grad()
-    def step(self) -> dict[str, TalkerOutput]:
+    def step(self, on_prefill: Callable[[list[str], float], None] | None = None) -> dict[str, TalkerOutput]:
         """Advance every request that can: prefill new ones, then one codec frame each for those whose
         next text embedding exists. Returns request id -> TalkerOutput for requests that produced a frame
-        or finished; finished requests are forgotten."""
+        or finished; finished requests are forgotten. on_prefill(request ids, started): called once the
+        prefill of new requests is launched (started: its `time.monotonic()` start; the device may still run it)."""
         out: dict[str, TalkerOutput] = {}
         new = [rid for rid, req in self._requests.items() if not req.prefilled and req.first_text is not None]
-        self._prefill(new)
+        if new:
+            started = time.monotonic()
+            self._prefill(new)
+            if on_prefill is not None:
+                on_prefill([rid for rid in new if self._requests[rid].prefilled], started)
         for rid in new:
             if not self._requests[rid].prefilled:
                 out[rid] = TalkerOutput(self._no_codes(), True, "length")   # prompt beyond max_len
@@ -346,6 +362,10 @@ class Talker:
                 req.prefilled = True
             return
         fits = [rid for rid in rids if embeds[rid].shape[0] < self.options.max_len]
+        if len(fits) == 1 and self.prefill_graphs is not None and self.prefill_graphs.fits(len(embeds[fits[0]])):
+            result = self.prefill_graphs.run(embeds[fits[0]])
+            self._prefilled(fits[0], result.logits, result.hidden[0][-1], result.layers)
+            return
         if not fits:
             return
         lengths = [embeds[rid].shape[0] for rid in fits]
@@ -360,11 +380,26 @@ class Talker:
                          **cache_kwargs(self.model, cache), use_cache=True, output_hidden_states=True,
                          generation_step=0)
         for row, (rid, n) in enumerate(zip(fits, lengths)):
-            req = self._requests[rid]
-            req.logits, req.hidden = out.logits[row, n - 1], out.hidden_states[0][-1][row, n - 1]
-            req.position, req.prefilled = n, True
-            self.decode.decoder.add(rid, cache_layers(cache, row, n))
-            req.max_frames = min(req.max_frames, self.options.max_len - req.position)
+            self._prefilled(rid, out.logits[row, n - 1], out.hidden_states[0][-1][row, n - 1],
+                            cache_layers(cache, row, n))
+
+    def _prefilled(self, rid: str, logits: torch.Tensor, hidden: torch.Tensor, layers: list) -> None:
+        """A static-engine request's prompt ran: its last logits [V] and hidden [H], its KV into a decoder slot."""
+        req = self._requests[rid]
+        req.logits, req.hidden = logits, hidden
+        req.position, req.prefilled = layers[0][0].shape[-2], True
+        self.decode.decoder.add(rid, layers)
+        req.max_frames = min(req.max_frames, self.options.max_len - req.position)
+
+    def _padded_forward(self, embeds: torch.Tensor):
+        """The talker prefill `PrefillGraphs` captures: embeds [1, W, H] (right-padded) -> (codec logits [1, W, V],
+        [last-layer hidden [1, W, H]], the DynamicCache); pure causal attention, positions 0..W-1."""
+        width = embeds.shape[1]
+        positions = torch.arange(width, device=embeds.device).view(1, 1, width).expand(3, 1, width)
+        cache = DynamicCache(config=self.tc.text_config)
+        out = self.model(inputs_embeds=embeds, position_ids=positions, **cache_kwargs(self.model, cache),
+                         use_cache=True, output_hidden_states=True, generation_step=0)
+        return out.logits, [out.hidden_states[0][-1]], cache
 
     def _forward(self, req: _Request, embeds: torch.Tensor) -> None:
         """Append embeds [n, H_talker] to the request's cache; keep the last logits and last hidden."""

@@ -22,6 +22,7 @@ from omni_backends.engine import DecoderRunner, EngineLoop, Prompt, SamplingPara
 from omni_backends.engine import fused
 from omni_backends.engine.limits import longest_token_chars
 from omni_backends.engine.options import EngineOptions
+from omni_backends.engine.request import Marks
 from omni_backends.engine.static_runner import StaticRunner
 from omni_backends.qwen3_omni.decoder import StaticDecoder
 from omni_backends.qwen3_omni.prompt import PromptBuilder, ThinkerInputs
@@ -80,16 +81,26 @@ class Thinker:
                                     slots=max_running, max_len=self.options.max_len,
                                     graphs=self.options.cuda_graphs, name="thinker")
             runner = StaticRunner(model, decoder, self.embed_tokens, hidden_layers=layers,
-                                  position_ids_fn=text_mrope_position_ids, prefill_chunk=self.options.prefill_chunk)
+                                  position_ids_fn=text_mrope_position_ids, prefill_chunk=self.options.prefill_chunk,
+                                  prefill_graph_tokens=self.options.graph_prefill_tokens(decoder.device))
         else:
             runner = DecoderRunner(model, hidden_layers=layers, position_ids_fn=text_mrope_position_ids,
                                    prefill_chunk=self.options.prefill_chunk)
         self.loop = EngineLoop(runner, max_running=max_running, name="qwen3-omni-thinker", stream=stream)
 
     def warmup(self) -> int:
-        """Capture the static engine's decode graphs before serving (CUDA only); returns graphs captured."""
-        decoder = getattr(self.loop.runner, "decoder", None)
-        return decoder.warmup() if decoder is not None else 0
+        """Capture the static engine's decode and prefill graphs before serving (CUDA only); returns graphs
+        captured."""
+        runner = self.loop.runner
+        decoder = getattr(runner, "decoder", None)
+        if decoder is None:
+            return 0
+        captured = decoder.warmup()
+        if runner.prefill_graphs is not None:
+            with torch.inference_mode():
+                example = torch.tensor([self.config.im_start_token_id], device=decoder.device)
+                captured += runner.prefill_graphs.warmup(example)
+        return captured
 
     @property
     def context_length(self) -> int:
@@ -113,15 +124,16 @@ class Thinker:
         return inputs
 
     def submit_inputs(self, request_id: str, inputs: ThinkerInputs, params: SamplingParams,
-                      on_token: OnToken, embeds: bool = True) -> None:
+                      on_token: OnToken, embeds: bool = True, marks: Marks | None = None) -> None:
         """Queue a request from prebuilt `ThinkerInputs` (as `submit`, without prompt building). embeds=False:
-        the tokens carry no `embed` (a consumer in this process looks the ids up itself)."""
+        the tokens carry no `embed` (a consumer in this process looks the ids up itself); marks: gets the
+        prefill's milestones (`EngineLoop.submit`)."""
         ids = inputs.input_ids
 
         def on_output(rid: str, out: StepOutput) -> None:
             on_token(rid, self.token(ids, out, embeds))
 
-        self.loop.submit(request_id, self.engine_prompt(inputs), params, on_output)
+        self.loop.submit(request_id, self.engine_prompt(inputs), params, on_output, marks=marks)
 
     @staticmethod
     def engine_prompt(inputs: ThinkerInputs) -> Prompt:

@@ -21,6 +21,10 @@ omni_stage_queue_seconds{model}          histogram: time a request waited inside
 omni_stage_step_seconds{model, phase}    histogram: duration of one step of the stage's worker, by phase
                                          (engine: prefill | decode; talker: step; code2wav: decode;
                                          batch stages: row)
+omni_first_audio_phase_seconds{model, phase}
+                                         histogram: each phase of a request's path to its first audio
+                                         packet, and phase="total" (= TTFP inside the model); reported by
+                                         the co-located Qwen3-Omni model (qwen3_omni.first_audio)
 Tests read these to assert that cancelled work really stopped (in-flight back to 0).
 """
 from __future__ import annotations
@@ -35,6 +39,8 @@ _OUTCOMES = ("ok", "rejected", "error", "cancelled")
 HEARTBEAT_S = 1.0
 # seconds; covers a 1 ms decode step to a 30 s prefill
 BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]
+# seconds; first-audio phases run from ~50 us (a thread hand-off) to a prefill
+PHASE_BUCKETS = [0.0001, 0.00025, 0.0005, *BUCKETS[:-1]]
 
 
 def _family(name: str, description: str, kind):
@@ -59,9 +65,12 @@ class StageMetrics:
                                     histogram)
         self._tensor_family = _family("omni_stage_tensors_total",
                                       "Tensors received or sent by an Omni-Triton model, by memory", counter)
+        self._first_audio_family = _family("omni_first_audio_phase_seconds",
+                                           "Seconds of each phase of a request's path to its first audio packet",
+                                           histogram)
         # Families must outlive their metrics: keep references for the model's lifetime.
         self._families = (inflight, total, heartbeat, healthy, restarts, self._queue_family, self._step_family,
-                          self._tensor_family)
+                          self._tensor_family, self._first_audio_family)
         self.model_name = model_name
         labels = {"model": model_name}
         self._heartbeat = heartbeat.Metric(labels=labels)
@@ -71,6 +80,7 @@ class StageMetrics:
         self._restarts = restarts.Metric(labels=labels)
         self._queue = self._queue_family.Metric(labels=labels, buckets=BUCKETS)
         self._steps: dict[str, object] = {}
+        self._first_audio: dict[str, object] = {}
         self._tensor_metrics: dict[tuple[str, str, str], object] = {}
         threading.Thread(target=self._beat, name=f"{model_name}-heartbeat", daemon=True).start()
         self._inflight = inflight.Metric(labels=labels)
@@ -130,3 +140,13 @@ class StageMetrics:
                 metric = self._steps[kind] = self._step_family.Metric(
                     labels={"model": self.model_name, "phase": kind}, buckets=BUCKETS)
         metric.observe(seconds)
+
+    def first_audio(self, phases: dict[str, float]) -> None:
+        """One request's first-audio phases ({phase: seconds}, `FirstAudioTimeline.phases`) and their total."""
+        for phase, seconds in {**phases, "total": sum(phases.values())}.items():
+            with self._lock:
+                metric = self._first_audio.get(phase)
+                if metric is None:
+                    metric = self._first_audio[phase] = self._first_audio_family.Metric(
+                        labels={"model": self.model_name, "phase": phase}, buckets=PHASE_BUCKETS)
+            metric.observe(seconds)

@@ -1,10 +1,13 @@
 """Qwen3-Omni stage split (thinker -> talker -> code2wav, streamed) == transformers' monolithic generate()."""
+import time
+
 import numpy as np
 import pytest
 from transformers import Qwen3OmniMoeForConditionalGeneration
 
 from omni_backends.errors import RequestError
 from omni_backends.qwen3_omni.checkpoint import write_checkpoint
+from omni_backends.qwen3_omni.first_audio import PHASE_NAMES, FirstAudioTimeline, parse, summarize
 from omni_backends.qwen3_omni.loading import load_stages, load_tts_embeds
 from omni_backends.qwen3_omni.pipeline import LocalOmniPipeline, OmniRequest
 
@@ -99,3 +102,39 @@ def test_input_audio_prompt_matches_generate(pipeline, reference):
 def test_unknown_voice_names_valid_voices(pipeline):
     with pytest.raises(RequestError, match="aiden, chelsie, ethan"):
         pipeline.run([_request(pipeline, "bad", [{"role": "user", "content": "hi"}], "nobody")])
+
+
+def test_first_audio_timeline_phases_in_order_and_sum_to_ttfp(pipeline):
+    request = _request(pipeline, "timed", [{"role": "user", "content": PROMPTS[1]}], "chelsie")
+    started = time.monotonic()
+    result = pipeline.run([request])["timed"]
+    elapsed = time.monotonic() - started
+    timeline = result.first_audio
+    assert timeline.complete() and timeline.frames == 2   # the fixture's first chunk: 2 frames
+    stamps = [timeline.marks[name] for name in timeline.order]
+    assert stamps == sorted(stamps) and started <= stamps[0]   # every mark after the one it needs
+    phases = timeline.phases()
+    assert list(phases) == list(PHASE_NAMES) and min(phases.values()) >= 0
+    assert sum(phases.values()) == pytest.approx(timeline.ttfp(), abs=1e-9)
+    assert 0 < timeline.ttfp() < elapsed
+    for work in ("prompt", "thinker_prefill", "talker_prefill", "frame_1", "code2wav"):   # real work, not hand-offs
+        assert phases[work] > 1e-5, work
+    # the log line reads back with the same figures (milliseconds, 2 decimals)
+    (row,) = parse([f"I1202 12:00:00.000 1 pb_stub.cc:1] {timeline.line('timed#1')}", "unrelated line"])
+    assert row["ttfp"] == pytest.approx(timeline.ttfp() * 1e3, abs=0.006)
+    assert row["code2wav"] == pytest.approx(phases["code2wav"] * 1e3, abs=0.006)
+    assert "thinker_prefill" in summarize([row, row])
+
+
+def test_first_audio_timeline_rejects_unknown_and_incomplete_marks():
+    timeline = FirstAudioTimeline(3, arrival=10.0)
+    with pytest.raises(KeyError, match="frame_9"):
+        timeline.mark("frame_9")
+    timeline.frame(9, 11.0)   # past the first chunk: ignored
+    timeline.mark("submitted", 10.5)
+    timeline.mark("submitted", 12.0)   # the first time stays
+    assert timeline.marks["submitted"] == 10.5
+    with pytest.raises(ValueError, match="lacks prefill_start"):
+        timeline.phases()
+    with pytest.raises(ValueError, match=">= 1 frame"):
+        FirstAudioTimeline(0)

@@ -10,6 +10,7 @@ import torch
 from omni_backends.engine import EngineLoop, Prompt, SamplingParams, make_generator, sample_next_token
 from omni_backends.engine.graphs import StepGraphs, batch_bucket, power_of_two_buckets
 from omni_backends.engine.options import EngineOptions
+from omni_backends.engine.prefill_graphs import PrefillGraphs
 from omni_backends.engine.sampling import sample_rows
 from omni_backends.engine.static_kv import StaticKVCache
 from omni_backends.engine.static_runner import StaticRunner
@@ -378,3 +379,47 @@ def test_step_graphs_constant_inputs_are_copied_at_capture_only():
     assert torch.equal(graphs.run("k", {"x": one, "c": one}, constant=("c",))[0], two)   # captured with c = 1
     out = graphs.run("k", {"x": two, "c": two}, constant=("c",))[0]   # replayed: x copied, c kept from the capture
     assert graphs.stats().replays == 2 and torch.equal(out, torch.full((4,), 3.0, device="cuda"))
+
+
+def test_prefill_graph_path_gives_the_same_tokens_frames_and_audio(qwen3_omni_stages, qwen3_omni_ckpt, monkeypatch):
+    """A lone short prompt prefilled through `PrefillGraphs` (right-padded to its bucket, no attention mask; on CPU
+    the padded forward runs eagerly, on CUDA its graph replays) gives the thinker tokens, codec frames and audio of
+    the eager prefill, for the thinker's and the talker's prompts."""
+    def run_each(options):
+        pipe = LocalOmniPipeline.from_stages(qwen3_omni_stages, load_tts_embeds(qwen3_omni_ckpt, qwen3_omni_stages.config),
+                                             options=options, max_running=4)
+        try:
+            results = {}
+            for i, text in enumerate(PROMPTS):   # one at a time: a lone prompt per prefill
+                request = OmniRequest(f"r{i}", [{"role": "user", "content": text}],
+                                      pipe.thinker.sampling_params(max_tokens=12, temperature=0.0),
+                                      pipe.talker.sampling_params(do_sample=False, repetition_penalty=1.0,
+                                                                  max_frames=14))
+                results.update(pipe.run([request]))
+            graphs = [g.graphs.stats().eager if g is not None else 0
+                      for g in (pipe.thinker.loop.runner.prefill_graphs, pipe.talker.prefill_graphs)]
+            return results, graphs
+        finally:
+            pipe.close()
+
+    eager, unused = run_each(EngineOptions(engine="static", max_len=128))   # CPU: no prefill graphs
+    monkeypatch.setattr(EngineOptions, "graph_prefill_tokens", lambda self, device: self.prefill_graph_tokens)
+    padded, used = run_each(EngineOptions(engine="static", max_len=128, prefill_graph_tokens=64))
+    assert unused == [0, 0] and used == [3, 3]   # every thinker and talker prompt went through the padded forward
+    for rid, expected in eager.items():
+        assert padded[rid].token_ids == expected.token_ids and len(expected.token_ids) >= 10
+        assert torch.equal(padded[rid].codes, expected.codes) and expected.codes.shape[-1] >= 10
+        torch.testing.assert_close(padded[rid].audio, expected.audio, rtol=0, atol=1e-6)
+
+
+def test_prefill_graph_buckets_and_limits():
+    graphs = PrefillGraphs(lambda inputs: None, hidden=0, max_tokens=100, min_tokens=16)
+    assert graphs.buckets == (16, 32, 64, 100)
+    assert [graphs.bucket(n) for n in (1, 16, 17, 65, 100)] == [16, 16, 32, 100, 100]
+    assert not graphs.fits(0) and not graphs.fits(101)
+    with pytest.raises(ValueError, match="101 tokens"):
+        graphs.bucket(101)
+    with pytest.raises(ValueError, match="prefill_graph_tokens"):
+        EngineOptions(prefill_graph_tokens=-1)
+    assert EngineOptions(engine="static").graph_prefill_tokens(torch.device("cpu")) == 0
+    assert EngineOptions.from_parameters({"prefill_graph_tokens": "64"}).prefill_graph_tokens == 64

@@ -19,17 +19,26 @@ Per request one coroutine reads the engines' events from a mailbox (one event-lo
 events, text deltas of one batch merged into one event), runs the text stream (detokenizing, stop strings),
 hands the accepted tokens to the talker, and streams text and audio events; a cancelled or failed request
 is aborted in every engine.
+
+First audio: each request with a voice carries a `FirstAudioTimeline` (`first_audio`: arrival, thinker prefill,
+hand-offs, talker prefill, frames, code2wav, sent); once its first audio event is sent, its phases go to the
+histogram `omni_first_audio_phase_seconds{model, phase}` and, with the environment variable
+`OMNI_FIRST_AUDIO_LOG=1`, to one `first_audio id=... ttfp_ms=... <phase>=<ms> ...` line in the server log.
 """
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import threading
+import time
 
 import torch
+import triton_python_backend_utils as pb_utils
 from transformers import AutoTokenizer, WhisperFeatureExtractor
 
 from omni_backends.qwen3_omni.code2wav import SAMPLE_RATE, Code2WavStreamer
+from omni_backends.qwen3_omni.first_audio import FirstAudioTimeline
 from omni_backends.qwen3_omni.loading import load_code2wav, load_config, load_talker, load_thinker
 from omni_backends.qwen3_omni.pipeline import ENGINE_SWITCH_INTERVAL_S, LocalOmniPipeline
 from omni_backends.qwen3_omni.serving import protocol as p
@@ -104,12 +113,14 @@ class TritonPythonModel(AsyncDecoupledModel):
         self.default_voice = self.parameters.get("default_voice") or self.voices[0]
         self.default_max_tokens = model_config.int_parameter(thinker_params, "max_tokens", 256)
         self.max_frames = model_config.int_parameter(talker_params, "max_frames", 4095)
+        self.log_first_audio = os.environ.get("OMNI_FIRST_AUDIO_LOG", "") not in ("", "0")
         self._next_id = 0
 
     def teardown(self) -> None:
         self.pipeline.close()
 
     async def handle(self, ctx):
+        arrival = time.monotonic()
         body = ctx.body()
         if events.wants_voices(body):
             yield events.voices_event(self.voices, self.default_voice, body,
@@ -125,15 +136,20 @@ class TritonPythonModel(AsyncDecoupledModel):
         mailbox = Mailbox(asyncio.get_running_loop())
         self._next_id += 1
         rid = f"{ctx.request_id or 'req'}#{self._next_id}"
-        pipeline.submit(rid, inputs, params, mailbox.put, voice=voice, talker_params=talker_params)
+        timeline = None if voice is None else FirstAudioTimeline(pipeline.code2wav.first_chunk_frames, arrival)
+        pipeline.submit(rid, inputs, params, mailbox.put, voice=voice, talker_params=talker_params,
+                        timeline=timeline)
         text_open, speech_open = True, voice is not None
         try:
             while text_open or speech_open:
                 batch = await mailbox.get(CANCEL_POLL_S)
+                read = time.monotonic()
                 ctx.check()
                 pending = []   # text of this batch not yet sent
                 for event in batch:
                     if isinstance(event, ThinkerToken):
+                        if event.index == 0 and timeline is not None:
+                            timeline.mark("token_read", read)
                         if text_open:
                             text_open = self._on_token(rid, event, text, turn, pending)
                         continue
@@ -145,8 +161,13 @@ class TritonPythonModel(AsyncDecoupledModel):
                         if pending and send_text:
                             yield {"type": "text.delta", "text": "".join(pending)}, None
                         pending = []
+                        if timeline is not None:
+                            timeline.mark("audio_read", read)
                         yield {"type": "audio.delta", "sample_rate": SAMPLE_RATE,
                                "transcript": turn.take_transcript()}, event.pcm
+                        if timeline is not None:   # resumed after the sender took the event
+                            self._report_first_audio(rid, timeline)
+                            timeline = None
                 if pending and send_text:
                     yield {"type": "text.delta", "text": "".join(pending)}, None
             if voice and any(turn.unspoken):   # text written after the last audio chunk (or past max_frames)
@@ -154,6 +175,15 @@ class TritonPythonModel(AsyncDecoupledModel):
             yield turn.done_event(), None
         finally:
             pipeline.abort(rid)   # no-op once finished; a cancelled or failed turn stops every engine
+
+    def _report_first_audio(self, rid: str, timeline: FirstAudioTimeline) -> None:
+        """The first audio event of `rid` was sent: its phases to the metrics (and the log, when asked)."""
+        timeline.mark("audio_sent")
+        if not timeline.complete():   # cannot happen on the paths above; never fail a request over a metric
+            return
+        self.metrics.first_audio(timeline.phases())
+        if self.log_first_audio:
+            pb_utils.Logger.log_info(timeline.line(rid))
 
     def _on_token(self, rid: str, token: ThinkerToken, text, turn: turns.Turn, pending: list) -> bool:
         """Account one thinker token, give it to the talker; returns whether the text goes on."""
