@@ -75,5 +75,5 @@ def stage_engine(model_dir: str | Path) -> str:
     config = Path(model_dir).parent / TTS_STAGE / "config.pbtxt"
     if not config.is_file():
         raise FileNotFoundError(f"{config} not found: the {TTS_STAGE} model must sit in the same repository")
-    match = _ENGINE_PARAMETER.search(_COMMENT.sub("", config.read_text()))
+    match = _ENGINE_PARAMETER.search(_COMMENT.sub("", config.read_text(encoding="utf-8")))
     return check_engine(match.group(1) if match else None)

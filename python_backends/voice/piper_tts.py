@@ -53,7 +53,7 @@ class PiperTTS(SpeechEngine):
 
         session = ort.InferenceSession(str(model_path()), sess_options=session_options(intra_op_num_threads),
                                        providers=["CPUExecutionProvider"])
-        self._voice = PiperVoice(session=session, config=PiperConfig.from_dict(json.loads(config_path().read_text())))
+        self._voice = PiperVoice(session=session, config=PiperConfig.from_dict(json.loads(config_path().read_text(encoding="utf-8"))))
         self._config = SynthesisConfig
         if warmup:
             self.synthesize("Ready.")
