@@ -53,7 +53,8 @@ class PiperTTS(SpeechEngine):
 
         session = ort.InferenceSession(str(model_path()), sess_options=session_options(intra_op_num_threads),
                                        providers=["CPUExecutionProvider"])
-        self._voice = PiperVoice(session=session, config=PiperConfig.from_dict(json.loads(config_path().read_text(encoding="utf-8"))))
+        config = PiperConfig.from_dict(json.loads(config_path().read_text(encoding="utf-8")))
+        self._voice = PiperVoice(session=session, config=config)
         self._config = SynthesisConfig
         if warmup:
             self.synthesize("Ready.")
@@ -66,7 +67,8 @@ class PiperTTS(SpeechEngine):
     def tokenize(self, text: str) -> list[list[int]]:
         """Piper's phoneme ids of `text` (Markdown marks removed first), one list per sentence, as the voice
         reads them (with its start, end and between-phoneme pad ids)."""
-        return [self._voice.phonemes_to_ids(phonemes) for phonemes in filter(None, self._voice.phonemize(speakable(text)))]
+        sentences = filter(None, self._voice.phonemize(speakable(text)))
+        return [self._voice.phonemes_to_ids(phonemes) for phonemes in sentences]
 
     def stream(self, text: str, voice: str | None = None, speed: float = 1.0,
                cancel: CancelToken | None = None) -> Iterator[np.ndarray]:
