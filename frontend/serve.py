@@ -64,7 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="seconds a finished video (and its files) is kept; 0 keeps it forever")
     p.add_argument("--tts-engine", choices=TTS_ENGINES,
                    help="speech engine of the voice and tts pipelines (the voice_tts stage's `engine`): kokoro "
-                        "(Kokoro-82M, the repository's default) or piper (Piper's en_US joe voice, ~10x less CPU per "
+                        "(Kokoro-82M, the repository's default) or piper (Piper's en_US joe voice, ~8x less CPU per "
                         "audio second; piper-tts is GPL-3.0 and the voice's licence terms are uncertain: "
                         "docs/pipelines.md). Serves a run copy of the repository with the parameter set")
     p.add_argument("--realtime-speculation-ms", type=int, default=100, metavar="MS",

@@ -7,8 +7,8 @@ piece per sentence (piper-tts bundles its own libespeak-ng and data) -> VITS aud
 not normalised: each piece keeps the voice's own level, ~0.35-0.65 peak like Kokoro's) -> resampled to 24 kHz
 (`audio.resample`, libswresample) -> edges set like Kokoro's (`tts.fit_for_joining`: LEAD_S before, the pause
 of the sentence's last punctuation after; VITS renders only ~0.12-0.18 s after a sentence, so the pause is
-padded with zeros, where Kokoro's is trimmed). Cost on this machine: ~0.03-0.07 CPU-s per audio second
-(Kokoro int8: ~0.55).
+padded with zeros, where Kokoro's is trimmed). Cost on this machine: ~0.05 CPU-s per audio second
+(Kokoro int8: ~0.4 for a paragraph, ~0.55 for short chunks).
 
 Speed: VITS's `length_scale` (1/speed) scales the predicted durations before they are rounded up to whole
 frames, so the joe voice's audio shrinks less than asked (length_scale 0.8 gave 0.9x the duration, 0.5 gave
