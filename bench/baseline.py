@@ -18,8 +18,9 @@ prompt becomes a RequestRecord like a served one, so the same metric code summar
               (size, frames, steps and guidance as served, seed = prompt index), its uint8 frames encoded to MP4
               with the server's encoder (omni_frontend.videos.encoding); torch's default threads.
   voice       the stage engines called directly, as the voice pipeline chains them: `ChatLLM.generate`
-              (SmolLM2, greedy) -> `SentenceChunker` -> `KokoroTTS.synthesize` per chunk. Text chunks at each
-              LLM delta, an audio chunk after each synthesized sentence chunk.
+              (SmolLM2, greedy) -> `SentenceChunker` -> `synthesize` per chunk of the `tts_engine` (KokoroTTS,
+              or PiperTTS with --tts-engine piper). Text chunks at each LLM delta, an audio chunk after each
+              synthesized sentence chunk.
 """
 from __future__ import annotations
 
@@ -43,8 +44,9 @@ def check_supported(model: str, workload: str) -> None:
 def run_baseline(model: str, workload: str, prompts: list[str], *, max_tokens: int, voice: str | None,
                  checkpoint: str | None, num_warmups: int, extra_body: dict | None = None,
                  device: str = "cpu", size: str = "64x64", steps: int = 4,
-                 frames: int = 17) -> tuple[list[RequestRecord], float]:
-    """Records of every prompt run in-process and the total duration. Raises ValueError as `check_supported`."""
+                 frames: int = 17, tts_engine: str = "kokoro") -> tuple[list[RequestRecord], float]:
+    """Records of every prompt run in-process and the total duration (`tts_engine`: the voice chain's speech
+    engine, omni_backends.voice.engines). Raises ValueError as `check_supported`."""
     check_supported(model, workload)
     if model == "qwen_image":
         runner = _QwenImage(checkpoint, size, steps)
@@ -53,7 +55,7 @@ def run_baseline(model: str, workload: str, prompts: list[str], *, max_tokens: i
     elif model == "qwen3_omni":
         runner = _Qwen3Omni(checkpoint, max_tokens, voice, extra_body or {}, device)
     else:
-        runner = _Voice(max_tokens, voice)
+        runner = _Voice(max_tokens, voice, tts_engine)
     speak = workload == "chat-audio"
     for prompt in prompts[:num_warmups]:
         runner.run(RequestRecord(-1, prompt), speak)
@@ -211,13 +213,15 @@ class _Wan:
 class _Voice:
     """The voice pipeline's stage engines, chained in this process like the pipeline chains its models."""
 
-    def __init__(self, max_tokens: int, voice: str | None):
+    def __init__(self, max_tokens: int, voice: str | None, tts_engine: str):
+        from omni_backends.voice import engines
         from omni_backends.voice.llm import ChatLLM
-        from omni_backends.voice.tts import DEFAULT_VOICE, SAMPLE_RATE, KokoroTTS
+        from omni_backends.voice.tts import SAMPLE_RATE
 
-        self.llm, self.tts = ChatLLM(), KokoroTTS()  # each on min(2, cores) threads, like the served stages
+        # each on min(2, cores) threads, like the served stages
+        self.llm, self.tts = ChatLLM(), engines.load(tts_engine)
         self.params = self.llm.sampling_params({"max_tokens": max_tokens, "temperature": 0.0})
-        self.voice, self.sample_rate = voice or DEFAULT_VOICE, SAMPLE_RATE
+        self.voice, self.sample_rate = voice, SAMPLE_RATE
 
     def run(self, record: RequestRecord, speak: bool) -> None:
         from omni_backends.voice.chunker import SentenceChunker

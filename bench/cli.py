@@ -75,6 +75,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoint", help="baseline checkpoint directory or preset (qwen3_omni / qwen_image / wan; "
                                         "default $OMNI_MODEL_HOME/qwen3_omni_tiny / qwen_image_tiny / wan_tiny)")
     p.add_argument("--device", default="cpu", help="baseline device (cpu, cuda, cuda:N)")
+    p.add_argument("--tts-engine", choices=("kokoro", "piper"), default="kokoro",
+                   help="voice baseline: the speech engine of the in-process chain (give the server's --tts-engine)")
     p.add_argument("--baseline-url", help="a peer OpenAI-compatible server (e.g. scripts/peer_asr_server): every level "
                                           "also runs there, alternated with the served runs, with CPU-s per audio-s and "
                                           "/health latency of both servers")
@@ -177,7 +179,7 @@ def _baseline(args: argparse.Namespace, prompts: list[str], levels: list[dict]) 
                                          max_tokens=args.max_tokens, voice=args.voice, checkpoint=args.checkpoint,
                                          num_warmups=args.num_warmups, extra_body=args.extra_body,
                                          device=args.device, size=args.size, steps=args.steps,
-                                         frames=args.frames)
+                                         frames=args.frames, tts_engine=args.tts_engine)
         result = level_result(args.workload, args.model, 1, math.inf, records, duration)
         print(report.table({**result, "model": f"{args.model} (in-process baseline)"}))
     else:

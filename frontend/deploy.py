@@ -285,12 +285,36 @@ def render_config(text: str, spec: StageSpec) -> str:
         text = text.rstrip("\n") + "\n" + group + "\n"
     if spec.max_batch is not None:
         text = re.sub(r"(?m)^max_batch_size: \d+$", f"max_batch_size: {spec.max_batch}", text)
-    for key, value in spec.parameters.items():
+    return set_parameters(text, spec.parameters)
+
+
+def set_parameters(text: str, parameters: dict[str, str]) -> str:
+    """A config.pbtxt with `parameters` set: each replaces the line of its key, or is appended."""
+    for key, value in parameters.items():
         line = f'parameters {{ key: "{key}" value {{ string_value: "{value}" }} }}'
         text, found = re.subn(rf'(?m)^parameters {{ key: "{re.escape(key)}" .*$', line.replace("\\", "\\\\"), text)
         if not found:
             text = text.rstrip("\n") + "\n" + line + "\n"
     return text
+
+
+def render_parameters(repositories: list[Path], models: list[str], parameters: dict[str, dict[str, str]],
+                      out_dir: str | os.PathLike) -> Path:
+    """A run copy of `models` (each from the first of `repositories` that holds it) in `out_dir`, with
+    `parameters[model]` set in that model's config.pbtxt (e.g. {"voice_tts": {"engine": "piper"}}); returns
+    out_dir. Raises DeployError naming a model that no repository holds or a parameter for a model not copied."""
+    out = Path(out_dir)
+    unknown = sorted(set(parameters) - set(models))
+    if unknown:
+        raise DeployError(f"{', '.join(unknown)}: not among the models to serve ({', '.join(models)})")
+    for model in models:
+        source = next((r / model for r in repositories if (r / model / "config.pbtxt").is_file()), None)
+        if source is None:
+            raise DeployError(f"model {model!r} is in none of the repositories {', '.join(map(str, repositories))}")
+        shutil.copytree(source, out / model, ignore=shutil.ignore_patterns("__pycache__"))
+        config = out / model / "config.pbtxt"
+        config.write_text(set_parameters(config.read_text(), parameters.get(model, {})))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

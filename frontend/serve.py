@@ -3,6 +3,7 @@
     python -m omni_frontend.serve [--pipelines voice,tts,...] [--host 127.0.0.1] [--port 8000]
                                   [--triton-grpc-port 8001] [--api-key KEY] ...
     python -m omni_frontend.serve --deploy deploy/qwen3_omni_h200.yaml ...   (GPU stages: docs/gpu.md)
+    python -m omni_frontend.serve --tts-engine piper ...   (voice and tts speak with Piper: docs/pipelines.md)
 
 Loads only the selected pipelines' models (explicit model control), waits until every model is
 ready, serves the OpenAI API with uvicorn, restarts a stage whose stub process dies (model control:
@@ -13,11 +14,13 @@ model that does not load) print one clear line (plus the relevant server-log lin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -29,6 +32,8 @@ from omni_frontend.tritonserver import LaunchError, TritonServer, port_in_use
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECKPOINT_PRESETS = ("qwen3_omni_tiny", "qwen3_omni_30b_a3b_random")   # python -m omni_backends.prepare NAME
+TTS_ENGINES = ("kokoro", "piper")   # the voice_tts stage's `engine` parameter (omni_backends.voice.engines)
+TTS_STAGE = "voice_tts"
 log = logging.getLogger("omni_frontend.serve")
 
 
@@ -57,6 +62,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="videos generating at once (their denoising steps are batched together)")
     p.add_argument("--video-ttl", type=int, default=86400,
                    help="seconds a finished video (and its files) is kept; 0 keeps it forever")
+    p.add_argument("--tts-engine", choices=TTS_ENGINES,
+                   help="speech engine of the voice and tts pipelines (the voice_tts stage's `engine`): kokoro "
+                        "(Kokoro-82M, the repository's default) or piper (Piper's en_US joe voice, ~8x less CPU per "
+                        "audio second; piper-tts is GPL-3.0 and the voice's licence terms are uncertain: "
+                        "docs/pipelines.md). Serves a run copy of the repository with the parameter set")
     p.add_argument("--realtime-speculation-ms", type=int, default=100, metavar="MS",
                    help="realtime sessions with server VAD start answering a turn after this many ms of silence "
                         "(the reply is held until the turn ends, dropped if the user speaks on); used when shorter "
@@ -157,15 +167,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     server = None
+    stack = contextlib.ExitStack()   # the run copy of the repository (--tts-engine), removed after the server
     try:
         if port_in_use(args.host, args.port):
             raise LaunchError(f"port {args.host}:{args.port} is already in use (pass --port)")
+        models = getattr(args, "models", None) or registry.triton_models(selected)
+        repositories = [r.resolve() for r in (args.model_repository or [ROOT / "model_repository"])]
+        if args.tts_engine is not None:
+            run_copy = stack.enter_context(tempfile.TemporaryDirectory(prefix="omni-triton-repository-"))
+            repositories = [tts_engine_repository(repositories, models, args.tts_engine, Path(run_copy))]
         if not args.no_prepare:
             prepare = getattr(args, "prepare_only", None)
             prepare_models(prepare if prepare is not None else [p.name for p in selected])
         server = TritonServer(
-            repositories=[r.resolve() for r in (args.model_repository or [ROOT / "model_repository"])],
-            models=getattr(args, "models", None) or registry.triton_models(selected), grpc_port=args.triton_grpc_port,
+            repositories=repositories, models=models, grpc_port=args.triton_grpc_port,
             http_port=args.triton_http_port, metrics_port=args.triton_metrics_port,
             log_path=args.log_dir / "tritonserver.log", ready_timeout_s=args.ready_timeout)
         started = time.monotonic()
@@ -210,6 +225,19 @@ def main(argv: list[str] | None = None) -> int:
         if server is not None:
             server.stop()
             log.info("tritonserver stopped")
+        stack.close()
+
+
+def tts_engine_repository(repositories: list[Path], models: list[str], engine: str, out_dir: Path) -> Path:
+    """A run copy of `models` in `out_dir` whose voice_tts speaks with `engine` (--tts-engine). Raises
+    LaunchError when voice_tts is not among the models (no pipeline that speaks with it was selected)."""
+    if TTS_STAGE not in models:
+        raise LaunchError(f"--tts-engine needs a pipeline that speaks through {TTS_STAGE} (voice, tts); "
+                          f"serving: {', '.join(models)}")
+    try:
+        return deploy.render_parameters(repositories, models, {TTS_STAGE: {"engine": engine}}, out_dir)
+    except deploy.DeployError as exc:
+        raise LaunchError(str(exc)) from None
 
 
 def _serve_triton_only(server: TritonServer) -> int:

@@ -2,7 +2,7 @@
 
     kokoro  Kokoro-82M int8 (omni_backends.voice.tts.KokoroTTS), the default: 5 voices (jf_alpha, ...)
     piper   Piper with the en_US joe voice (omni_backends.voice.piper_tts.PiperTTS), opt-in: voice "joe";
-            ~10x less CPU per audio second; its licence terms are uncertain (docs/pipelines.md)
+            ~8x less CPU per audio second; its licence terms are uncertain (docs/pipelines.md)
 
 `./scripts/serve --tts-engine piper` sets the parameter in a run copy of the repository. The orchestrators
 that call voice_tts (`voice`, `tts`) list and check voices for the engine that stage runs: they read its
@@ -75,5 +75,5 @@ def stage_engine(model_dir: str | Path) -> str:
     config = Path(model_dir).parent / TTS_STAGE / "config.pbtxt"
     if not config.is_file():
         raise FileNotFoundError(f"{config} not found: the {TTS_STAGE} model must sit in the same repository")
-    match = _ENGINE_PARAMETER.search(_COMMENT.sub("", config.read_text()))
+    match = _ENGINE_PARAMETER.search(_COMMENT.sub("", config.read_text(encoding="utf-8")))
     return check_engine(match.group(1) if match else None)

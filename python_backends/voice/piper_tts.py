@@ -7,8 +7,8 @@ piece per sentence (piper-tts bundles its own libespeak-ng and data) -> VITS aud
 not normalised: each piece keeps the voice's own level, ~0.35-0.65 peak like Kokoro's) -> resampled to 24 kHz
 (`audio.resample`, libswresample) -> edges set like Kokoro's (`tts.fit_for_joining`: LEAD_S before, the pause
 of the sentence's last punctuation after; VITS renders only ~0.12-0.18 s after a sentence, so the pause is
-padded with zeros, where Kokoro's is trimmed). Cost on this machine: ~0.03-0.07 CPU-s per audio second
-(Kokoro int8: ~0.55).
+padded with zeros, where Kokoro's is trimmed). Cost on this machine: ~0.05 CPU-s per audio second
+(Kokoro int8: ~0.4 for a paragraph, ~0.55 for short chunks).
 
 Speed: VITS's `length_scale` (1/speed) scales the predicted durations before they are rounded up to whole
 frames, so the joe voice's audio shrinks less than asked (length_scale 0.8 gave 0.9x the duration, 0.5 gave
@@ -53,7 +53,8 @@ class PiperTTS(SpeechEngine):
 
         session = ort.InferenceSession(str(model_path()), sess_options=session_options(intra_op_num_threads),
                                        providers=["CPUExecutionProvider"])
-        self._voice = PiperVoice(session=session, config=PiperConfig.from_dict(json.loads(config_path().read_text())))
+        config = PiperConfig.from_dict(json.loads(config_path().read_text(encoding="utf-8")))
+        self._voice = PiperVoice(session=session, config=config)
         self._config = SynthesisConfig
         if warmup:
             self.synthesize("Ready.")
@@ -66,7 +67,8 @@ class PiperTTS(SpeechEngine):
     def tokenize(self, text: str) -> list[list[int]]:
         """Piper's phoneme ids of `text` (Markdown marks removed first), one list per sentence, as the voice
         reads them (with its start, end and between-phoneme pad ids)."""
-        return [self._voice.phonemes_to_ids(phonemes) for phonemes in filter(None, self._voice.phonemize(speakable(text)))]
+        sentences = filter(None, self._voice.phonemize(speakable(text)))
+        return [self._voice.phonemes_to_ids(phonemes) for phonemes in sentences]
 
     def stream(self, text: str, voice: str | None = None, speed: float = 1.0,
                cancel: CancelToken | None = None) -> Iterator[np.ndarray]:

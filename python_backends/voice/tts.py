@@ -17,6 +17,9 @@ too made the first word of a call unintelligible (Whisper heard "The weather" as
 Speed: Kokoro's duration predictor scales phoneme durations unevenly above ~1.25x (measured: speed 4.0 gave 0.42x
 the duration instead of 0.25x), so faster speeds are synthesised at NATIVE_MAX_SPEED and the rest of the
 tempo change is done by FFmpeg's pitch-preserving `atempo` (`audio.time_stretch`).
+
+Shared by the voice_tts engines (this one and `piper_tts.PiperTTS`, chosen in `engines`): `SpeechEngine`, the
+voice, speed and edge rules (`resolve_voice`, `check_speed`, `fit_for_joining`) and `session_options`.
 """
 from __future__ import annotations
 
@@ -92,7 +95,8 @@ def session_options(intra_op_num_threads: int | None = None):
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.intra_op_num_threads = intra_op_num_threads or int(os.environ.get(THREADS_ENV, 0)) or min(2, os.cpu_count() or 1)
+    default = int(os.environ.get(THREADS_ENV, 0)) or min(2, os.cpu_count() or 1)
+    options.intra_op_num_threads = intra_op_num_threads or default
     options.inter_op_num_threads = 1
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return options
@@ -158,8 +162,8 @@ class KokoroTTS(SpeechEngine):
         import onnxruntime as ort
 
         files = files or prepare_kokoro(model_home())
-        self._session = ort.InferenceSession(capped_graph(files.onnx), sess_options=session_options(intra_op_num_threads),
-                                             providers=["CPUExecutionProvider"])
+        self._session = ort.InferenceSession(capped_graph(files.onnx), providers=["CPUExecutionProvider"],
+                                             sess_options=session_options(intra_op_num_threads))
         self._vocab: dict[str, int] = json.loads(files.vocab.read_text(encoding="utf-8"))["vocab"]
         self._pauses = {self._vocab[mark]: pause for mark, pause in PAUSE_AFTER_S.items() if mark in self._vocab}
         with np.load(files.voices) as table:

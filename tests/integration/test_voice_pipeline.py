@@ -137,6 +137,30 @@ def test_missing_checkpoint_fails_to_load_naming_the_path(tmp_path):
                      ready_timeout_s=120)
 
 
+def test_piper_engine_serves_the_speech_route_as_joe(tmp_path):
+    """`--tts-engine piper`: voice_tts speaks with Piper, which needs no prepared checkpoint (an empty model
+    home); /v1/audio/voices lists its one voice, OpenAI names speak with it, other names get the 400."""
+    from omni_backends.voice.asr import WhisperASR
+
+    server = start_server(tmp_path, "--pipelines", "tts", "--tts-engine", "piper", "--no-prepare",
+                          env={"OMNI_MODEL_HOME": str(tmp_path / "models")}, ready_timeout_s=120)
+    try:
+        client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=60)
+        text = "The weather is sunny and warm today."
+        normal, rate = _wav(client.audio.speech.create(model="tts-1", voice="alloy", input=text,
+                                                       response_format="wav").content)
+        fast, _ = _wav(client.audio.speech.create(model="tts-1", voice="joe", input=text, response_format="wav",
+                                                  speed=2.0).content)
+        assert rate == 24000 and 0.2 * 7 <= len(normal) / rate <= 0.8 * 7 and len(fast) < 0.7 * len(normal)
+        assert "sunny" in WhisperASR().transcribe(resample(normal, rate, 16000)).text.lower()
+        assert httpx.get(f"{server.base_url}/v1/audio/voices").json() == {
+            "object": "list", "voices": [{"id": "joe", "model": "tts"}], "default": {"tts": "joe"}}
+        with pytest.raises(openai.BadRequestError, match="available: joe"):
+            client.audio.speech.create(model="tts-1", voice="jf_alpha", input=text)
+    finally:
+        server.stop()
+
+
 def test_disconnect_cancels_the_llm_stage(voice_server):
     body = {"model": "voice", "messages": [{"role": "user", "content": "Write a very long story about a dragon."}],
             "modalities": ["text"], "max_tokens": 2000, "temperature": 0, "stream": True}

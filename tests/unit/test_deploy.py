@@ -90,3 +90,23 @@ def test_serve_reports_a_bad_deploy_file_in_one_line(tmp_path, capsys):
     assert main(["--deploy", str(path), "--no-prepare"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "stages.thinker.devise: unknown key" in err and len(err.splitlines()) == 1
+
+
+def test_tts_engine_run_copy_sets_the_parameter_the_orchestrators_read(tmp_path):
+    """`--tts-engine piper` serves a copy of the selected models whose voice_tts config names the engine; the
+    `tts` orchestrator beside it reads the same parameter (omni_backends.voice.engines.stage_engine)."""
+    from omni_backends.voice import engines
+    from omni_frontend import serve
+    from omni_frontend.tritonserver import LaunchError
+
+    source = ROOT / "model_repository"
+    out = serve.tts_engine_repository([source], ["voice_tts", "tts"], "piper", tmp_path / "run")
+    assert sorted(p.name for p in out.iterdir()) == ["tts", "voice_tts"]
+    config = (out / "voice_tts" / "config.pbtxt").read_text()
+    assert config.count('key: "engine"') == 1 and 'key: "engine" value { string_value: "piper" }' in config
+    assert engines.stage_engine(out / "tts") == "piper" and engines.stage_engine(source / "tts") == "kokoro"
+    with pytest.raises(LaunchError, match="voice_tts"):
+        serve.tts_engine_repository([source], ["voice_asr"], "piper", tmp_path / "asr")
+    assert serve.parse_args(["--tts-engine", "piper"]).tts_engine == "piper"
+    with pytest.raises(SystemExit):
+        serve.parse_args(["--tts-engine", "espeak"])

@@ -25,12 +25,15 @@ from omni_backends.voice import engines
 class TritonPythonModel(BatchStageModel):
     def setup(self) -> None:
         engine = engines.check_engine(self.parameters.get("engine"))
-        kokoro_dir = resolve_checkpoint(self.parameters["checkpoint"], self.model_name) if engine == engines.KOKORO else None
+        kokoro_dir = None
+        if engine == engines.KOKORO:
+            kokoro_dir = resolve_checkpoint(self.parameters["checkpoint"], self.model_name)
         self.tts = engines.load(engine, kokoro_dir, model_config.int_parameter(self.parameters, "threads", 0) or None)
 
     def infer_row(self, inputs):
         text = string(inputs.get("TEXT"))
         speed = float(inputs["SPEED"].reshape(-1)[0]) if "SPEED" in inputs else 1.0
-        pcm = self.tts.synthesize(text, voice=string(inputs.get("VOICE")) or None, speed=speed, cancel=self.cancel_token)
+        voice = string(inputs.get("VOICE")) or None
+        pcm = self.tts.synthesize(text, voice=voice, speed=speed, cancel=self.cancel_token)
         tokens = sum(len(chunk) for chunk in self.tts.tokenize(text))
         return {"AUDIO": pcm, "TOKENS": np.array([tokens], dtype=np.int32)}
