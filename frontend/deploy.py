@@ -67,7 +67,8 @@ COMMON_KEYS = {"device": STR, "instances": INT, "dtype": DTYPES, "threads": INT}
 STAGE_KEYS = {
     "thinker": {**_ENGINE_KEYS, "max_tokens": INT},
     "talker": {**_ENGINE_KEYS, "max_frames": INT, "max_batch": INT},
-    "code2wav": {"chunk_frames": INT, "first_chunk_frames": INT, "left_context_frames": INT, "max_batch": INT},
+    "code2wav": {"chunk_frames": INT, "first_chunk_frames": INT, "left_context_frames": INT, "max_batch": INT,
+                 "cuda_graphs": BOOL},
     "orchestrator": {"default_voice": STR},
 }
 TOP_KEYS = {"pipeline", "layout", "checkpoint", "kernels", "gpu_tensors", "stages"}

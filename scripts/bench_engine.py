@@ -560,6 +560,7 @@ def bench_pipeline(path, config, device, args) -> dict:
                                          options=EngineOptions(engine="static", max_len=1024), max_running=32)
     pipe.thinker.warmup()
     pipe.talker.warmup()
+    pipe.code2wav.warmup()
     tokens, frames = args.pipeline_tokens, args.pipeline_frames
 
     def requests(n: int, tag: str) -> list:

@@ -5,6 +5,11 @@ number of trailing samples (555 with the real config): `codes[16, n]` decode to 
 The library's `chunked_decode` drops those samples at every chunk boundary. This streamer holds them back
 and re-emits them from the next chunk (decoded with left context), so when the left context covers all
 previous frames the concatenated chunks equal one full decode.
+
+First chunks (no left context, `first_chunk_frames` frames: the decode on every request's way to its first audio)
+replay a CUDA graph per batch bucket when `graphs` is on and the model is on CUDA: the vocoder is ~800 small eager
+launches (an 8-layer transformer, ConvNeXt upsampling, Snake activations) for a few milliseconds of GPU work.
+Later chunks run eagerly.
 """
 from __future__ import annotations
 
@@ -14,6 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+
+from omni_backends.engine.graphs import StepGraphs, batch_bucket, power_of_two_buckets
 
 SAMPLE_RATE = 24000   # Hz; Qwen3-Omni's code2wav output rate (not stored in the config)
 
@@ -40,12 +47,15 @@ class Code2WavStreamer:
         first_chunk_frames: frames of the first chunk (smaller = earlier first audio).
         left_context_frames: frames before a chunk decoded with it and discarded; must cover the trimmed
             tail (>= ceil(trim / samples_per_frame), i.e. >= 1). Context >= all previous frames is exact.
+        graphs: replay first chunks from CUDA graphs (module doc; ignored on CPU). max_batch: the largest batch
+            bucket of those graphs (more first chunks at once run eagerly).
 
     Raises:
         ValueError: on a non-positive chunk size or a left context too short to re-emit the held-back tail.
     """
 
-    def __init__(self, model, chunk_frames: int = 25, first_chunk_frames: int = 5, left_context_frames: int = 25):
+    def __init__(self, model, chunk_frames: int = 25, first_chunk_frames: int = 5, left_context_frames: int = 25,
+                 graphs: bool = False, max_batch: int = 32):
         if chunk_frames < 1 or first_chunk_frames < 1:
             raise ValueError(f"chunk sizes must be >= 1 frame, got {chunk_frames=} {first_chunk_frames=}")
         self.model = model
@@ -59,6 +69,8 @@ class Code2WavStreamer:
         self.chunk_frames, self.first_chunk_frames = chunk_frames, first_chunk_frames
         self.left_context_frames = left_context_frames
         self._sequences: dict[str, _Sequence] = {}
+        self.buckets = power_of_two_buckets(max_batch)
+        self.graphs = StepGraphs(lambda codes: (self.model(codes),), enabled=graphs, name="code2wav-first-chunk")
 
     @torch.no_grad()
     def _trimmed_samples(self) -> int:
@@ -140,12 +152,38 @@ class Code2WavStreamer:
         for rid, (start, _, end) in windows.items():
             by_length.setdefault(end - start, []).append(rid)
         out = {}
+        device = next(self.model.parameters()).device
         for rids in by_length.values():
-            batch = torch.stack([self._window_codes(rid, *windows[rid]) for rid in rids])
-            wav = self.model(batch.to(next(self.model.parameters()).device))[:, 0].float().cpu().numpy()
+            batch = torch.stack([self._window_codes(rid, *windows[rid]) for rid in rids]).to(device)
+            first = all(windows[rid][1] == 0 for rid in rids) and batch.shape[-1] == self.first_chunk_frames
+            wav = (self._first_chunks(batch) if first else self.model(batch))[:, 0].float().cpu().numpy()
             for row, rid in enumerate(rids):
                 out[rid] = self._emit(rid, wav[row], *windows[rid])
         return out
+
+    def _first_chunks(self, batch: torch.Tensor) -> torch.Tensor:
+        """The vocoder over first chunks [n, 16, first_chunk_frames]: a graph replay of the batch bucket on CUDA
+        (rows are independent: zero rows pad the batch), else eager. Returns wav [n, 1, samples]."""
+        n = batch.shape[0]
+        if not (batch.is_cuda and self.graphs.enabled) or n > self.buckets[-1]:
+            return self.model(batch)
+        bucket = batch_bucket(n, self.buckets)
+        padded = batch.new_zeros(bucket, *batch.shape[1:])
+        padded[:n] = batch
+        return self.graphs.run(bucket, {"codes": padded})[0][:n]
+
+    @torch.no_grad()
+    def warmup(self) -> int:
+        """Capture the first-chunk graph of every batch bucket before serving (CUDA with graphs only); returns the
+        graphs captured."""
+        device = next(self.model.parameters()).device
+        if device.type != "cuda" or not self.graphs.enabled:
+            return 0
+        for bucket in self.buckets:
+            self._first_chunks(torch.zeros(bucket, self.groups, self.first_chunk_frames, dtype=torch.long,
+                                           device=device))
+        torch.cuda.synchronize(device)
+        return self.graphs.stats().captured
 
     def _window_codes(self, rid: str, start: int, _context: int, end: int) -> torch.Tensor:
         seq = self._sequences[rid]

@@ -113,17 +113,18 @@ class FirstAudioTimeline:
 
 
 _LINE = re.compile(rf"{LOG_PREFIX} id=(\S+) ttfp_ms=([\d.]+) (.*)$")
+_PHASE = re.compile(r"(\w+)=(-?[\d.]+)")
 
 
 def parse(lines: Iterable[str]) -> list[dict[str, float]]:
     """{"ttfp": ms, <phase>: ms, ...} of every `FirstAudioTimeline.line` found in `lines` (log lines may carry a
-    prefix such as Triton's), in order."""
+    prefix and quotes such as Triton's: `I1202 ... colocated_model.py:190] "first_audio id=..."`), in order."""
     rows = []
     for text in lines:
         found = _LINE.search(text.rstrip())
         if found:
             row = {"ttfp": float(found.group(2))}
-            row.update((key, float(value)) for key, value in (part.split("=") for part in found.group(3).split()))
+            row.update((key, float(value)) for key, value in _PHASE.findall(found.group(3)))
             rows.append(row)
     return rows
 

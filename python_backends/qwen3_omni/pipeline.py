@@ -168,14 +168,16 @@ class LocalOmniPipeline:
                     first_chunk_frames: int = 5, left_context_frames: int = 25, options: EngineOptions | None = None,
                     max_running: int = 32) -> "LocalOmniPipeline":
         """All three engines of `loading.load_stages(dir)` (tts_embeds: `loading.load_tts_embeds`); the
-        code2wav streamer settings and the thinker's / talker's `EngineOptions` (default "dynamic")."""
+        code2wav streamer settings and the thinker's / talker's `EngineOptions` (default "dynamic"; the static
+        engine with graphs also replays code2wav's first chunks from CUDA graphs)."""
         device = next(stages.thinker.parameters()).device
         stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         thinker = Thinker(stages.thinker, stages.config, stages.tokenizer, stages.feature_extractor,
                           max_running=max_running, options=options, stream=stream)
         talker = Talker(stages.talker, stages.config, tts_embeds, options=options, max_running=max_running)
+        graphs = options is not None and options.engine == "static" and options.cuda_graphs
         return cls(thinker, talker, Code2WavStreamer(stages.code2wav, chunk_frames, first_chunk_frames,
-                                                     left_context_frames))
+                                                     left_context_frames, graphs=graphs, max_batch=max_running))
 
     def close(self) -> None:
         """Stop the engine threads (requests in flight are aborted)."""

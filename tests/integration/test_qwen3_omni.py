@@ -319,6 +319,8 @@ def test_colocated_layout_gives_generates_answers_to_concurrent_requests(server,
     stage layout); text deltas merged per batch still decode to the same text."""
     bodies = [{"messages": _messages(p), "voice": v, "return_token_ids": True, **GREEDY}
               for p, v in zip(PROMPTS[:2], VOICES[:2])]
+    first_audio = {phase: metric_value(server.metrics_url, "omni_first_audio_phase_seconds_count", model=COLOCATED,
+                                       phase=phase) or 0 for phase in ("total", "thinker_prefill", "code2wav")}
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(lambda b: _triton_events(server, b, model=COLOCATED), bodies))
     for prompt, voice, events in zip(PROMPTS, VOICES, results):
@@ -326,6 +328,10 @@ def test_colocated_layout_gives_generates_answers_to_concurrent_requests(server,
         _assert_matches(events, ids, wav)
         assert "".join(e["text"] for e, _ in events if e["type"] == "text.delta") == \
             reference[1].tokenizer.decode(ids, skip_special_tokens=True)
+    for phase, count in first_audio.items():   # each request's first-audio timeline reached the histograms
+        assert metric_value(server.metrics_url, "omni_first_audio_phase_seconds_count", model=COLOCATED,
+                            phase=phase) == count + 2, phase
+    assert metric_value(server.metrics_url, "omni_first_audio_phase_seconds_sum", model=COLOCATED, phase="total") > 0
 
 
 def test_colocated_layout_stop_string_cancellation_and_errors(server, reference):

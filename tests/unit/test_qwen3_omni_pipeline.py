@@ -120,7 +120,7 @@ def test_first_audio_timeline_phases_in_order_and_sum_to_ttfp(pipeline):
     for work in ("prompt", "thinker_prefill", "talker_prefill", "frame_1", "code2wav"):   # real work, not hand-offs
         assert phases[work] > 1e-5, work
     # the log line reads back with the same figures (milliseconds, 2 decimals)
-    (row,) = parse([f"I1202 12:00:00.000 1 pb_stub.cc:1] {timeline.line('timed#1')}", "unrelated line"])
+    (row,) = parse([f'I1202 06:11:53.609617 1 colocated_model.py:190] "{timeline.line("timed#1")}"', "unrelated"])
     assert row["ttfp"] == pytest.approx(timeline.ttfp() * 1e3, abs=0.006)
     assert row["code2wav"] == pytest.approx(phases["code2wav"] * 1e3, abs=0.006)
     assert "thinker_prefill" in summarize([row, row])

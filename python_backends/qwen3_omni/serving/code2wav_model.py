@@ -4,7 +4,8 @@ One sequence (correlation id) is one chat turn. Each request brings the codec fr
 previous one and gets back the PCM that became final (float32, 24 kHz; possibly empty). Requests of
 different sequences that Triton batches together (oldest-first strategy) are decoded by ONE
 `Code2WavStreamer.step`: one vocoder forward per distinct window length. Config parameters
-`chunk_frames`, `first_chunk_frames`, `left_context_frames` set the streamer (see its doc).
+`chunk_frames`, `first_chunk_frames`, `left_context_frames` and `cuda_graphs` (first chunks from CUDA graphs, batch
+buckets up to max_batch_size) set the streamer (see its doc).
 Tensors: `omni_backends.qwen3_omni.serving.protocol`.
 
 A sequence also ends after `max_sequence_idle_microseconds` (the config's sequence-batching idle
@@ -24,6 +25,7 @@ import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
+from omni_backends.engine.options import parse_bool
 from omni_backends.errors import RequestError
 from omni_backends.qwen3_omni.code2wav import Code2WavStreamer
 from omni_backends.qwen3_omni.loading import load_code2wav
@@ -39,7 +41,10 @@ class TritonPythonModel:
         self.streamer = Code2WavStreamer(load_code2wav(setup.path, device=setup.device, dtype=setup.dtype),
                                          chunk_frames=model_config.int_parameter(parameters, "chunk_frames", 25),
                                          first_chunk_frames=model_config.int_parameter(parameters, "first_chunk_frames", 5),
-                                         left_context_frames=model_config.int_parameter(parameters, "left_context_frames", 25))
+                                         left_context_frames=model_config.int_parameter(parameters, "left_context_frames", 25),
+                                         graphs=parse_bool(parameters.get("cuda_graphs"), "cuda_graphs", False),
+                                         max_batch=max(1, int(config.get("max_batch_size") or 1)))
+        self.streamer.warmup()
         self.metrics = StageMetrics(self.model_name)
         self._sequences: set[int] = set()
         self._last_seen: dict[int, float] = {}   # sequence -> time.monotonic() of its last request
