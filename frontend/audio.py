@@ -78,8 +78,10 @@ def encode(pcm: np.ndarray, sample_rate: int, fmt: str) -> bytes:
 
 def decode(data: bytes, sample_rate: int = 16000, max_seconds: float | None = None) -> np.ndarray:
     """Any container/codec PyAV reads (wav, mp3, flac, ogg, webm, m4a, ...) -> float32 mono PCM
-    resampled to sample_rate Hz. Raises AudioDecodeError if nothing decodable is found or a sample is
-    not finite, and
+    resampled to sample_rate Hz. The samples are faster-whisper's `decode_audio` ones (libswresample to
+    16-bit, then / 32768), so Whisper hears a file as faster-whisper (and its servers) would: a float
+    resampling differs by half a 16-bit step and can change words. Raises AudioDecodeError if nothing
+    decodable is found or a sample is not finite, and
     AudioTooLong as soon as more than `max_seconds` are decoded (the rest is not decoded)."""
     if not data:
         raise AudioDecodeError("audio is empty")
@@ -88,9 +90,12 @@ def decode(data: bytes, sample_rate: int = 16000, max_seconds: float | None = No
         with av.open(io.BytesIO(data), "r") as container:
             if not container.streams.audio:
                 raise AudioDecodeError("no audio stream found")
-            resampler = av.AudioResampler(format="flt", layout="mono", rate=sample_rate)
+            resampler = av.AudioResampler(format="s16", layout="mono", rate=sample_rate)
             chunks, total = [], 0
             for frame in itertools.chain(container.decode(audio=0), [None]):   # None flushes the resampler
+                if frame is not None and frame.format.name.startswith(("flt", "dbl")) \
+                        and not np.isfinite(frame.to_ndarray()).all():  # float WAV/FLAC can carry them
+                    raise AudioDecodeError("audio holds NaN or infinite samples")
                 for out in resampler.resample(frame):
                     chunks.append(out.to_ndarray().reshape(-1))
                     total += chunks[-1].size
@@ -102,7 +107,4 @@ def decode(data: bytes, sample_rate: int = 16000, max_seconds: float | None = No
         raise AudioDecodeError(f"could not decode audio: {exc}") from exc
     if not chunks:
         raise AudioDecodeError("audio contains no samples")
-    pcm = np.concatenate(chunks).astype(np.float32)
-    if not np.isfinite(pcm).all():   # float WAV/FLAC can carry them; no encoder handles them
-        raise AudioDecodeError("audio holds NaN or infinite samples")
-    return pcm
+    return np.concatenate(chunks).astype(np.float32) / 32768.0

