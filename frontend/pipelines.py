@@ -35,9 +35,10 @@ REGISTRY: dict[str, Pipeline] = {p.name: p for p in (
              ("qwen3_omni_thinker", "qwen3_omni_talker", "qwen3_omni_code2wav", "qwen3_omni"),
              "Qwen3-Omni thinker -> talker -> code2wav, text and speech out"),
     Pipeline("voice", CHAT, "voice", ("voice_asr", "voice_llm", "voice_tts", "voice_vad", "voice"),
-             "Whisper tiny.en -> SmolLM2-135M-Instruct -> Kokoro-82M, text and speech out; /v1/realtime with Silero VAD",
+             "Whisper tiny.en -> SmolLM2-135M-Instruct -> Kokoro-82M (or Piper: --tts-engine), text and speech out; "
+             "/v1/realtime with Silero VAD",
              vad="voice_vad", asr="voice_asr"),
-    Pipeline("tts", SPEECH, "tts", ("voice_tts", "tts"), "Kokoro-82M text-to-speech",
+    Pipeline("tts", SPEECH, "tts", ("voice_tts", "tts"), "Kokoro-82M (or Piper: --tts-engine) text-to-speech",
              aliases=("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "kokoro")),
     Pipeline("asr", TRANSCRIPTION, "voice_asr", ("voice_asr", "voice_asr_stream"), "Whisper tiny.en speech recognition",
              aliases=("whisper-1", "whisper-tiny.en", "gpt-4o-transcribe", "gpt-4o-mini-transcribe"),

