@@ -296,6 +296,8 @@ class LocalOmniPipeline:
             if speech is None:   # aborted meanwhile
                 continue
             if speech.started:
+                if rid not in self.talker:   # its talker already ended (codec_eos, max_frames): nothing to speak
+                    continue
                 items.append((rid, len(token_ids), final))
                 ids += token_ids
             elif final:   # the text ended before any token reached the talker
@@ -450,8 +452,8 @@ class LocalOmniPipeline:
             self.submit(r.request_id, inputs, r.thinker_params,
                         lambda event, rid=r.request_id: events.put((rid, event)), voice=r.voice,
                         talker_params=r.talker_params, timeline=results[r.request_id].first_audio)
-        open_requests = set(results)
-        while open_requests:
+        text_open, audio_open = set(results), {r.request_id for r in requests if r.voice is not None}
+        while text_open or audio_open:
             rid, event = events.get()
             result = results[rid]
             if event.error is not None:
@@ -465,6 +467,7 @@ class LocalOmniPipeline:
                 self.speak(rid, event, final=event.finished)
                 if event.finished:
                     result.finish_reason = event.finish_reason
+                    text_open.discard(rid)
                 continue
             result.codes = torch.cat([result.codes, event.codes], -1)
             if event.pcm.size:
@@ -472,7 +475,7 @@ class LocalOmniPipeline:
                 result.first_audio.mark("audio_sent")   # nothing to send in process
                 result.chunks.append(event.pcm)
             if event.finished:
-                open_requests.discard(rid)
+                audio_open.discard(rid)
         return results
 
 

@@ -134,19 +134,18 @@ class StageMetrics:
         if kind == "queue":
             self._queue.observe(seconds)
             return
-        with self._lock:
-            metric = self._steps.get(kind)
-            if metric is None:
-                metric = self._steps[kind] = self._step_family.Metric(
-                    labels={"model": self.model_name, "phase": kind}, buckets=BUCKETS)
-        metric.observe(seconds)
+        self._phase_metric(self._steps, self._step_family, kind, BUCKETS).observe(seconds)
 
     def first_audio(self, phases: dict[str, float]) -> None:
         """One request's first-audio phases ({phase: seconds}, `FirstAudioTimeline.phases`) and their total."""
         for phase, seconds in {**phases, "total": sum(phases.values())}.items():
-            with self._lock:
-                metric = self._first_audio.get(phase)
-                if metric is None:
-                    metric = self._first_audio[phase] = self._first_audio_family.Metric(
-                        labels={"model": self.model_name, "phase": phase}, buckets=PHASE_BUCKETS)
-            metric.observe(seconds)
+            self._phase_metric(self._first_audio, self._first_audio_family, phase, PHASE_BUCKETS).observe(seconds)
+
+    def _phase_metric(self, metrics: dict, family, phase: str, buckets: list[float]):
+        """The histogram of `family` labelled with this model and `phase`, created on first use."""
+        with self._lock:
+            metric = metrics.get(phase)
+            if metric is None:
+                metric = metrics[phase] = family.Metric(labels={"model": self.model_name, "phase": phase},
+                                                        buckets=buckets)
+        return metric

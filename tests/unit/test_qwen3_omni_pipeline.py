@@ -138,3 +138,17 @@ def test_first_audio_timeline_rejects_unknown_and_incomplete_marks():
         timeline.phases()
     with pytest.raises(ValueError, match=">= 1 frame"):
         FirstAudioTimeline(0)
+
+
+def test_talker_finishing_before_the_text_keeps_serving(pipeline):
+    """A request whose talker ends (max_frames) while its thinker still writes: the later tokens are not spoken,
+    and neither this request nor the others fail (the talker thread used to look them up and fail every request)."""
+    requests = [OmniRequest(f"short{i}", [{"role": "user", "content": p}],
+                            pipeline.thinker.sampling_params(max_tokens=24, min_tokens=24, do_sample=False),
+                            pipeline.talker.sampling_params(do_sample=False, repetition_penalty=1.0,
+                                                            max_frames=1 + i % 2), voice="ethan")
+                for i, p in enumerate(PROMPTS)]
+    results = pipeline.run(requests)
+    for i, request in enumerate(requests):
+        result = results[request.request_id]
+        assert len(result.token_ids) == 24 and result.codes.shape[-1] == 1 + i % 2
