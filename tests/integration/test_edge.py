@@ -8,6 +8,7 @@ import asyncio
 import io
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
@@ -109,6 +110,24 @@ def test_bad_or_unsupported_transcription_fields_are_rejected(mock_server, form,
     ok = httpx.post(f"{mock_server.base_url}/v1/audio/transcriptions", timeout=30, data={"model": "mock-asr"},
                     files={"file": ("a.wav", _wav(np.zeros(1600, np.float32)), "audio/wav")})
     assert ok.status_code == 200 and ok.json()["text"] == "1600 samples"
+
+
+def test_a_batch_of_transcriptions_runs_two_at_a_time_and_each_gets_its_own_answer(mock_server):
+    """mock_asr (a BatchStageModel with row_workers 2 and a ragged AUDIO input, like voice_asr) under 5
+    concurrent requests of different lengths: while the first sleeps the others queue into one batch, whose rows
+    run two at a time; each answer names its own sample count and the failing one alone gets its 400."""
+    def post(samples: int, prompt: str) -> httpx.Response:
+        return httpx.post(f"{mock_server.base_url}/v1/audio/transcriptions", timeout=30,
+                          files={"file": ("a.wav", _wav(np.zeros(samples, np.float32)), "audio/wav")},
+                          data={"model": "mock-asr", "prompt": prompt})
+
+    jobs = [(1600 * (i + 1), "sleep 0.4") for i in range(4)] + [(800, "fail")]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        answers = list(pool.map(lambda job: post(*job), jobs))
+    texts = [answer.json()["text"] for answer in answers[:4]]
+    assert [text.split()[0] for text in texts] == ["1600", "3200", "4800", "6400"], texts
+    assert any(text.endswith("concurrently") for text in texts), texts
+    assert answers[4].status_code == 400 and answers[4].json()["error"]["param"] == "prompt"
 
 
 def test_speech_instructions_are_rejected_and_voices_of_a_voiceless_pipeline_are_404(mock_server):

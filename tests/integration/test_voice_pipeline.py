@@ -16,6 +16,7 @@ import soundfile as sf
 import tritonclient.grpc as grpcclient
 
 from omni_backends.voice.audio import resample
+from tests.sentences import ROUND_TRIP
 from tests.harness import (cancel_storm, inflight, metric_value, settle_limit_s, settle_time, start_server,
                            wait_for)
 
@@ -169,20 +170,6 @@ def test_disconnect_cancels_the_llm_stage(voice_server):
             if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["delta"].get("content"):
                 break
     assert wait_for(lambda: metric_value(voice_server.metrics_url, "omni_inflight_requests", model="voice_llm") == 0, 3.0)
-
-
-ROUND_TRIP = [
-    "The quick brown fox jumps over the lazy dog.",
-    "Please call me back when you get home tonight.",
-    "The train to London leaves at seven in the morning.",
-    "She bought three apples and a loaf of bread.",
-    "Our meeting has been moved to Thursday afternoon.",
-    "The museum is closed on Mondays and public holidays.",
-    "Turn left at the second traffic light.",
-    "He plays the piano every evening after dinner.",
-    "The weather will be cold and windy tomorrow.",
-    "Remember to water the plants before you leave.",
-]
 
 
 def test_speech_to_transcription_round_trip_word_error_rate(client):

@@ -61,3 +61,19 @@ def test_non_finite_samples_are_not_audio():
     sf.write(buf, np.array([0.1, np.nan, 0.2] * 100, np.float32), 16000, format="WAV", subtype="FLOAT")
     with pytest.raises(audio.AudioDecodeError, match="NaN"):
         audio.decode(buf.getvalue(), 16000)
+
+
+@pytest.mark.parametrize("fmt", ["wav", "mp3", "opus", "float44k"])
+def test_decoded_samples_are_faster_whispers(tone, fmt):
+    """The samples Whisper gets are faster-whisper's decode_audio ones, bit for bit (what its servers hear)."""
+    from faster_whisper import decode_audio
+
+    if fmt == "float44k":
+        buf = io.BytesIO()
+        sf.write(buf, np.random.default_rng(0).uniform(-0.5, 0.5, 44100).astype(np.float32), 44100,
+                 format="WAV", subtype="FLOAT")
+        data = buf.getvalue()
+    else:
+        data = audio.encode(tone, RATE, fmt)
+    ours, theirs = audio.decode(data, 16000), decode_audio(io.BytesIO(data))
+    assert ours.dtype == np.float32 and np.array_equal(ours, theirs)

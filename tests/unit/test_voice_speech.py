@@ -2,6 +2,7 @@
 models, CPU). Tests taking `engine` run once per engine of omni_backends.voice.engines."""
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import jiwer
 import numpy as np
@@ -12,7 +13,9 @@ from omni_backends.voice import asr as asr_module
 from omni_backends.voice import engines
 from omni_backends.voice import tts as tts_module
 from omni_backends.voice.audio import resample
+from omni_backends.voice.models import prepare_whisper
 from omni_backends.voice.phonemize import EspeakPhonemizer
+from tests.sentences import ROUND_TRIP
 
 pytestmark = pytest.mark.unit
 
@@ -247,3 +250,24 @@ def test_lean_encoder_hears_as_well_as_the_full_window(asr, speech):
     lean_wer = jiwer.wer(reference, [_normalise(lean.transcribe(c).text) for c in clips])
     full_wer = jiwer.wer(reference, [_normalise(asr.transcribe(c).text) for c in clips])
     assert lean_wer <= full_wer + 1 / sum(len(s.split()) for s in SENTENCES), (lean_wer, full_wer)
+
+
+def test_asr_with_workers_hears_what_faster_whisper_hears_alone_and_concurrently(tts):
+    """voice_asr's threads (workers 2: a lone transcription encodes on 2 threads and decodes on 1, concurrent
+    ones run on 1 thread each) give faster-whisper's own segments, to the timestamp, for the round-trip
+    sentences: WhisperModel on 2 threads with the options faster-whisper-server is run with (the ASR peer)."""
+    from faster_whisper import WhisperModel
+
+    clips = [resample(pcm, 24000, 16000) for pcm in tts.synthesize_batch(ROUND_TRIP)]
+    peer = WhisperModel(str(prepare_whisper()), device="cpu", compute_type="int8", cpu_threads=2)
+    expected = [[(s.start, s.end, s.text.strip()) for s in peer.transcribe(
+        clip, language="en", beam_size=1, temperature=0.0, condition_on_previous_text=False)[0]] for clip in clips]
+    asr = asr_module.WhisperASR(cpu_threads=2, workers=2)
+
+    def heard(clip, concurrent: bool):
+        return [(s.start, s.end, s.text) for s in asr.transcribe(clip, concurrent=concurrent).segments]
+
+    with ThreadPoolExecutor(2) as pool:
+        together = list(pool.map(lambda clip: heard(clip, True), clips))
+    assert [heard(clip, False) for clip in clips] == expected
+    assert together == expected
