@@ -16,6 +16,7 @@ Threads and what crosses them (`LocalOmniPipeline`):
             reports them as `SpeechChunk`s to `on_event`.
 First audio: a request submitted with a `FirstAudioTimeline` gets its milestones marked on every thread on the way
 to its first audio chunk (`first_audio`; the engine threads only look up requests still waiting for it).
+Steady state: with a `StepProfile` every iteration of the three engine threads is recorded (`step_profile`).
 Tensors between CUDA streams: the talker prompt (thinker hidden states) is complete before it is handed
 over (the thinker thread synchronises its stream for a request's first token) and is marked as used by the
 talker's stream (`record_stream`) so the allocator cannot reuse it early; every other crossing is host data.
@@ -40,6 +41,7 @@ from omni_backends.qwen3_omni.code2wav import Code2WavStreamer
 from omni_backends.qwen3_omni.first_audio import FirstAudioTimeline
 from omni_backends.qwen3_omni.loading import Qwen3OmniStages
 from omni_backends.qwen3_omni.prompt import ThinkerInputs
+from omni_backends.qwen3_omni.step_profile import StepProfile
 from omni_backends.qwen3_omni.talker import Talker
 from omni_backends.qwen3_omni.thinker import Thinker, ThinkerToken
 
@@ -83,12 +85,16 @@ class StageThread:
     CUDA its work runs on its own stream.
 
     An exception from `apply` or `work` goes to `failed(exc)` (on the thread); the thread keeps serving.
+    `work()` returns the rows (frames, chunks) it made; `profile(wait, apply, work, rows)`, when given, gets the
+    seconds of each iteration blocked on the inbox, applying and working, and those rows (`step_profile`).
     """
 
-    def __init__(self, name: str, device: torch.device, apply: Callable[[list], None], work: Callable[[], None],
-                 busy: Callable[[], bool], failed: Callable[[Exception], None], priority: int = OTHER_PRIORITY):
+    def __init__(self, name: str, device: torch.device, apply: Callable[[list], None], work: Callable[[], int],
+                 busy: Callable[[], bool], failed: Callable[[Exception], None], priority: int = OTHER_PRIORITY,
+                 profile: Callable[[float, float, float, int], None] | None = None):
         self.stream = torch.cuda.Stream(device, priority=priority) if device.type == "cuda" else None
         self._apply, self._work, self._busy, self._failed = apply, work, busy, failed
+        self._profile = profile
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -104,6 +110,7 @@ class StageThread:
         with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext(), \
                 torch.inference_mode():
             while True:
+                started = time.monotonic()
                 try:
                     messages = [self._inbox.get(block=not self._busy())]
                 except queue.Empty:
@@ -113,15 +120,21 @@ class StageThread:
                 stop = _STOP in messages
                 if stop:
                     messages = messages[:messages.index(_STOP)]
+                woken = applied = time.monotonic()
+                rows = 0
                 try:
                     if messages:
                         self._apply(messages)
                     if stop:
                         return
+                    applied = time.monotonic()
                     if self._busy():
-                        self._work()
+                        rows = self._work()
                 except Exception as exc:  # noqa: BLE001 - the owner fails the affected requests
                     self._failed(exc)
+                if self._profile is not None:
+                    done = time.monotonic()
+                    self._profile(woken - started, applied - woken, done - applied, rows)
 
 
 @dataclass
@@ -144,13 +157,15 @@ class LocalOmniPipeline:
     Args:
         thinker: a `Thinker` (its engine thread should run on its own stream on CUDA: `Thinker(stream=...)`).
         talker: a `Talker`; code2wav: a `Code2WavStreamer`; both are driven from their own threads here.
+        profile: a `StepProfile` that gets every iteration of the three engine threads (None: not profiled).
 
     Thread-safe: `submit`, `speak`, `stop`, `abort` may be called from any thread. Every request gets its
     `on_event` calls from the engine threads: `ThinkerToken`s in order (exactly one finished), and, with a
     voice, `SpeechChunk`s in order (exactly one finished) once the consumer spoke its first token.
     """
 
-    def __init__(self, thinker: Thinker, talker: Talker, code2wav: Code2WavStreamer):
+    def __init__(self, thinker: Thinker, talker: Talker, code2wav: Code2WavStreamer,
+                 profile: StepProfile | None = None):
         self.thinker, self.talker, self.code2wav = thinker, talker, code2wav
         self.device = talker.device
         self._speech: dict[str, _Speech] = {}
@@ -158,18 +173,26 @@ class LocalOmniPipeline:
         # requests before their first audio chunk whose submitter asked for a timeline (engine threads read it
         # without the lock: single dict operations are atomic)
         self._timelines: dict[str, FirstAudioTimeline] = {}
+        self.profile = profile
+        if profile is not None:
+            profile.live = lambda: len(self._speech)
+            thinker.loop.observe = self._thinker_observed
         self._talker = StageThread("qwen3-omni-talker", self.device, self._talker_apply, self._talker_work,
-                                   talker.has_ready, self._talker_failed, priority=TALKER_PRIORITY)
+                                   talker.has_ready, self._talker_failed, priority=TALKER_PRIORITY,
+                                   profile=None if profile is None else
+                                   lambda *times: profile.stage("talker", *times))
         self._code2wav = StageThread("qwen3-omni-code2wav", self.device, self._code2wav_apply, self._code2wav_work,
-                                     self._code2wav_busy, self._code2wav_failed)
+                                     self._code2wav_busy, self._code2wav_failed,
+                                     profile=None if profile is None else
+                                     lambda *times: profile.stage("code2wav", *times))
 
     @classmethod
     def from_stages(cls, stages: Qwen3OmniStages, tts_embeds: torch.Tensor, chunk_frames: int = 25,
                     first_chunk_frames: int = 5, left_context_frames: int = 25, options: EngineOptions | None = None,
-                    max_running: int = 32) -> "LocalOmniPipeline":
+                    max_running: int = 32, profile: StepProfile | None = None) -> "LocalOmniPipeline":
         """All three engines of `loading.load_stages(dir)` (tts_embeds: `loading.load_tts_embeds`); the
         code2wav streamer settings and the thinker's / talker's `EngineOptions` (default "dynamic"; the static
-        engine with graphs also replays code2wav's first chunks from CUDA graphs)."""
+        engine with graphs also replays code2wav's chunks from CUDA graphs); profile: as the constructor's."""
         device = next(stages.thinker.parameters()).device
         stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         thinker = Thinker(stages.thinker, stages.config, stages.tokenizer, stages.feature_extractor,
@@ -177,13 +200,21 @@ class LocalOmniPipeline:
         talker = Talker(stages.talker, stages.config, tts_embeds, options=options, max_running=max_running)
         graphs = options is not None and options.engine == "static" and options.cuda_graphs
         return cls(thinker, talker, Code2WavStreamer(stages.code2wav, chunk_frames, first_chunk_frames,
-                                                     left_context_frames, graphs=graphs, max_batch=max_running))
+                                                     left_context_frames, graphs=graphs, max_batch=max_running),
+                   profile)
 
     def close(self) -> None:
-        """Stop the engine threads (requests in flight are aborted)."""
+        """Stop the engine threads (requests in flight are aborted) and the profile."""
         self.thinker.shutdown()
         self._talker.close()
         self._code2wav.close()
+        if self.profile is not None:
+            self.profile.close()
+
+    def _thinker_observed(self, kind: str, seconds: float) -> None:
+        """The thinker engine loop's timing callback: its forwards go to the profile (not its queue times)."""
+        if kind != "queue":
+            self.profile.thinker(kind, seconds, self.thinker.loop.stats().running)
 
     # ---- consumer side (any thread) ----------------------------------------------------------------
     def submit(self, request_id: str, inputs: ThinkerInputs, params: SamplingParams, on_event: OnEvent,
@@ -313,13 +344,14 @@ class LocalOmniPipeline:
             start += n
         self.talker.push_texts(pushes)
 
-    def _talker_work(self) -> None:
+    def _talker_work(self) -> int:
         out = self.talker.step(on_prefill=self._talker_prefilled if self._timelines else None)
         if self._timelines:
             self._mark_frames(out)
         if out:   # one message per step for all requests: the code2wav thread wakes once per frame
             self._code2wav.post(("codes", {rid: (o.codes, o.finish_reason if o.finished else None)
                                            for rid, o in out.items()}))
+        return len(out)
 
     def _talker_prefilled(self, request_ids: Sequence[str], started: float) -> None:
         now = time.monotonic()
@@ -375,7 +407,7 @@ class LocalOmniPipeline:
         with self._lock:
             return any(s.pending or s.ending for s in self._speech.values())
 
-    def _code2wav_work(self) -> None:
+    def _code2wav_work(self) -> int:
         with self._lock:
             ready = {rid: s for rid, s in self._speech.items() if s.pending or s.ending}
         new, final, failed = {}, [], []
@@ -403,6 +435,7 @@ class LocalOmniPipeline:
                 self._finish(rid, speech, SpeechChunk(self._take_codes(speech), chunk, True, speech.ending[0]))
             elif chunk.size:
                 speech.on_event(SpeechChunk(self._take_codes(speech), chunk))
+        return sum(1 for chunk in pcm.values() if chunk.size)
 
     def _mark_first_audio(self, pcm: dict[str, np.ndarray], started: float) -> None:
         """Mark the decode that made a request's first PCM; its timeline leaves the engine threads (code2wav)."""

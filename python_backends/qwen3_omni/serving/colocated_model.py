@@ -24,6 +24,10 @@ First audio: each request with a voice carries a `FirstAudioTimeline` (`first_au
 hand-offs, talker prefill, frames, code2wav, sent); once its first audio event is sent, its phases go to the
 histogram `omni_first_audio_phase_seconds{model, phase}` and, with the environment variable
 `OMNI_FIRST_AUDIO_LOG=1`, to one `first_audio id=... ttfp_ms=... <phase>=<ms> ...` line in the server log.
+
+Steady state: every step of the three engine threads goes to `omni_stage_step_seconds{model, phase}` (phases
+thinker_decode, thinker_prefill, talker, code2wav) and, with `OMNI_STEP_LOG=FILE`, one line per step (its wait, apply,
+work and CPU time, rows, live requests), GIL probe and per-thread CPU lines to FILE (`step_profile`).
 """
 from __future__ import annotations
 
@@ -44,6 +48,7 @@ from omni_backends.qwen3_omni.loading import load_code2wav, load_config, load_ta
 from omni_backends.qwen3_omni.pipeline import ENGINE_SWITCH_INTERVAL_S, LocalOmniPipeline
 from omni_backends.qwen3_omni.serving import protocol as p
 from omni_backends.qwen3_omni.serving import turn as turns
+from omni_backends.qwen3_omni.step_profile import StepProfile
 from omni_backends.qwen3_omni.talker import Talker
 from omni_backends.qwen3_omni.thinker import Thinker, ThinkerToken
 from omni_backends.serving import events, model_config
@@ -112,7 +117,8 @@ class TritonPythonModel(AsyncDecoupledModel):
         thinker.warmup()
         talker.warmup()
         code2wav.warmup()
-        self.pipeline = LocalOmniPipeline(thinker, talker, code2wav)
+        self.pipeline = LocalOmniPipeline(thinker, talker, code2wav,
+                                          StepProfile(os.environ.get("OMNI_STEP_LOG") or None, self.metrics.observe))
         self.voices = talker.voices
         self.default_voice = self.parameters.get("default_voice") or self.voices[0]
         self.default_max_tokens = model_config.int_parameter(thinker_params, "max_tokens", 256)
