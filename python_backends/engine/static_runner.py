@@ -74,7 +74,8 @@ class StaticRunner:
         self.cache_config = cache_config or model.config
         self.max_prefill_batch = max_prefill_batch
         self.prefill_graphs = PrefillGraphs(self.padded_forward, hidden=len(self.hidden_layers),
-                                            max_tokens=prefill_graph_tokens, graphs=graphs,
+                                            max_tokens=prefill_graph_tokens, max_batch=max_prefill_batch,
+                                            graphs=graphs,
                                             name="prefill") if prefill_graph_tokens else None
 
     @property
@@ -114,9 +115,9 @@ class StaticRunner:
                                                 hidden_states={k: torch.cat(v) for k, v in state.hidden.items()})
         for kind in ("input_ids", "inputs_embeds"):
             group = [r for r in whole if getattr(r.prompt, kind) is not None]
-            if len(group) == 1 and kind == "input_ids" and self.prefill_graphs is not None \
-                    and self.prefill_graphs.fits(len(group[0].prompt)):
-                out[group[0].request_id] = self._prefill_graphed(group[0])
+            if group and kind == "input_ids" and self.prefill_graphs is not None \
+                    and self.prefill_graphs.fits_batch([len(r.prompt) for r in group]):
+                out.update(zip((r.request_id for r in group), self._prefill_graphed(group)))
             elif group:
                 out.update(zip((r.request_id for r in group), self._prefill_together(group, kind)))
         return [out[r.request_id] for r in requests]
@@ -143,18 +144,22 @@ class StaticRunner:
             rows.append(RowOutput(logits=out.logits[row, lengths[row] - 1].float(), hidden_states=hidden))
         return rows
 
-    def _prefill_graphed(self, request: EngineRequest) -> RowOutput:
-        """One whole plain prompt through `prefill_graphs` (its KV copied into a decoder slot)."""
-        result = self.prefill_graphs.run(request.prompt.input_ids.to(self.device))
-        self.decoder.add(request.request_id, result.layers)
-        return RowOutput(logits=result.logits.float(), hidden_states=dict(zip(self.hidden_layers, result.hidden)))
+    def _prefill_graphed(self, group: list[EngineRequest]) -> list[RowOutput]:
+        """Whole plain prompts through `prefill_graphs` in one padded forward (each row's KV copied into its
+        decoder slot)."""
+        results = self.prefill_graphs.run_batch([r.prompt.input_ids.to(self.device) for r in group])
+        rows = []
+        for request, result in zip(group, results):
+            self.decoder.add(request.request_id, result.layers)
+            rows.append(RowOutput(logits=result.logits.float(), hidden_states=dict(zip(self.hidden_layers, result.hidden))))
+        return rows
 
     def padded_forward(self, input_ids: torch.Tensor):
-        """The forward `PrefillGraphs` captures: input_ids [1, W] (right-padded) -> (logits [1, W, V], the
-        `hidden_layers` states [1, W, H] each, the DynamicCache); pure causal attention, positions 0..W-1."""
+        """The forward `PrefillGraphs` captures: input_ids [B, W] (right-padded) -> (logits [B, W, V], the
+        `hidden_layers` states [B, W, H] each, the DynamicCache); pure causal attention, positions 0..W-1."""
         cache = DynamicCache(config=self.cache_config)
         width = input_ids.shape[1]
-        positions = self.position_ids_fn(torch.arange(width, device=input_ids.device)[None])
+        positions = self.position_ids_fn(torch.arange(width, device=input_ids.device).expand(input_ids.shape[0], width))
         out = self.model(input_ids=input_ids, position_ids=positions, **cache_kwargs(self.model, cache),
                          use_cache=True, output_hidden_states=bool(self.hidden_layers))
         return out.logits, [out.hidden_states[layer] for layer in self.hidden_layers], cache

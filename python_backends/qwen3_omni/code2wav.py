@@ -6,10 +6,14 @@ The library's `chunked_decode` drops those samples at every chunk boundary. This
 and re-emits them from the next chunk (decoded with left context), so when the left context covers all
 previous frames the concatenated chunks equal one full decode.
 
-First chunks (no left context, `first_chunk_frames` frames: the decode on every request's way to its first audio)
-replay a CUDA graph per batch bucket when `graphs` is on and the model is on CUDA: the vocoder is ~800 small eager
-launches (an 8-layer transformer, ConvNeXt upsampling, Snake activations) for a few milliseconds of GPU work.
-Later chunks run eagerly.
+With `graphs` on and the model on CUDA every decode replays a CUDA graph: the vocoder is ~800 small eager launches
+(an 8-layer transformer, ConvNeXt upsampling, Snake activations), ~35 ms of host time for a batch of 16 later chunks
+that stalls the other engine threads of the process (docs/gpu.md, run 19). The windows are right-padded to one of two
+lengths, `first_chunk_frames` (first chunks: the decode on every request's way to its first audio) or
+`left_context_frames + chunk_frames` (every later chunk), and the batch to a power of two (zero rows): one graph per
+(batch bucket, length). The vocoder is causal (causal convolutions, transposed convolutions trimmed on the right,
+sliding-window causal attention), so right padding leaves the real samples as the unpadded decode computes them
+(rounding aside); the padded samples are dropped. Longer windows, or more rows than the largest bucket, run eagerly.
 """
 from __future__ import annotations
 
@@ -47,8 +51,8 @@ class Code2WavStreamer:
         first_chunk_frames: frames of the first chunk (smaller = earlier first audio).
         left_context_frames: frames before a chunk decoded with it and discarded; must cover the trimmed
             tail (>= ceil(trim / samples_per_frame), i.e. >= 1). Context >= all previous frames is exact.
-        graphs: replay first chunks from CUDA graphs (module doc; ignored on CPU). max_batch: the largest batch
-            bucket of those graphs (more first chunks at once run eagerly).
+        graphs: replay the decodes from CUDA graphs (module doc; ignored on CPU). max_batch: the largest batch
+            bucket of those graphs (more windows at once run eagerly).
 
     Raises:
         ValueError: on a non-positive chunk size or a left context too short to re-emit the held-back tail.
@@ -70,7 +74,10 @@ class Code2WavStreamer:
         self.left_context_frames = left_context_frames
         self._sequences: dict[str, _Sequence] = {}
         self.buckets = power_of_two_buckets(max_batch)
-        self.graphs = StepGraphs(lambda codes: (self.model(codes),), enabled=graphs, name="code2wav-first-chunk")
+        self.lengths = (first_chunk_frames, left_context_frames + chunk_frames)   # the graphs' window lengths
+        self.graphs = StepGraphs(lambda codes: (self.model(codes),), enabled=graphs, name="code2wav")
+        # windows right-padded to `lengths` (where the graphs replay: CUDA)
+        self.pad_windows = graphs and next(model.parameters()).device.type == "cuda"
 
     @torch.no_grad()
     def _trimmed_samples(self) -> int:
@@ -147,41 +154,48 @@ class Code2WavStreamer:
         return begin - context, context, end
 
     def _decode(self, windows: dict[str, tuple[int, int, int]]) -> dict[str, np.ndarray]:
-        """Decode all windows, one forward per distinct window length; emit and trim each sequence."""
+        """Decode all windows, one forward per decoded length (a graph's padded length, else the window's own);
+        emit and trim each sequence."""
+        device = next(self.model.parameters()).device
         by_length: dict[int, list[str]] = {}
         for rid, (start, _, end) in windows.items():
-            by_length.setdefault(end - start, []).append(rid)
+            frames = end - start
+            length = next((n for n in self.lengths if frames <= n), frames) if self.pad_windows else frames
+            by_length.setdefault(length, []).append(rid)
         out = {}
-        device = next(self.model.parameters()).device
-        for rids in by_length.values():
-            batch = torch.stack([self._window_codes(rid, *windows[rid]) for rid in rids]).to(device)
-            first = all(windows[rid][1] == 0 for rid in rids) and batch.shape[-1] == self.first_chunk_frames
-            wav = (self._first_chunks(batch) if first else self.model(batch))[:, 0].float().cpu().numpy()
+        for length, rids in by_length.items():
+            batch = torch.zeros(len(rids), self.groups, length, dtype=torch.long)
             for row, rid in enumerate(rids):
-                out[rid] = self._emit(rid, wav[row], *windows[rid])
+                codes = self._window_codes(rid, *windows[rid])
+                batch[row, :, :codes.shape[-1]] = codes
+            wav = self._vocode(batch.to(device))[:, 0].float().cpu().numpy()
+            for row, rid in enumerate(rids):
+                start, _, end = windows[rid]
+                out[rid] = self._emit(rid, wav[row, :(end - start) * self.samples_per_frame - self.trim], *windows[rid])
         return out
 
-    def _first_chunks(self, batch: torch.Tensor) -> torch.Tensor:
-        """The vocoder over first chunks [n, 16, first_chunk_frames]: a graph replay of the batch bucket on CUDA
-        (rows are independent: zero rows pad the batch), else eager. Returns wav [n, 1, samples]."""
-        n = batch.shape[0]
-        if not (batch.is_cuda and self.graphs.enabled) or n > self.buckets[-1]:
+    def _vocode(self, batch: torch.Tensor) -> torch.Tensor:
+        """The vocoder over windows [n, 16, frames]: a graph replay of (batch bucket, frames) when `frames` is one
+        of the graphs' lengths on CUDA (rows are independent: zero rows pad the batch), else eager. Returns wav
+        [n, 1, frames * samples_per_frame - trim]."""
+        n, frames = batch.shape[0], batch.shape[-1]
+        if not (batch.is_cuda and self.graphs.enabled) or n > self.buckets[-1] or frames not in self.lengths:
             return self.model(batch)
         bucket = batch_bucket(n, self.buckets)
         padded = batch.new_zeros(bucket, *batch.shape[1:])
         padded[:n] = batch
-        return self.graphs.run(bucket, {"codes": padded})[0][:n]
+        return self.graphs.run((bucket, frames), {"codes": padded})[0][:n]
 
     @torch.no_grad()
     def warmup(self) -> int:
-        """Capture the first-chunk graph of every batch bucket before serving (CUDA with graphs only); returns the
-        graphs captured."""
+        """Capture the graph of every (batch bucket, window length) before serving (CUDA with graphs only); returns
+        the graphs captured."""
         device = next(self.model.parameters()).device
         if device.type != "cuda" or not self.graphs.enabled:
             return 0
-        for bucket in self.buckets:
-            self._first_chunks(torch.zeros(bucket, self.groups, self.first_chunk_frames, dtype=torch.long,
-                                           device=device))
+        for frames in self.lengths:
+            for bucket in self.buckets:
+                self._vocode(torch.zeros(bucket, self.groups, frames, dtype=torch.long, device=device))
         torch.cuda.synchronize(device)
         return self.graphs.stats().captured
 

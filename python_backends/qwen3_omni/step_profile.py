@@ -38,16 +38,23 @@ _FIELD = re.compile(r"(\w+)=(\S+)")
 
 
 def thread_cpu_seconds() -> dict[str, float]:
-    """CPU seconds (user + system) used so far by each live thread of this process, by thread name, from /proc
-    (Linux; empty elsewhere). Threads sharing a name are summed."""
+    """CPU seconds (user + system) used so far by each thread of this process, from /proc (Linux; empty elsewhere):
+    Python threads by name (threads sharing a name summed), threads Python did not start (the stub's, CUDA's, the
+    asyncio loop's when a foreign thread runs it) as `tid<N>`."""
     out: dict[str, float] = {}
     tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    for thread in threading.enumerate():
+    names = {thread.native_id: thread.name for thread in threading.enumerate()}
+    try:
+        tids = [int(tid) for tid in os.listdir("/proc/self/task")]
+    except OSError:
+        return out
+    for tid in tids:
         try:
-            fields = open(f"/proc/self/task/{thread.native_id}/stat").read().rsplit(")", 1)[1].split()
+            fields = open(f"/proc/self/task/{tid}/stat").read().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        out[thread.name] = out.get(thread.name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        name = names.get(tid, f"tid{tid}")
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
     return out
 
 

@@ -27,7 +27,7 @@ from transformers.cache_utils import DynamicCache
 
 from omni_backends.engine.kv_batch import cache_layers
 from omni_backends.engine.options import EngineOptions
-from omni_backends.engine.prefill_graphs import PrefillGraphs
+from omni_backends.engine.prefill_graphs import MAX_BATCH as PREFILL_GRAPH_BATCH, PrefillGraphs
 from omni_backends.engine.runner import cache_kwargs
 from omni_backends.engine.sampling import SamplingParams, make_generator, sample_next_token, sample_rows
 from omni_backends.errors import RequestError
@@ -117,6 +117,7 @@ class Talker:
             self.frames = CodePredictorFrames(model, max_batch=max_running, graphs=self.options.cuda_graphs)
             if tokens := min(self.options.graph_prefill_tokens(self.device), self.options.max_len - 1):
                 self.prefill_graphs = PrefillGraphs(self._padded_forward, hidden=1, max_tokens=tokens,
+                                                    max_batch=min(max_running, PREFILL_GRAPH_BATCH),
                                                     name="talker-prefill")
         self.groups = self.tc.num_code_groups
         vocab = self.tc.text_config.vocab_size
@@ -362,11 +363,11 @@ class Talker:
                 req.prefilled = True
             return
         fits = [rid for rid in rids if embeds[rid].shape[0] < self.options.max_len]
-        if len(fits) == 1 and self.prefill_graphs is not None and self.prefill_graphs.fits(len(embeds[fits[0]])):
-            result = self.prefill_graphs.run(embeds[fits[0]])
-            self._prefilled(fits[0], result.logits, result.hidden[0][-1], result.layers)
-            return
         if not fits:
+            return
+        if self.prefill_graphs is not None and self.prefill_graphs.fits_batch([len(embeds[rid]) for rid in fits]):
+            for rid, result in zip(fits, self.prefill_graphs.run_batch([embeds[rid] for rid in fits])):
+                self._prefilled(rid, result.logits, result.hidden[0][-1], result.layers)
             return
         lengths = [embeds[rid].shape[0] for rid in fits]
         width = max(lengths)
@@ -392,10 +393,10 @@ class Talker:
         req.max_frames = min(req.max_frames, self.options.max_len - req.position)
 
     def _padded_forward(self, embeds: torch.Tensor):
-        """The talker prefill `PrefillGraphs` captures: embeds [1, W, H] (right-padded) -> (codec logits [1, W, V],
-        [last-layer hidden [1, W, H]], the DynamicCache); pure causal attention, positions 0..W-1."""
-        width = embeds.shape[1]
-        positions = torch.arange(width, device=embeds.device).view(1, 1, width).expand(3, 1, width)
+        """The talker prefill `PrefillGraphs` captures: embeds [B, W, H] (right-padded) -> (codec logits [B, W, V],
+        [last-layer hidden [B, W, H]], the DynamicCache); pure causal attention, positions 0..W-1."""
+        batch, width = embeds.shape[:2]
+        positions = torch.arange(width, device=embeds.device).view(1, 1, width).expand(3, batch, width)
         cache = DynamicCache(config=self.tc.text_config)
         out = self.model(inputs_embeds=embeds, position_ids=positions, **cache_kwargs(self.model, cache),
                          use_cache=True, output_hidden_states=True, generation_step=0)

@@ -141,6 +141,38 @@ def test_code2wav_short_context_keeps_length_and_batches(stages, codes):
         streamer.push("c", codes[:8])
 
 
+def test_code2wav_padded_windows_equal_unpadded(stages, codes):
+    """With `pad_windows` (CUDA graphs: windows right-padded to the first chunk or context + chunk frames, here run
+    eagerly on CPU) several requests streamed in uneven pieces get the unpadded decodes' PCM (the vocoder is
+    causal): same lengths, equal up to rounding; every decode ran at one of the two padded lengths."""
+    plain = Code2WavStreamer(stages.code2wav, 4, 3, left_context_frames=5)
+    padded = Code2WavStreamer(stages.code2wav, 4, 3, left_context_frames=5)
+    padded.pad_windows = True
+    lengths = []
+    hook = stages.code2wav.register_forward_hook(lambda module, args, out: lengths.append(args[0].shape[-1]))
+    try:
+        with torch.no_grad():
+            outs = []
+            for streamer in (plain, padded):
+                lengths.clear()
+                pieces = {rid: [] for rid in "abc"}
+                for i in range(0, 25, 3):   # a: 3 frames a step, b: 2 (from frame 5), c: 1 (from frame 12)
+                    out = streamer.step({"a": codes[:, i:i + 3], "b": codes[:, 5 + i // 3 * 2:7 + i // 3 * 2],
+                                         **({"c": codes[:, 12 + i // 3:13 + i // 3]} if i >= 3 else {})})
+                    for rid, pcm in out.items():
+                        pieces[rid].append(pcm)
+                for rid, pcm in streamer.step({}, final=list(pieces)).items():
+                    pieces[rid].append(pcm)
+                outs.append({rid: np.concatenate(p) for rid, p in pieces.items()})
+            seen = sorted(set(lengths))
+    finally:
+        hook.remove()
+    assert seen == [3, 9]   # first chunks at 3 frames, every later window padded to 5 + 4
+    for rid in "abc":
+        assert outs[1][rid].shape == outs[0][rid].shape and outs[0][rid].size
+        np.testing.assert_allclose(outs[1][rid], outs[0][rid], atol=1e-6)
+
+
 TALKER_EXTREMES = [{"temperature": 1e-40}, {"temperature": 2.0, "top_p": 1e-300}, {"top_k": 10**9}, {"top_k": 1},
                    {"repetition_penalty": 1e-30}, {"repetition_penalty": 1e30}, {"seed": -2**63},
                    {"seed": 2**63 - 1}, {"do_sample": False, "temperature": 1e-40}]

@@ -381,35 +381,83 @@ def test_step_graphs_constant_inputs_are_copied_at_capture_only():
     assert graphs.stats().replays == 2 and torch.equal(out, torch.full((4,), 3.0, device="cuda"))
 
 
-def test_prefill_graph_path_gives_the_same_tokens_frames_and_audio(qwen3_omni_stages, qwen3_omni_ckpt, monkeypatch):
-    """A lone short prompt prefilled through `PrefillGraphs` (right-padded to its bucket, no attention mask; on CPU
-    the padded forward runs eagerly, on CUDA its graph replays) gives the thinker tokens, codec frames and audio of
-    the eager prefill, for the thinker's and the talker's prompts."""
+@pytest.mark.parametrize("together", [False, True], ids=["alone", "together"])
+def test_prefill_graph_path_gives_the_same_tokens_frames_and_audio(qwen3_omni_stages, qwen3_omni_ckpt, monkeypatch,
+                                                                   together):
+    """Short prompts prefilled through `PrefillGraphs` (right-padded to their bucket, no attention mask; on CPU the
+    padded forward runs eagerly, on CUDA its graph replays), one at a time or submitted together (prompts of one
+    engine iteration in one padded batch), give the thinker tokens, codec frames and audio of the eager prefills
+    (alone; together: the masked right-padded forward), for the thinker's and the talker's prompts."""
+    rows = {}
+    run_batch = PrefillGraphs.run_batch
+
+    def counted(self, prompts):
+        rows.setdefault(self.graphs.name, []).append(len(prompts))
+        return run_batch(self, prompts)
+
+    monkeypatch.setattr(PrefillGraphs, "run_batch", counted)
+
     def run_each(options):
         pipe = LocalOmniPipeline.from_stages(qwen3_omni_stages, load_tts_embeds(qwen3_omni_ckpt, qwen3_omni_stages.config),
                                              options=options, max_running=4)
         try:
+            requests = [OmniRequest(f"r{i}", [{"role": "user", "content": text}],
+                                    pipe.thinker.sampling_params(max_tokens=12, temperature=0.0),
+                                    pipe.talker.sampling_params(do_sample=False, repetition_penalty=1.0, max_frames=14))
+                        for i, text in enumerate(PROMPTS)]
+            if together:
+                return pipe.run(requests)
             results = {}
-            for i, text in enumerate(PROMPTS):   # one at a time: a lone prompt per prefill
-                request = OmniRequest(f"r{i}", [{"role": "user", "content": text}],
-                                      pipe.thinker.sampling_params(max_tokens=12, temperature=0.0),
-                                      pipe.talker.sampling_params(do_sample=False, repetition_penalty=1.0,
-                                                                  max_frames=14))
+            for request in requests:   # one at a time: a lone prompt per prefill
                 results.update(pipe.run([request]))
-            graphs = [g.graphs.stats().eager if g is not None else 0
-                      for g in (pipe.thinker.loop.runner.prefill_graphs, pipe.talker.prefill_graphs)]
-            return results, graphs
+            return results
         finally:
             pipe.close()
 
-    eager, unused = run_each(EngineOptions(engine="static", max_len=128))   # CPU: no prefill graphs
+    eager = run_each(EngineOptions(engine="static", max_len=128))   # CPU: no prefill graphs
+    assert rows == {}
     monkeypatch.setattr(EngineOptions, "graph_prefill_tokens", lambda self, device: self.prefill_graph_tokens)
-    padded, used = run_each(EngineOptions(engine="static", max_len=128, prefill_graph_tokens=64))
-    assert unused == [0, 0] and used == [3, 3]   # every thinker and talker prompt went through the padded forward
+    padded = run_each(EngineOptions(engine="static", max_len=128, prefill_graph_tokens=64))
+    # every thinker and talker prompt went through the padded forward
+    assert {name: sum(n) for name, n in rows.items()} == {"prefill": 3, "talker-prefill": 3}
+    if not together:
+        assert rows == {"prefill": [1, 1, 1], "talker-prefill": [1, 1, 1]}
     for rid, expected in eager.items():
         assert padded[rid].token_ids == expected.token_ids and len(expected.token_ids) >= 10
         assert torch.equal(padded[rid].codes, expected.codes) and expected.codes.shape[-1] >= 10
         torch.testing.assert_close(padded[rid].audio, expected.audio, rtol=0, atol=1e-6)
+
+
+def test_prefill_graphs_batch_equals_each_prompt_alone(qwen3_omni_stages, qwen3_omni_ckpt):
+    """Prompts of different lengths in one padded batch (zero rows up to the batch bucket) give each prompt's last
+    logits, hidden states and keys/values of its own padded forward (rows are independent)."""
+    pipe = LocalOmniPipeline.from_stages(qwen3_omni_stages, load_tts_embeds(qwen3_omni_ckpt, qwen3_omni_stages.config),
+                                         options=EngineOptions(engine="static", max_len=128), max_running=4)
+    try:
+        graphs = PrefillGraphs(pipe.thinker.loop.runner.padded_forward, hidden=2, max_tokens=64, max_batch=4,
+                               batch_tokens=256)
+        prompts = [pipe.thinker.prompts.build([{"role": "user", "content": text}]).input_ids for text in PROMPTS]
+        assert graphs.fits_batch([len(p) for p in prompts]) and len({len(p) for p in prompts}) == 3
+        with torch.inference_mode():
+            batch = graphs.run_batch(prompts)   # 3 rows -> batch bucket 4
+            alone = [graphs.run(p) for p in prompts]
+        for together, single, prompt in zip(batch, alone, prompts):
+            torch.testing.assert_close(together.logits, single.logits, rtol=1e-4, atol=1e-5)
+            assert [h.shape[0] for h in together.hidden] == [len(prompt)] * 2
+            for a, b in zip(together.hidden, single.hidden):
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+            for (k, v), (k1, v1) in zip(together.layers, single.layers):
+                assert k.shape == k1.shape and k.shape[0] == 1 and k.shape[2] == len(prompt)
+                torch.testing.assert_close(k, k1, rtol=1e-4, atol=1e-5)
+                torch.testing.assert_close(v, v1, rtol=1e-4, atol=1e-5)
+    finally:
+        pipe.close()
+    # more rows than the largest batch bucket never fit; 4 rows of a 64-token bucket exceed 128 padded tokens
+    assert not graphs.fits_batch([8] * 5) and not graphs.fits_batch([65])
+    with pytest.raises(ValueError, match="do not fit"):
+        graphs.run_batch([prompts[0]] * 5)
+    small = PrefillGraphs(lambda inputs: None, hidden=0, max_tokens=64, max_batch=4, batch_tokens=128)
+    assert [small.fits_batch(n) for n in ([40] * 3, [40] * 2, [64])] == [False, True, True]
 
 
 def test_prefill_graph_buckets_and_limits():
@@ -426,11 +474,12 @@ def test_prefill_graph_buckets_and_limits():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (run on the device: docs/gpu.md)")
-def test_prefill_and_first_chunk_cuda_graphs_equal_eager(tmp_path, monkeypatch):
-    """On CUDA (bf16, as served): thinker and talker prompts prefilled by replaying `PrefillGraphs` and code2wav's
-    first chunks replayed from their graphs give exactly the tokens, frames and audio of the same padded forwards
-    and decodes run eagerly (padded vs unpadded prefills: the CPU test above). No conftest fixtures: the device runs
-    this file with --noconftest."""
+@pytest.mark.parametrize("together", [False, True], ids=["alone", "together"])
+def test_prefill_and_first_chunk_cuda_graphs_equal_eager(tmp_path, monkeypatch, together):
+    """On CUDA (bf16, as served): thinker and talker prompts prefilled by replaying `PrefillGraphs` (one at a time,
+    or submitted together: padded batches) and code2wav's chunks replayed from their graphs give exactly the tokens,
+    frames and audio of the same padded forwards and decodes run eagerly (padded vs unpadded prefills: the CPU test
+    above). No conftest fixtures: the device runs this file with --noconftest."""
     from omni_backends.engine import fused
     from omni_backends.qwen3_omni.checkpoint import write_checkpoint
     from omni_backends.qwen3_omni.loading import load_stages
@@ -450,13 +499,14 @@ def test_prefill_and_first_chunk_cuda_graphs_equal_eager(tmp_path, monkeypatch):
             g.enabled = replay
         pipe.thinker.warmup(), pipe.talker.warmup(), pipe.code2wav.warmup()
         try:
+            requests = [OmniRequest(f"r{i}", [{"role": "user", "content": text}],
+                                    pipe.thinker.sampling_params(max_tokens=12, min_tokens=12, temperature=0.0),
+                                    pipe.talker.sampling_params(do_sample=False, repetition_penalty=1.0,
+                                                                max_frames=14, min_frames=14))
+                        for i, text in enumerate(PROMPTS)]
             results = {}
-            for i, text in enumerate(PROMPTS):
-                request = OmniRequest(f"r{i}", [{"role": "user", "content": text}],
-                                      pipe.thinker.sampling_params(max_tokens=12, min_tokens=12, temperature=0.0),
-                                      pipe.talker.sampling_params(do_sample=False, repetition_penalty=1.0,
-                                                                  max_frames=14, min_frames=14))
-                results.update(pipe.run([request]))
+            for group in [requests] if together else [[r] for r in requests]:
+                results.update(pipe.run(group))
             return results, [g.stats() for g in graphs]
         finally:
             pipe.close()
@@ -464,7 +514,7 @@ def test_prefill_and_first_chunk_cuda_graphs_equal_eager(tmp_path, monkeypatch):
     eager, none = run_each(replay=False)
     graphed, stats = run_each(replay=True)
     assert all(s.replays == 0 for s in none)
-    assert all(s.failed == 0 and s.captured >= 1 and s.replays >= 3 for s in stats), stats
+    assert all(s.failed == 0 and s.captured >= 1 and s.replays >= (1 if together else 3) for s in stats), stats
     for rid, expected in eager.items():
         assert graphed[rid].token_ids == expected.token_ids and len(expected.token_ids) == 12
         assert torch.equal(graphed[rid].codes, expected.codes) and expected.codes.shape[-1] == 14
