@@ -104,12 +104,10 @@ class BatchStageModel:
         return [self._respond(job) for job in jobs]
 
     def _open(self, request) -> _Job:
-        """The job of one request with its tensors read (or its failure: abandoned while queued, unreadable)."""
+        """The job of one request with its tensors read (or its failure: unreadable)."""
         self.metrics.started()
         job = _Job(request)
         try:
-            if _abandoned(request):
-                raise Interrupted()
             job.tensors = {name: t.as_numpy() for name in self.input_names
                            if (t := pb_utils.get_input_tensor_by_name(request, name)) is not None}
             job.results = [None] * len(next(iter(job.tensors.values())))
@@ -121,15 +119,18 @@ class BatchStageModel:
         if job.failure is not None:  # an earlier row of the request failed: its answer is that error
             return
         self._row.token, self._row.concurrent = job.token, concurrent
-        started = time.monotonic()
         try:
-            job.token.check()
-            job.results[row] = self.infer_row({name: array[row] for name, array in job.tensors.items()})
+            if job.token.is_set() or (row == 0 and _abandoned(job.request)):  # given up while it was queued
+                raise Interrupted()
+            started = time.monotonic()
+            try:
+                job.results[row] = self.infer_row({name: array[row] for name, array in job.tensors.items()})
+            finally:
+                self.metrics.observe("row", time.monotonic() - started)
         except Exception as exc:  # noqa: BLE001 - answered by _respond
             job.failure = exc
         finally:
             self._row.token = None
-            self.metrics.observe("row", time.monotonic() - started)
 
     def _respond(self, job: _Job):
         """The InferenceResponse of a served job: its stacked outputs, or the error of its failure."""
