@@ -115,8 +115,9 @@ class PrefillGraphs:
         logits, *rest = self.graphs.run((rows, width), {"inputs": padded, "last": last})
         hidden, kv = rest[:self.hidden], rest[self.hidden:]
         half = len(kv) // 2
+        keys, values = kv[:half], kv[half:]
         return [PrefillResult(logits=logits[row].clone(), hidden=[h[row, :n].clone() for h in hidden],
-                              layers=[(k[row:row + 1, :, :n], v[row:row + 1, :, :n]) for k, v in zip(kv[:half], kv[half:])])
+                              layers=[(k[row:row + 1, :, :n], v[row:row + 1, :, :n]) for k, v in zip(keys, values)])
                 for row, n in enumerate(lengths)]
 
     def warmup(self, example: torch.Tensor) -> int:

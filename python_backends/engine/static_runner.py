@@ -151,7 +151,8 @@ class StaticRunner:
         rows = []
         for request, result in zip(group, results):
             self.decoder.add(request.request_id, result.layers)
-            rows.append(RowOutput(logits=result.logits.float(), hidden_states=dict(zip(self.hidden_layers, result.hidden))))
+            rows.append(RowOutput(logits=result.logits.float(),
+                                  hidden_states=dict(zip(self.hidden_layers, result.hidden))))
         return rows
 
     def padded_forward(self, input_ids: torch.Tensor):
