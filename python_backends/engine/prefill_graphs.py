@@ -48,6 +48,20 @@ class PrefillResult:
     layers: list[LayerKV]
 
 
+@dataclass
+class PrefillBatch:
+    """The prompts of one padded forward (`PrefillGraphs.run_batch`).
+
+    Fields:
+        rows: each prompt's `PrefillResult`, in order.
+        layers: per layer (keys, values) [prompts, kv_heads, W, head_dim] of all prompts at once (W: the padded
+            width; columns past a prompt's length are padding): views of graph memory, valid until the next run.
+    """
+
+    rows: list[PrefillResult]
+    layers: list[LayerKV]
+
+
 class PrefillGraphs:
     """Prefills of prompts up to `max_tokens` tokens, alone or several together, one CUDA graph per (batch bucket,
     power-of-two length bucket).
@@ -96,12 +110,12 @@ class PrefillGraphs:
     def run(self, inputs: torch.Tensor) -> PrefillResult:
         """Prefill one prompt: inputs int64 [n] token ids or float [n, H] embeddings, on the model's device.
         Raises ValueError when n does not fit."""
-        return self.run_batch([inputs])[0]
+        return self.run_batch([inputs]).rows[0]
 
-    def run_batch(self, prompts: Sequence[torch.Tensor]) -> list[PrefillResult]:
-        """Prefill prompts together in one padded forward (`run`'s inputs each, one dtype), in order; each result's
-        layers are views of this forward's memory (copy them before the next run). Raises ValueError when they
-        do not fit together (`fits_batch`)."""
+    def run_batch(self, prompts: Sequence[torch.Tensor]) -> PrefillBatch:
+        """Prefill prompts together in one padded forward (`run`'s inputs each, one dtype), in order; the layers are
+        views of this forward's memory (copy them before the next run). Raises ValueError when they do not fit
+        together (`fits_batch`)."""
         lengths = [p.shape[0] for p in prompts]
         if not self.fits_batch(lengths):
             raise ValueError(f"prompts of {lengths} tokens do not fit one prefill forward (<= {self.batches[-1]} of "
@@ -115,9 +129,11 @@ class PrefillGraphs:
         logits, *rest = self.graphs.run((rows, width), {"inputs": padded, "last": last})
         hidden, kv = rest[:self.hidden], rest[self.hidden:]
         half = len(kv) // 2
-        return [PrefillResult(logits=logits[row].clone(), hidden=[h[row, :n].clone() for h in hidden],
-                              layers=[(k[row:row + 1, :, :n], v[row:row + 1, :, :n]) for k, v in zip(kv[:half], kv[half:])])
+        keys, values, count = kv[:half], kv[half:], len(prompts)
+        rows = [PrefillResult(logits=logits[row].clone(), hidden=[h[row, :n].clone() for h in hidden],
+                              layers=[(k[row:row + 1, :, :n], v[row:row + 1, :, :n]) for k, v in zip(keys, values)])
                 for row, n in enumerate(lengths)]
+        return PrefillBatch(rows, [(k[:count], v[:count]) for k, v in zip(keys, values)])
 
     def warmup(self, example: torch.Tensor) -> int:
         """Capture every (batch, length) bucket before serving (CUDA only): `example` is one token of input (int64

@@ -32,6 +32,8 @@ class Decoder(Protocol):
 
     def add(self, request_id: str, layers: list[LayerKV]) -> int: ...
 
+    def add_rows(self, request_ids: list[str], lengths: list[int], layers: list[LayerKV]) -> list[int]: ...
+
     def remove(self, request_ids: Sequence[str]) -> None: ...
 
     def step(self, embeds: torch.Tensor, rope_positions: Sequence[int]) -> tuple[torch.Tensor, ...]: ...
@@ -147,12 +149,10 @@ class StaticRunner:
     def _prefill_graphed(self, group: list[EngineRequest]) -> list[RowOutput]:
         """Whole plain prompts through `prefill_graphs` in one padded forward (each row's KV copied into its
         decoder slot)."""
-        results = self.prefill_graphs.run_batch([r.prompt.input_ids.to(self.device) for r in group])
-        rows = []
-        for request, result in zip(group, results):
-            self.decoder.add(request.request_id, result.layers)
-            rows.append(RowOutput(logits=result.logits.float(), hidden_states=dict(zip(self.hidden_layers, result.hidden))))
-        return rows
+        batch = self.prefill_graphs.run_batch([r.prompt.input_ids.to(self.device) for r in group])
+        self.decoder.add_rows([r.request_id for r in group], [len(r.prompt) for r in group], batch.layers)
+        return [RowOutput(logits=result.logits.float(), hidden_states=dict(zip(self.hidden_layers, result.hidden)))
+                for result in batch.rows]
 
     def padded_forward(self, input_ids: torch.Tensor):
         """The forward `PrefillGraphs` captures: input_ids [B, W] (right-padded) -> (logits [B, W, V], the

@@ -99,6 +99,11 @@ class StaticDecoder:
         """Copy a prefilled request's per-layer (keys, values) [1, kv_heads, L, head_dim] into a free slot."""
         return self.cache.add(request_id, layers)
 
+    def add_rows(self, request_ids: list[str], lengths: list[int], layers: list[LayerKV]) -> list[int]:
+        """Copy the rows of one right-padded prefill, per layer (keys, values) [rows, kv_heads, W, head_dim], into
+        free slots at once (`StaticKVCache.add_rows`)."""
+        return self.cache.add_rows(request_ids, lengths, layers)
+
     def remove(self, request_ids: Sequence[str]) -> None:
         self.cache.remove(list(request_ids))
 

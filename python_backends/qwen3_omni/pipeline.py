@@ -134,7 +134,10 @@ class StageThread:
                     self._failed(exc)
                 if self._profile is not None:
                     done = time.monotonic()
-                    self._profile(woken - started, applied - woken, done - applied, rows)
+                    try:
+                        self._profile(woken - started, applied - woken, done - applied, rows)
+                    except Exception:  # noqa: BLE001 - a profile never fails the engine
+                        log.exception("step profile failed")
 
 
 @dataclass

@@ -365,11 +365,13 @@ class Talker:
         fits = [rid for rid in rids if embeds[rid].shape[0] < self.options.max_len]
         if not fits:
             return
-        if self.prefill_graphs is not None and self.prefill_graphs.fits_batch([len(embeds[rid]) for rid in fits]):
-            for rid, result in zip(fits, self.prefill_graphs.run_batch([embeds[rid] for rid in fits])):
-                self._prefilled(rid, result.logits, result.hidden[0][-1], result.layers)
-            return
         lengths = [embeds[rid].shape[0] for rid in fits]
+        if self.prefill_graphs is not None and self.prefill_graphs.fits_batch(lengths):
+            batch = self.prefill_graphs.run_batch([embeds[rid] for rid in fits])
+            self.decode.decoder.add_rows(fits, lengths, batch.layers)   # one copy per layer for the whole burst
+            for rid, n, result in zip(fits, lengths, batch.rows):
+                self._prefilled(rid, result.logits, result.hidden[0][-1], n)
+            return
         width = max(lengths)
         data = embeds[fits[0]].new_zeros(len(fits), width, embeds[fits[0]].shape[-1])
         for row, rid in enumerate(fits):
@@ -381,15 +383,15 @@ class Talker:
                          **cache_kwargs(self.model, cache), use_cache=True, output_hidden_states=True,
                          generation_step=0)
         for row, (rid, n) in enumerate(zip(fits, lengths)):
-            self._prefilled(rid, out.logits[row, n - 1], out.hidden_states[0][-1][row, n - 1],
-                            cache_layers(cache, row, n))
+            self.decode.decoder.add(rid, cache_layers(cache, row, n))
+            self._prefilled(rid, out.logits[row, n - 1], out.hidden_states[0][-1][row, n - 1], n)
 
-    def _prefilled(self, rid: str, logits: torch.Tensor, hidden: torch.Tensor, layers: list) -> None:
-        """A static-engine request's prompt ran: its last logits [V] and hidden [H], its KV into a decoder slot."""
+    def _prefilled(self, rid: str, logits: torch.Tensor, hidden: torch.Tensor, length: int) -> None:
+        """A static-engine request's prompt of `length` positions ran (its KV is in a decoder slot): its last logits
+        [V] and hidden [H]."""
         req = self._requests[rid]
         req.logits, req.hidden = logits, hidden
-        req.position, req.prefilled = layers[0][0].shape[-2], True
-        self.decode.decoder.add(rid, layers)
+        req.position, req.prefilled = length, True
         req.max_frames = min(req.max_frames, self.options.max_len - req.position)
 
     def _padded_forward(self, embeds: torch.Tensor):

@@ -440,8 +440,34 @@ def test_prefill_graphs_batch_equals_each_prompt_alone(qwen3_omni_stages, qwen3_
         assert graphs.fits_batch([len(p) for p in prompts]) and len({len(p) for p in prompts}) == 3
         with torch.inference_mode():
             batch = graphs.run_batch(prompts)   # 3 rows -> batch bucket 4
+            layers = [(k.clone(), v.clone()) for k, v in batch.layers]
             alone = [graphs.run(p) for p in prompts]
-        for together, single, prompt in zip(batch, alone, prompts):
+        assert [tuple(k.shape[:3]) for k, _ in layers[:1]] == [(3, layers[0][0].shape[1], 64)]   # 34 -> bucket 64
+        for row, (together, single, prompt) in enumerate(zip(batch.rows, alone, prompts)):
+            for (k, v), (k1, v1) in zip(layers, together.layers):   # the burst's layers hold each row's own
+                assert torch.equal(k[row:row + 1, :, :len(prompt)], k1) and torch.equal(v[row:row + 1, :, :len(prompt)], v1)
+        # the rows into a static cache at once: each slot holds its row's real columns, as a one-by-one add does
+        heads, dim = layers[0][0].shape[1], layers[0][0].shape[-1]
+        at_once, one_by_one = (StaticKVCache(len(layers), 4, 96, heads, dim, torch.float32, "cpu") for _ in range(2))
+        at_once.add("x", [(k[:1, :, :5], v[:1, :, :5]) for k, v in layers])   # a request already in slot 0
+        one_by_one.add("x", [(k[:1, :, :5], v[:1, :, :5]) for k, v in layers])
+        assert at_once.add_rows(["a", "b", "c"], [len(p) for p in prompts], layers) == [1, 2, 3]
+        for row, prompt in enumerate(prompts):
+            one_by_one.add("abc"[row], [(k[row:row + 1, :, :len(prompt)], v[row:row + 1, :, :len(prompt)])
+                                        for k, v in layers])
+        assert at_once.request_ids == one_by_one.request_ids and at_once.lengths() == one_by_one.lengths()
+        for index in range(len(layers)):
+            for slot, n in enumerate(at_once.lengths()):
+                assert torch.equal(at_once.keys[index][slot, :, :n], one_by_one.keys[index][slot, :, :n])
+                assert torch.equal(at_once.values[index][slot, :, :n], one_by_one.values[index][slot, :, :n])
+        with pytest.raises(ValueError, match="already holds"):
+            at_once.add_rows(["a"], [3], [(k[:1], v[:1]) for k, v in layers])
+        with pytest.raises(ValueError, match="no free KV slot"):
+            at_once.add_rows(["y", "z"], [3, 3], [(k[:2], v[:2]) for k, v in layers])
+        with pytest.raises(ValueError, match="outside the layers"):   # 65 tokens in layers of 64 columns
+            StaticKVCache(len(layers), 4, 96, heads, dim, torch.float32, "cpu").add_rows(
+                ["y"], [65], [(k[:1], v[:1]) for k, v in layers])
+        for together, single, prompt in zip(batch.rows, alone, prompts):
             torch.testing.assert_close(together.logits, single.logits, rtol=1e-4, atol=1e-5)
             assert [h.shape[0] for h in together.hidden] == [len(prompt)] * 2
             for a, b in zip(together.hidden, single.hidden):

@@ -16,8 +16,9 @@ TOKENS, FRAMES = 12, 9
 
 def _run(ckpt, profile):
     stages = load_stages(ckpt)
+    # left context over every frame: the audio is exact whichever chunks the code2wav thread decodes together
     pipe = LocalOmniPipeline.from_stages(stages, load_tts_embeds(ckpt, stages.config), chunk_frames=3,
-                                         first_chunk_frames=2, left_context_frames=2, profile=profile)
+                                         first_chunk_frames=2, left_context_frames=64, profile=profile)
     try:
         requests = [OmniRequest(f"r{i}", [{"role": "user", "content": p}],
                                 pipe.thinker.sampling_params(max_tokens=TOKENS, min_tokens=TOKENS, do_sample=False),
@@ -45,9 +46,10 @@ def test_profiled_pipeline_records_every_frame_and_chunk(tmp_path, capsys):
     by_stage = {}
     for f in steps:
         by_stage.setdefault(f["stage"], []).append(f)
-    # every frame of every request is one row of a talker step; chunks: the first (2 frames) + 3 + 3 + the last 1
+    # every frame of every request is one row of a talker step; chunks: the first (2 frames), then 3 + 3 + the last
+    # 1, fewer when frames of two chunks were pending at once (one decode)
     assert sum(int(f["rows"]) for f in by_stage["talker"]) == len(PROMPTS) * FRAMES
-    assert sum(int(f["rows"]) for f in by_stage["code2wav"]) == len(PROMPTS) * 4
+    assert len(PROMPTS) * 2 <= sum(int(f["rows"]) for f in by_stage["code2wav"]) <= len(PROMPTS) * 4
     decode_rows = sum(int(f["rows"]) for f in by_stage["thinker_decode"])
     # rows of a thinker forward: the requests still running after it (the last step's finished ones are gone)
     assert len(PROMPTS) * (TOKENS - 2) <= decode_rows <= len(PROMPTS) * TOKENS
