@@ -168,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     server = None
     stack = contextlib.ExitStack()   # the run copy of the repository (--tts-engine), removed after the server
+    # SIGTERM unwinds through `finally` from here on, also while models load (it used to kill the launcher
+    # there, leaving the run copy and stub processes behind).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         if port_in_use(args.host, args.port):
             raise LaunchError(f"port {args.host}:{args.port} is already in use (pass --port)")
@@ -212,9 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         threading.Thread(target=_announce, args=(uv, args, server, selected), daemon=True).start()
         died = threading.Event()
         threading.Thread(target=_watch, args=(uv, server, died), daemon=True).start()
-        # uvicorn re-raises the signal that stopped it; make SIGTERM unwind through `finally` too.
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-        uv.run()
+        uv.run()   # uvicorn re-raises the signal that stopped it: SIGTERM unwinds through the handler above
         return 1 if died.is_set() else 0
     except LaunchError as exc:
         print(f"error: {exc}", file=sys.stderr)

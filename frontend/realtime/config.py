@@ -155,7 +155,7 @@ def _settings(session: dict, kind: str) -> SessionSettings:
     return SessionSettings(
         kind=kind, instructions=session.get("instructions") or "",
         audio_out=_audio_out(session.get("output_modalities"), True, "output_modalities"),
-        voice=voice_name(audio_out.get("voice")) or DEFAULT_VOICE,
+        voice=voice_name(audio_out.get("voice"), "audio.output.voice") or DEFAULT_VOICE,
         input_format=input_format, input_rate=input_rate, output_format=output_format, output_rate=output_rate,
         vad=vad, create_response=create and kind == "realtime", interrupt_response=interrupt and kind == "realtime",
         transcribe=transcription is not None or kind == "transcription",
@@ -164,9 +164,14 @@ def _settings(session: dict, kind: str) -> SessionSettings:
         max_tokens=_max_tokens(session.get("max_output_tokens"), None, "max_output_tokens"))
 
 
-def voice_name(voice: str | dict | None) -> str | None:
-    """The voice id of an `audio.output.voice` value (a name, or a custom voice `{"id": ...}`)."""
-    return voice.get("id") if isinstance(voice, dict) else voice
+def voice_name(voice: str | dict | None, param: str) -> str | None:
+    """The voice id of an `audio.output.voice` value (a name, or a custom voice `{"id": ...}`); None when it
+    is not given. Raises ProtocolError (`param`) for an empty name, as chat's `audio.voice` and
+    /v1/audio/speech's `voice` refuse it (it used to be echoed back as the session's voice and ignored)."""
+    name = voice.get("id") if isinstance(voice, dict) else voice
+    if name is not None and not name.strip():
+        raise ProtocolError("the voice must not be empty", param=param)
+    return name
 
 
 def _audio_out(modalities: list[str] | None, default: bool, param: str) -> bool:
@@ -219,7 +224,7 @@ def response_settings(spec: dict, session: SessionSettings) -> ResponseSettings:
                                   _format(audio_out["format"], (OUTPUT_PCM_RATE,), "response.audio.output.format"))
     return ResponseSettings(
         audio_out=_audio_out(spec.get("output_modalities"), session.audio_out, "response.output_modalities"),
-        voice=voice_name(audio_out.get("voice")) or session.voice, instructions=spec.get("instructions") or session.instructions,
+        voice=voice_name(audio_out.get("voice"), "response.audio.output.voice") or session.voice, instructions=spec.get("instructions") or session.instructions,
         max_tokens=_max_tokens(spec.get("max_output_tokens"), session.max_tokens, "response.max_output_tokens"),
         in_conversation=conversation != "none", output_format=output_format, output_rate=output_rate)
 

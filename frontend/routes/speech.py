@@ -76,7 +76,7 @@ async def speech(req: SpeechRequest, request: Request):
     media_type = audio_codec.CONTENT_TYPES[req.response_format]
     headers = {"x-request-id": request_id}
     if req.stream_format == "sse" and ticket.queued:
-        return EventSourceResponse(_sse(req, _after(ticket, stream), timer), ping=15, headers=headers)
+        return EventSourceResponse(_sse(req, _after(ticket, request, stream), timer), ping=15, headers=headers)
     await pipeline_stream.until_disconnect(request, ticket.wait(request))
     # Fail before the 200 head when the pipeline rejects the request.
     first = await pipeline_stream.until_disconnect(request, anext(stream, None))
@@ -102,8 +102,8 @@ async def speech(req: SpeechRequest, request: Request):
     return Response(data, media_type=media_type, headers=headers)
 
 
-async def _after(ticket, events):
-    """`events`, once the ticket holds a slot."""
+async def _after(ticket, request: Request, events):
+    """`events`, once the ticket of `request` holds a slot (APIError 429/499 from the queue wait)."""
     await ticket.wait(request)
     async for item in events:
         yield item

@@ -2,7 +2,7 @@
 `PiperVoice` on an onnxruntime session of our own (threads as `tts.session_options`). An opt-in engine of the
 voice_tts stage (`engine: piper`; Kokoro stays the default, see docs/pipelines.md for the licence caveat).
 
-Pipeline: English text -> Markdown marks removed (`markup.speakable`) -> piper's espeak-ng phonemes, one
+Pipeline: English text -> Markdown marks removed (`markup.speakable`), control characters read as spaces -> piper's espeak-ng phonemes, one
 piece per sentence (piper-tts bundles its own libespeak-ng and data) -> VITS audio at 22050 Hz (float,
 not normalised: each piece keeps the voice's own level, ~0.35-0.65 peak like Kokoro's) -> resampled to 24 kHz
 (`audio.resample`, libswresample) -> edges set like Kokoro's (`tts.fit_for_joining`: LEAD_S before, the pause
@@ -19,6 +19,7 @@ Output is random in its details: VITS samples noise (the voice's noise_scale 0.6
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 
 import numpy as np
@@ -33,6 +34,8 @@ from omni_backends.voice.tts import (OPENAI_VOICES, PAUSE_AFTER_S, PAUSE_OTHER_S
 VOICE = "joe"  # en_US-joe-medium: one speaker
 # OpenAI's voice names (what SDK users pass) all speak with the one voice
 PIPER_OPENAI_VOICES = {name: VOICE for name in OPENAI_VOICES}
+# C0 controls but tab and newline, and DEL: espeak-ng's bridge refuses NUL (ValueError), the others are not speech
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
 class PiperTTS(SpeechEngine):
@@ -66,8 +69,12 @@ class PiperTTS(SpeechEngine):
     def tokenize(self, text: str) -> list[list[int]]:
         """Piper's phoneme ids of `text` (Markdown marks removed first), one list per sentence, as the voice
         reads them (with its start, end and between-phoneme pad ids)."""
-        sentences = filter(None, self._voice.phonemize(speakable(text)))
-        return [self._voice.phonemes_to_ids(phonemes) for phonemes in sentences]
+        return [self._voice.phonemes_to_ids(phonemes) for phonemes in self._sentences(text)]
+
+    def _sentences(self, text: str) -> list[list[str]]:
+        """espeak-ng's phonemes of `text`, one list per sentence (empty ones dropped): Markdown marks removed,
+        control characters read as spaces."""
+        return [p for p in self._voice.phonemize(_CONTROL.sub(" ", speakable(text))) if p]
 
     def stream(self, text: str, voice: str | None = None, speed: float = 1.0,
                cancel: CancelToken | None = None) -> Iterator[np.ndarray]:
@@ -85,7 +92,7 @@ class PiperTTS(SpeechEngine):
         resolve_voice(voice, self.voices, VOICE, PIPER_OPENAI_VOICES)
         config = SynthesisConfig(length_scale=1.0 / native_speed(check_speed(speed)), normalize_audio=False)
         rate = self._voice.config.sample_rate
-        for phonemes in filter(None, self._voice.phonemize(speakable(text))):
+        for phonemes in self._sentences(text):
             if cancel is not None:
                 cancel.check()
             audio = self._voice.phoneme_ids_to_audio(self._voice.phonemes_to_ids(phonemes), config)

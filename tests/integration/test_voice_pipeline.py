@@ -5,6 +5,10 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -17,7 +21,7 @@ import tritonclient.grpc as grpcclient
 
 from omni_backends.voice.audio import resample
 from tests.sentences import ROUND_TRIP
-from tests.harness import (cancel_storm, inflight, metric_value, settle_limit_s, settle_time, start_server,
+from tests.harness import (ROOT, cancel_storm, inflight, metric_value, settle_limit_s, settle_time, start_server,
                            wait_for)
 
 pytestmark = pytest.mark.integration
@@ -160,6 +164,39 @@ def test_piper_engine_serves_the_speech_route_as_joe(tmp_path):
             client.audio.speech.create(model="tts-1", voice="jf_alpha", input=text)
     finally:
         server.stop()
+
+
+def test_sigterm_while_models_load_removes_the_run_copy_and_every_stub(tmp_path):
+    """SIGTERM while `--tts-engine piper` is still loading its models: exit 143, the run copy of the repository
+    removed and no stub process left (the launcher used to die at once there, leaving both behind)."""
+    import psutil
+
+    from omni_frontend.tritonserver import free_port
+
+    run_tmp = tmp_path / "tmp"
+    run_tmp.mkdir()
+    ports = [str(free_port()) for _ in range(4)]
+    cmd = [sys.executable, "-m", "omni_frontend.serve", "--pipelines", "tts", "--tts-engine", "piper", "--no-prepare",
+           "--port", ports[0], "--triton-grpc-port", ports[1], "--triton-http-port", ports[2],
+           "--triton-metrics-port", ports[3], "--log-dir", str(tmp_path)]
+    with open(tmp_path / "serve.log", "wb") as log:
+        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                   env={**os.environ, "TMPDIR": str(run_tmp), "OMNI_MODEL_HOME": str(tmp_path / "models")})
+    try:
+        def loading_stub():
+            return [p for p in psutil.Process(process.pid).children(recursive=True)
+                    if "triton_python_backend_stub" in " ".join(p.cmdline())]
+        assert wait_for(loading_stub, 60, 0.02), (tmp_path / "serve.log").read_text()
+        children = psutil.Process(process.pid).children(recursive=True)
+        assert [p.name for p in run_tmp.iterdir()][0].startswith("omni-triton-repository-")
+        assert "Omni-Triton ready" not in (tmp_path / "serve.log").read_text()   # still loading
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 143, (tmp_path / "serve.log").read_text()
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert list(run_tmp.iterdir()) == []
+    assert wait_for(lambda: not [p for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], 10)
 
 
 def test_disconnect_cancels_the_llm_stage(voice_server):

@@ -16,7 +16,7 @@ import websockets.sync.client
 
 from omni_frontend.admission import Gate
 from omni_frontend.app import create_app
-from omni_frontend.config import FrontendConfig, RequestLimits
+from omni_frontend.config import AdmissionLimits, FrontendConfig, RequestLimits
 from omni_frontend.errors import APIError
 from omni_frontend.observability import FrontendMetrics
 from omni_frontend.pipelines import REGISTRY
@@ -195,3 +195,19 @@ def test_a_sleeping_pipeline_is_503_on_voices_and_refused_by_realtime():
             with pytest.raises(websockets.exceptions.ConnectionClosed) as closed:
                 ws.recv(timeout=10)
             assert closed.value.rcvd.code == 1013
+
+
+def test_a_queued_sse_speech_request_gets_the_queue_error_as_an_sse_error_event():
+    """`stream_format: sse` speech that has to queue gets its 200 head at once; when its slot does not come
+    free within --max-queue-wait, the stream carries the 429's envelope as an `error` event (the queued
+    path used to fail with NameError: the queue wait named a variable it was never given)."""
+    app = create_app(FrontendConfig(triton_url="127.0.0.1:1", pipelines=[REGISTRY["tts"]],
+                                    admission=AdmissionLimits(max_inflight=1, max_queue=1, max_queue_wait_s=0.3)))
+    app.state.admission.gate("tts").running = 1   # the one slot is taken: the next request queues
+    with _served(app) as url:
+        reply = httpx.post(f"{url}/v1/audio/speech", timeout=10, json={
+            "model": "tts", "input": "Hello.", "voice": "alloy", "response_format": "pcm", "stream_format": "sse"})
+    assert reply.status_code == 200, reply.text
+    events = [json.loads(line[len("data:"):]) for line in reply.text.splitlines() if line.startswith("data:")]
+    assert [e["type"] for e in events] == ["error"], reply.text
+    assert events[0]["error"]["code"] == "queue_timeout" and set(events[0]["error"]) == {"message", "type", "param", "code"}

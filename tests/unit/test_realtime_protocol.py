@@ -66,6 +66,8 @@ def test_format_type_change_replaces_the_object_and_rates_are_checked():
      "session.audio.input.turn_detection.eagerness"),
     ({"audio": {"output": {"voice": 5}}}, "session.audio.output.voice"),    # not "...voice.str" (a union branch)
     ({"audio": {"output": {"voicee": "echo"}}}, "session.audio.output.voicee"),
+    ({"audio": {"output": {"voice": ""}}}, "session.audio.output.voice"),  # chat and speech refuse it too
+    ({"audio": {"output": {"voice": {"id": " "}}}}, "session.audio.output.voice"),
     ({"audio": {"input": {"format": {"type": "audio/pcm", "rate": 44100}}}}, "session.audio.input.format.rate"),
     ({"audio": {"output": {"format": {"type": "audio/opus"}}}}, "session.audio.output.format.type"),
     ({"audio": {"input": {"transcription": {"language": "english"}}}}, "session.audio.input.transcription.language"),
@@ -124,7 +126,8 @@ def test_response_settings_refuse_what_the_response_cannot_honour():
     for spec, param in [({"tools": [{"type": "function", "name": "f"}]}, "response.tools"),
                         ({"input": []}, "response.input"), ({"conversation": "conv_2"}, "response.conversation"),
                         ({"output_modalities": []}, "response.output_modalities"),
-                        ({"max_output_tokens": 0}, "response.max_output_tokens")]:
+                        ({"max_output_tokens": 0}, "response.max_output_tokens"),
+                        ({"audio": {"output": {"voice": ""}}}, "response.audio.output.voice")]:
         with pytest.raises(ProtocolError) as info:
             config.response_settings(spec, session)
         assert info.value.param == param, spec

@@ -188,6 +188,14 @@ def test_piper_pieces_end_with_the_pause_of_their_punctuation(piper):
         assert pcm.size - 1 - loud[-1] == round(pause * 24000)
 
 
+def test_piper_reads_text_with_control_characters(piper):
+    """A NUL in the input (a client's JSON "\\u0000") reached espeak-ng's bridge, whose ValueError ("embedded null
+    character") made every such speech request a 500; it is read as a space, as Kokoro reads it."""
+    text = "Good\x00morning\x07 everyone."
+    assert piper.tokenize(text) == piper.tokenize("Good morning  everyone.")
+    assert piper.synthesize(text).size > 0.5 * 24000
+
+
 def test_long_text_is_split_not_truncated(tts):
     text = " ".join(["This sentence keeps going and going without any stop"] * 30)  # one clause, >510 phonemes
     phonemes = EspeakPhonemizer.shared().phonemize(text)
