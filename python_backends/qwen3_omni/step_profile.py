@@ -14,10 +14,8 @@ A probe thread wakes every `PROBE_S` and records how late it got the GIL back (`
 thread sees after a torch call or a sleep), and every `SNAPSHOT_S` the CPU seconds of every thread of the
 process (the request coroutines run on Triton's asyncio thread).
 
-With a `path` (the served model: environment variable `OMNI_STEP_LOG=FILE`) the records go to that file, one line
-each (`step stage=talker t=... wall_ms=... wait_ms=... apply_ms=... work_ms=... cpu_ms=... rows=16 live=16`);
-`observe(phase, seconds)` (the model's `omni_stage_step_seconds{phase}` histogram) gets every step that made rows:
-the thinker's forwards (phase thinker_decode / thinker_prefill) and the stages' work (talker, code2wav).
+The records go to a file (the served model: environment variable `OMNI_STEP_LOG=FILE`), one line each
+(`step stage=talker t=... wall_ms=... wait_ms=... apply_ms=... work_ms=... cpu_ms=... rows=16 live=16`).
 `python -m omni_backends.qwen3_omni.step_profile FILE --live 16` prints the per-stage table of the records made with
 exactly that many live requests.
 """
@@ -62,22 +60,18 @@ class StepProfile:
     """Collects the engine threads' step records (module doc). Thread-safe.
 
     Args:
-        path: file the records are appended to, one line each (None: no file).
-        live: returns the requests with a voice now in the pipeline (`LocalOmniPipeline` sets it).
-        observe: optional `observe(phase, seconds)` for every step (the model's step histogram).
-        probe: run the GIL probe and CPU snapshot thread (only with a path).
+        path: file the records are appended to, one line each.
+
+    Attribute `live`: returns the requests with a voice now in the pipeline (`LocalOmniPipeline` sets it).
     """
 
-    def __init__(self, path: str | None = None, observe: Callable[[str, float], None] | None = None,
-                 probe: bool = True):
+    def __init__(self, path: str):
         self.live: Callable[[], int] = lambda: 0
-        self._observe = observe
-        self._file = open(path, "a", buffering=1 << 16) if path else None
+        self._file = open(path, "a", buffering=1 << 16)
         self._lock = threading.Lock()
         self._cpu = threading.local()
         self._closed = threading.Event()
-        if self._file is not None and probe:
-            threading.Thread(target=self._probe, name="omni-step-probe", daemon=True).start()
+        threading.Thread(target=self._probe, name="omni-step-probe", daemon=True).start()
 
     def _thread_cpu_ms(self) -> float:
         """CPU milliseconds of the calling thread since its previous record."""
@@ -88,21 +82,16 @@ class StepProfile:
 
     def thinker(self, phase: str, seconds: float, rows: int) -> None:
         """One thinker engine-loop forward that just ended (phase "prefill" / "decode")."""
-        self._record(f"thinker_{phase}", seconds, seconds, rows, {})
+        self._record(f"thinker_{phase}", seconds, rows, {})
 
     def stage(self, stage: str, wait: float, apply: float, work: float, rows: int) -> None:
         """One iteration of a stage thread that just ended: seconds blocked on its inbox, applying messages and in
         its step; rows: the frames or chunks the step made (0: it only applied messages)."""
-        self._record(stage, wait + apply + work, work, rows, {"wait_ms": wait * 1e3, "apply_ms": apply * 1e3,
+        self._record(stage, wait + apply + work, rows, {"wait_ms": wait * 1e3, "apply_ms": apply * 1e3,
                                                         "work_ms": work * 1e3})
 
-    def _record(self, stage: str, seconds: float, step: float, rows: int, parts: dict[str, float]) -> None:
-        """seconds: the record's wall time; step: the part `observe` gets (a stage's work)."""
+    def _record(self, stage: str, seconds: float, rows: int, parts: dict[str, float]) -> None:
         cpu = self._thread_cpu_ms()
-        if self._observe is not None and rows:
-            self._observe(stage, step)
-        if self._file is None:
-            return
         extra = "".join(f" {k}={v:.3f}" for k, v in parts.items())
         line = (f"step stage={stage} t={time.monotonic():.6f} wall_ms={seconds * 1e3:.3f}{extra} cpu_ms={cpu:.3f} "
                 f"rows={rows} live={self.live()}\n")
@@ -131,9 +120,8 @@ class StepProfile:
     def close(self) -> None:
         """Stop the probe and close the file."""
         self._closed.set()
-        if self._file is not None:
-            with self._lock:
-                self._file.close()
+        with self._lock:
+            self._file.close()
 
 
 def _records(lines: Iterable[str]) -> Iterable[tuple[str, dict[str, str]]]:

@@ -20,8 +20,7 @@ omni_stage_queue_seconds{model}          histogram: time a request waited inside
                                          request -> its sequence's next step)
 omni_stage_step_seconds{model, phase}    histogram: duration of one step of the stage's worker, by phase
                                          (engine: prefill | decode; talker: step; code2wav: decode;
-                                         batch stages: row; co-located qwen3_omni: thinker_prefill |
-                                         thinker_decode | talker | code2wav, see qwen3_omni.step_profile)
+                                         batch stages: row)
 omni_first_audio_phase_seconds{model, phase}
                                          histogram: each phase of a request's path to its first audio
                                          packet, and phase="total" (= TTFP inside the model); reported by

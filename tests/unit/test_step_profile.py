@@ -33,8 +33,7 @@ def _run(ckpt, profile):
 def test_profiled_pipeline_records_every_frame_and_chunk(tmp_path, capsys):
     ckpt = write_checkpoint(tmp_path / "qwen3_omni_tiny")
     log = tmp_path / "steps.log"
-    observed = []
-    profiled = _run(ckpt, StepProfile(str(log), observe=lambda phase, s: observed.append((phase, s))))
+    profiled = _run(ckpt, StepProfile(str(log)))
     plain = _run(ckpt, None)
     for rid, result in plain.items():
         assert profiled[rid].token_ids == result.token_ids
@@ -59,9 +58,7 @@ def test_profiled_pipeline_records_every_frame_and_chunk(tmp_path, capsys):
         assert 0 <= int(f["live"]) <= len(PROMPTS)
     assert max(int(f["live"]) for f in steps) == len(PROMPTS)
     assert any(kind == "gil" for kind, _ in records)
-    # observe got the steps that made rows, by phase
-    assert {phase for phase, _ in observed} == {"thinker_prefill", "thinker_decode", "talker", "code2wav"}
-    assert sum(1 for phase, _ in observed if phase == "talker") == sum(1 for f in by_stage["talker"] if int(f["rows"]))
+    assert set(by_stage) == {"thinker_prefill", "thinker_decode", "talker", "code2wav"}
     table = summarize(log.read_text().splitlines(), len(PROMPTS))
     assert "| talker |" in table and "| thinker_decode |" in table and "GIL probe" in table
     assert main([str(log), "--live", str(len(PROMPTS)), "99"]) == 0

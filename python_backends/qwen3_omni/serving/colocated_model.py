@@ -25,9 +25,9 @@ hand-offs, talker prefill, frames, code2wav, sent); once its first audio event i
 histogram `omni_first_audio_phase_seconds{model, phase}` and, with the environment variable
 `OMNI_FIRST_AUDIO_LOG=1`, to one `first_audio id=... ttfp_ms=... <phase>=<ms> ...` line in the server log.
 
-Steady state: every step of the three engine threads goes to `omni_stage_step_seconds{model, phase}` (phases
-thinker_decode, thinker_prefill, talker, code2wav) and, with `OMNI_STEP_LOG=FILE`, one line per step (its wait, apply,
-work and CPU time, rows, live requests), GIL probe and per-thread CPU lines to FILE (`step_profile`).
+Steady state: with the environment variable `OMNI_STEP_LOG=FILE`, every step of the three engine threads goes to FILE
+as one line (its wait, apply, work and CPU time, rows, live requests), with GIL probe and per-thread CPU lines
+(`step_profile`); without it nothing is recorded.
 """
 from __future__ import annotations
 
@@ -117,8 +117,8 @@ class TritonPythonModel(AsyncDecoupledModel):
         thinker.warmup()
         talker.warmup()
         code2wav.warmup()
-        self.pipeline = LocalOmniPipeline(thinker, talker, code2wav,
-                                          StepProfile(os.environ.get("OMNI_STEP_LOG") or None, self.metrics.observe))
+        step_log = os.environ.get("OMNI_STEP_LOG")
+        self.pipeline = LocalOmniPipeline(thinker, talker, code2wav, StepProfile(step_log) if step_log else None)
         self.voices = talker.voices
         self.default_voice = self.parameters.get("default_voice") or self.voices[0]
         self.default_max_tokens = model_config.int_parameter(thinker_params, "max_tokens", 256)
