@@ -10,7 +10,8 @@ unspoken sentences of a cancelled chat) never occupies the stage. Each row's tim
 phase "row" (Triton's own nv_inference_queue_duration_us covers the queue).
 With `row_workers` > 1 the rows of a batch of two or more rows run that many at a time on worker threads
 (for libraries that release the GIL, e.g. CTranslate2); `concurrent` tells `infer_row` it shares the cores.
-Triton's tensors are read and the responses built on the stub's own thread.
+Every Triton call (tensors, responses, metrics, is_cancelled) stays off the row workers: a row metric sent
+from a worker thread crashed tritonserver (SIGSEGV) under concurrent transcriptions.
 """
 from __future__ import annotations
 
