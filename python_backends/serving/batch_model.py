@@ -10,7 +10,8 @@ unspoken sentences of a cancelled chat) never occupies the stage. Each row's tim
 phase "row" (Triton's own nv_inference_queue_duration_us covers the queue).
 With `row_workers` > 1 the rows of a batch of two or more rows run that many at a time on worker threads
 (for libraries that release the GIL, e.g. CTranslate2); `concurrent` tells `infer_row` it shares the cores.
-Triton's tensors are read and the responses built on the stub's own thread.
+Every Triton call (tensors, responses, metrics, is_cancelled) stays off the row workers: a row metric sent
+from a worker thread crashed tritonserver (SIGSEGV) under concurrent transcriptions.
 """
 from __future__ import annotations
 
@@ -59,6 +60,9 @@ class BatchStageModel:
         self.metrics = StageMetrics(self.model_name)
         self._row = threading.local()  # the CancelToken and concurrency of the row this thread serves
         self._live: list[_Job] = []  # the requests of the batch being served
+        # Serialises the is_cancelled() round trips to the server and keeps them off requests already answered
+        # (one asked of an answered request, or two at once, can leave the stub's messaging waiting forever).
+        self._checking = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         threading.Thread(target=self._watch, name=f"{self.model_name}-cancel-watch", daemon=True).start()
         self.setup()
@@ -83,31 +87,43 @@ class BatchStageModel:
         """Sets the CancelToken of each request being served once its client or parent gave up."""
         while True:
             time.sleep(CANCEL_POLL_S)
-            for job in list(self._live):
-                if not job.token.is_set() and _abandoned(job.request):
-                    job.token.set()
+            with self._checking:
+                for job in self._live:
+                    self._check(job)
+
+    def _check(self, job: _Job) -> None:
+        """Sets the job's CancelToken if its caller gave up (call with self._checking held)."""
+        if not job.token.is_set() and _abandoned(job.request):
+            job.token.set()
 
     def execute(self, requests):
         jobs = [self._open(request) for request in requests]
-        self._live = [job for job in jobs if job.failure is None]
-        rows = [(job, row) for job in self._live for row in range(len(job.results))]
+        live = [job for job in jobs if job.failure is None]
+        with self._checking:
+            self._live = live
+        rows = [(job, row) for job in live for row in range(len(job.results))]
         try:
             if self.row_workers > 1 and len(rows) > 1:
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(self.row_workers, thread_name_prefix=f"{self.model_name}-row")
-                list(self._pool.map(lambda item: self._serve_row(*item, concurrent=True), rows))
+                seconds = list(self._pool.map(lambda item: self._serve_row(*item, concurrent=True), rows))
             else:
-                for job, row in rows:
-                    self._serve_row(job, row, concurrent=False)
+                seconds = [self._serve_row(job, row, concurrent=False) for job, row in rows]
         finally:
-            self._live = []
+            with self._checking:
+                self._live = []
+        for duration in filter(None, seconds):  # metrics go to the server from this thread only
+            self.metrics.observe("row", duration)
         return [self._respond(job) for job in jobs]
 
     def _open(self, request) -> _Job:
-        """The job of one request with its tensors read (or its failure: unreadable)."""
+        """The job of one request with its tensors read (or its failure: abandoned while queued, unreadable)."""
         self.metrics.started()
         job = _Job(request)
         try:
+            with self._checking:
+                self._check(job)
+            job.token.check()
             job.tensors = {name: t.as_numpy() for name in self.input_names
                            if (t := pb_utils.get_input_tensor_by_name(request, name)) is not None}
             job.results = [None] * len(next(iter(job.tensors.values())))
@@ -115,22 +131,21 @@ class BatchStageModel:
             job.failure = exc
         return job
 
-    def _serve_row(self, job: _Job, row: int, concurrent: bool) -> None:
+    def _serve_row(self, job: _Job, row: int, concurrent: bool) -> float | None:
+        """Runs `infer_row` on one row (no Triton calls: it may run on a worker thread); its seconds, or None
+        when it did not run (an earlier row failed, or the request was given up)."""
         if job.failure is not None:  # an earlier row of the request failed: its answer is that error
-            return
+            return None
         self._row.token, self._row.concurrent = job.token, concurrent
+        started = time.monotonic()
         try:
-            if job.token.is_set() or (row == 0 and _abandoned(job.request)):  # given up while it was queued
-                raise Interrupted()
-            started = time.monotonic()
-            try:
-                job.results[row] = self.infer_row({name: array[row] for name, array in job.tensors.items()})
-            finally:
-                self.metrics.observe("row", time.monotonic() - started)
+            job.token.check()
+            job.results[row] = self.infer_row({name: array[row] for name, array in job.tensors.items()})
         except Exception as exc:  # noqa: BLE001 - answered by _respond
             job.failure = exc
         finally:
             self._row.token = None
+        return time.monotonic() - started
 
     def _respond(self, job: _Job):
         """The InferenceResponse of a served job: its stacked outputs, or the error of its failure."""

@@ -130,6 +130,28 @@ def test_a_batch_of_transcriptions_runs_two_at_a_time_and_each_gets_its_own_answ
     assert answers[4].status_code == 400 and answers[4].json()["error"]["param"] == "prompt"
 
 
+def test_batches_served_two_rows_at_a_time_survive_abandoned_requests(mock_server):
+    """Rounds of 8 concurrent transcriptions (within the admission limits), every other one abandoned by its
+    client after 0.15 s while mock_asr serves them two rows at a time: the others get their own answers, and
+    the server still serves (a Triton call from a row worker thread used to crash tritonserver)."""
+    def post(index: int) -> str:
+        try:
+            answer = httpx.post(f"{mock_server.base_url}/v1/audio/transcriptions", timeout=0.15 if index % 2 else 30,
+                                files={"file": ("a.wav", _wav(np.zeros(1600 + index, np.float32)), "audio/wav")},
+                                data={"model": "mock-asr", "prompt": "sleep 0.2"})
+        except httpx.TimeoutException:
+            return "abandoned"
+        return answer.json().get("text") or answer.text
+
+    for _ in range(4):
+        with ThreadPoolExecutor(8) as pool:
+            heard = list(pool.map(post, range(8)))
+        assert all(heard[i].startswith(f"{1600 + i} samples") for i in range(0, 8, 2)), heard
+    ok = httpx.post(f"{mock_server.base_url}/v1/audio/transcriptions", timeout=30, data={"model": "mock-asr"},
+                    files={"file": ("a.wav", _wav(np.zeros(1600, np.float32)), "audio/wav")})
+    assert ok.json()["text"] == "1600 samples"
+
+
 def test_speech_instructions_are_rejected_and_voices_of_a_voiceless_pipeline_are_404(mock_server):
     response = httpx.post(f"{mock_server.base_url}/v1/audio/speech", timeout=30, json={
         "model": "mock-speech", "input": "hello", "voice": "alloy", "instructions": "whisper it"})
