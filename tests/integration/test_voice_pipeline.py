@@ -18,6 +18,7 @@ import openai
 import pytest
 import soundfile as sf
 import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
 from omni_backends.voice.audio import resample
 from tests.sentences import ROUND_TRIP
@@ -197,6 +198,29 @@ def test_sigterm_while_models_load_removes_the_run_copy_and_every_stub(tmp_path)
             process.kill()
     assert list(run_tmp.iterdir()) == []
     assert wait_for(lambda: not [p for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], 10)
+
+
+def test_voice_asr_refuses_bad_tensors_with_the_envelope(tmp_path):
+    """A gRPC client's empty or non-finite AUDIO and mistyped OPTIONS get a 400 envelope naming the field (they
+    failed inside Whisper as internal errors); a good request in the same server still transcribes."""
+    server = start_server(tmp_path, "--pipelines", "asr", "--no-prepare", ready_timeout_s=180)
+    try:
+        with grpcclient.InferenceServerClient(server.grpc_url) as triton:
+            for pcm, options, param in ((np.zeros(0), {}, "AUDIO"), (np.full(1600, np.nan), {}, "AUDIO"),
+                                        (np.zeros(1600), {"temperature": "abc"}, "temperature"),
+                                        (np.zeros(1600), {"temperature": 5}, "temperature"),
+                                        (np.zeros(1600), {"language": 7}, "language"), (np.zeros(1600), [1], "OPTIONS")):
+                audio = grpcclient.InferInput("AUDIO", [1, pcm.size], "FP32")
+                audio.set_data_from_numpy(pcm[None, :].astype(np.float32))
+                opts = grpcclient.InferInput("OPTIONS", [1, 1], "BYTES")
+                opts.set_data_from_numpy(np.array([[json.dumps(options).encode()]], dtype=np.object_))
+                with pytest.raises(InferenceServerException) as info:
+                    triton.infer("voice_asr", [audio, opts])
+                error = json.loads(info.value.message())["error"]
+                assert (error["param"], error["status"], error["type"]) == (param, 400, "invalid_request_error"), error
+        assert _asr_grpc(server, np.zeros(16000, np.float32), temperature=0)["text"] == ""
+    finally:
+        server.stop()
 
 
 def test_disconnect_cancels_the_llm_stage(voice_server):
