@@ -228,6 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     finally:
+        # A second Ctrl-C or SIGTERM must not cut the cleanup short (it left the server's /dev/shm entries and
+        # the run copy); server.stop() is bounded by its own timeouts.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         if server is not None:
             server.stop()
             log.info("tritonserver stopped")
