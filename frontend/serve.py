@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -163,6 +164,10 @@ def main(argv: list[str] | None = None) -> int:
         extra = [registry.parse_extra(s) for s in args.extra_pipeline]
         names = [n for n in args.pipelines.split(",") if n] + [p.name for p in extra]
         selected = registry.resolve(list(dict.fromkeys(names)), extra)
+        if args.deploy is not None:   # the deploy's models are its pipeline's (the co-located layout: one model), so
+            # /health, sleep/wake and stage recovery look at what is loaded (/health was 503 for good before)
+            selected = [dataclasses.replace(p, models=tuple(deployment.models)) if p.name == deployment.pipeline
+                        else p for p in selected]
     except ValueError as exc:   # DeployError is a ValueError: one line naming the key
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -223,6 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     finally:
+        # A second Ctrl-C or SIGTERM must not cut the cleanup short (it left the server's /dev/shm entries and
+        # the run copy); server.stop() is bounded by its own timeouts.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         if server is not None:
             server.stop()
             log.info("tritonserver stopped")

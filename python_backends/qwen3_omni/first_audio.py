@@ -12,8 +12,9 @@ to its first audio with `time.monotonic()` stamps, in this causal order (each ma
   talker_posted    token 0 detokenized and posted to the talker thread
   talker_start     the talker thread starts the request's prefill (after applying its messages)
   talker_prefill   the talker prefill forward is launched (host time: its GPU work ends within the next frame)
-  frame_1 .. n     each codec frame of the first chunk is read on the host (n = code2wav's first chunk frames;
-                   a frame also waits for the thinker token it speaks)
+  frame_1 .. n     each codec frame of the first chunk is read on the host (n = code2wav's first chunk frames,
+                   or fewer when the talker ended before them: max_frames, codec end; a frame also waits for
+                   the thinker token it speaks)
   code2wav_start   the code2wav thread starts the decode that yields the first PCM
   code2wav_end     that PCM is on the host
   audio_read       the request coroutine reads it from its mailbox
@@ -86,9 +87,16 @@ class FirstAudioTimeline:
         if 1 <= index <= self.frames:
             self.mark(f"frame_{index}", at)
 
+    def required(self) -> tuple[str, ...]:
+        """The marks of a complete timeline: `order` without the first chunk's frames after the last one made,
+        when the talker ended before a whole first chunk (max_frames, codec end) and the decode took what there
+        was (such requests used to be left out of the histogram)."""
+        made = max((i for i in range(1, self.frames + 1) if f"frame_{i}" in self.marks), default=self.frames)
+        return tuple(n for n in self.order if not (n.startswith("frame_") and int(n[len("frame_"):]) > made))
+
     def complete(self) -> bool:
-        """True when every mark is recorded."""
-        return len(self.marks) == len(self.order)
+        """True when every mark of `required()` is recorded."""
+        return all(name in self.marks for name in self.required())
 
     def ttfp(self) -> float:
         """Seconds from arrival to the first audio event sent. Raises KeyError before audio_sent."""
@@ -97,12 +105,14 @@ class FirstAudioTimeline:
     def phases(self) -> dict[str, float]:
         """{phase (`PHASE_NAMES`): seconds}, in path order; they sum to `ttfp()`. Raises ValueError when a mark is
         missing."""
-        missing = [name for name in self.order if name not in self.marks]
+        required = self.required()
+        missing = [name for name in required if name not in self.marks]
         if missing:
             raise ValueError(f"first-audio timeline lacks {', '.join(missing)}")
         out, start = {}, self.marks["arrival"]
+        last_frame = [name for name in required if name.startswith("frame_")][-1]
         for phase, end, _ in PHASES:
-            at = self.marks[end or f"frame_{self.frames}"]
+            at = self.marks[end or last_frame]
             out[phase], start = at - start, at
         return out
 

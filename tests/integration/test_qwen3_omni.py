@@ -406,3 +406,28 @@ def test_qwen3_cancel_storm_leaves_every_gauge_and_sequence_at_zero(server):
     settled = settle_time(server.metrics_url, last_close)
     print(f"qwen3_omni cancel storm: gauges at 0 {settled} s after the last close")
     assert settled is not None and settled <= settle_limit_s(), inflight(server.metrics_url)
+
+
+def test_a_colocated_deploy_is_healthy_and_sleeps_its_one_model(tmp_path):
+    """`--deploy` with `layout: colocated` loads one model; /health, /v1/models and sleep/wake follow it (they
+    looked for the stage models, which that layout never loads: /health stayed 503 for good)."""
+    deploy_file = tmp_path / "test_colocated_health.yaml"
+    deploy_file.write_text("pipeline: qwen3_omni\nlayout: colocated\ncheckpoint: qwen3_omni_tiny\n"
+                           "stages: {thinker: {device: cpu}, talker: {device: cpu}, code2wav: {device: cpu}, "
+                           "orchestrator: {device: cpu}}\n")
+    server = start_server(tmp_path, "--deploy", str(deploy_file), ready_timeout_s=240)   # waits for /health 200
+    try:
+        health = httpx.get(f"{server.base_url}/health").json()
+        assert health["models"] == ["qwen3_omni"], health
+        (entry,) = httpx.get(f"{server.base_url}/v1/models").json()["data"]
+        assert entry["triton_models"] == ["qwen3_omni"] and entry["state"] == "awake"
+        reply = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=120, json={
+            "model": "qwen3_omni", "max_tokens": 4, "modalities": ["text"], "messages": [{"role": "user", "content": "Hi"}]})
+        assert reply.status_code == 200, reply.text
+        for action, state in (("sleep", "sleeping"), ("wake", "awake")):
+            done = httpx.post(f"{server.base_url}/v1/admin/pipelines/qwen3_omni/{action}", timeout=240)
+            assert done.status_code == 200, done.text
+            assert httpx.get(f"{server.base_url}/v1/models").json()["data"][0]["state"] == state
+        assert wait_for(lambda: httpx.get(f"{server.base_url}/health").status_code == 200, 60)
+    finally:
+        server.stop()

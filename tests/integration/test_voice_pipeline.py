@@ -18,6 +18,7 @@ import openai
 import pytest
 import soundfile as sf
 import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
 from omni_backends.voice.audio import resample
 from tests.sentences import ROUND_TRIP
@@ -188,15 +189,58 @@ def test_sigterm_while_models_load_removes_the_run_copy_and_every_stub(tmp_path)
                     if "triton_python_backend_stub" in " ".join(p.cmdline())]
         assert wait_for(loading_stub, 60, 0.02), (tmp_path / "serve.log").read_text()
         children = psutil.Process(process.pid).children(recursive=True)
-        assert [p.name for p in run_tmp.iterdir()][0].startswith("omni-triton-repository-")
+        assert any(p.name.startswith("omni-triton-repository-") for p in run_tmp.iterdir())
         assert "Omni-Triton ready" not in (tmp_path / "serve.log").read_text()   # still loading
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) == 143, (tmp_path / "serve.log").read_text()
     finally:
         if process.poll() is None:
             process.kill()
-    assert list(run_tmp.iterdir()) == []
+    assert not any(p.name.startswith("omni-triton-repository-") for p in run_tmp.iterdir())
     assert wait_for(lambda: not [p for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], 10)
+
+
+def test_voice_asr_refuses_bad_tensors_with_the_envelope(tmp_path):
+    """A gRPC client's empty or non-finite AUDIO and mistyped OPTIONS get a 400 envelope naming the field (they
+    failed inside Whisper as internal errors); a good request in the same server still transcribes."""
+    server = start_server(tmp_path, "--pipelines", "asr", "--no-prepare", ready_timeout_s=180)
+    try:
+        with grpcclient.InferenceServerClient(server.grpc_url) as triton:
+            for pcm, options, param in ((np.zeros(0), {}, "AUDIO"), (np.full(1600, np.nan), {}, "AUDIO"),
+                                        (np.zeros(1600), {"temperature": "abc"}, "temperature"),
+                                        (np.zeros(1600), {"temperature": 5}, "temperature"),
+                                        (np.zeros(1600), {"language": 7}, "language"), (np.zeros(1600), [1], "OPTIONS")):
+                audio = grpcclient.InferInput("AUDIO", [1, pcm.size], "FP32")
+                audio.set_data_from_numpy(pcm[None, :].astype(np.float32))
+                opts = grpcclient.InferInput("OPTIONS", [1, 1], "BYTES")
+                opts.set_data_from_numpy(np.array([[json.dumps(options).encode()]], dtype=np.object_))
+                with pytest.raises(InferenceServerException) as info:
+                    triton.infer("voice_asr", [audio, opts])
+                error = json.loads(info.value.message())["error"]
+                assert (error["param"], error["status"], error["type"]) == (param, 400, "invalid_request_error"), error
+        assert _asr_grpc(server, np.zeros(16000, np.float32), temperature=0)["text"] == ""
+    finally:
+        server.stop()
+
+
+def test_repeated_signals_do_not_cut_the_shutdown_short(tmp_path):
+    """SIGTERM, then SIGTERM and Ctrl-C again and again while the launcher cleans up: it still stops tritonserver,
+    removes its /dev/shm entries and the `--tts-engine` run copy (a signal during the cleanup used to abort it)."""
+    run_tmp = tmp_path / "tmp"
+    run_tmp.mkdir()
+    server = start_server(tmp_path, "--pipelines", "tts", "--tts-engine", "piper", "--no-prepare",
+                          env={"TMPDIR": str(run_tmp), "OMNI_MODEL_HOME": str(tmp_path / "models")}, ready_timeout_s=120)
+    run_copies = lambda: [p for p in run_tmp.iterdir() if p.name.startswith("omni-triton-repository-")]  # noqa: E731
+    assert server.shm_entries() and run_copies()
+    server.process.send_signal(signal.SIGTERM)
+    signals = 0
+    while server.process.poll() is None and signals < 300:
+        time.sleep(0.05)
+        server.process.send_signal((signal.SIGTERM, signal.SIGINT)[signals % 2])
+        signals += 1
+    assert server.stop() == 143 and signals > 2
+    assert "tritonserver stopped" in server.log()
+    assert server.shm_entries() == [] and run_copies() == []
 
 
 def test_disconnect_cancels_the_llm_stage(voice_server):

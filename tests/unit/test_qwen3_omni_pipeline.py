@@ -152,3 +152,8 @@ def test_talker_finishing_before_the_text_keeps_serving(pipeline):
     for i, request in enumerate(requests):
         result = results[request.request_id]
         assert len(result.token_ids) == 24 and result.codes.shape[-1] == 1 + i % 2
+        # its first audio counts, also when it had fewer frames than a first chunk (2): it used to miss the metric
+        timeline = result.first_audio
+        assert timeline.complete() and [n for n in timeline.required() if n.startswith("frame_")] == \
+            [f"frame_{k}" for k in range(1, 2 + i % 2)]
+        assert sum(timeline.phases().values()) == pytest.approx(timeline.ttfp(), abs=1e-9)

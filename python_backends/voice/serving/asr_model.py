@@ -9,6 +9,8 @@ Streamed transcription (segment by segment) is the decoupled twin voice_asr_stre
 """
 from __future__ import annotations
 
+import numpy as np
+
 from omni_backends.errors import RequestError
 from omni_backends.paths import resolve_checkpoint
 from omni_backends.serving import events, model_config
@@ -27,7 +29,10 @@ class TritonPythonModel(BatchStageModel):
             options = events.read_json(inputs["OPTIONS"]) if "OPTIONS" in inputs else {}
         except ValueError as exc:
             raise RequestError(f"OPTIONS must be JSON: {exc}", param="OPTIONS") from None
-        result = self.asr.transcribe(inputs["AUDIO"], **transcribe_options(options), cancel=self.cancel_token,
+        audio = inputs["AUDIO"]
+        if audio.size == 0 or not np.isfinite(audio).all():
+            raise RequestError("AUDIO must hold finite mono 16 kHz samples", param="AUDIO")
+        result = self.asr.transcribe(audio, **transcribe_options(options), cancel=self.cancel_token,
                                      concurrent=self.concurrent)
         return {"RESULT": events.json_tensor(result_dict(result))}
 
@@ -45,10 +50,21 @@ def load_asr(parameters: dict[str, str], model_name: str) -> WhisperASR:
                       min_encoder_frames=frames, workers=max(1, model_config.int_parameter(parameters, "workers", 1)))
 
 
-def transcribe_options(options: dict) -> dict:
-    """WhisperASR.transcribe/stream keyword arguments from the OPTIONS JSON (missing: English, greedy)."""
-    return {"language": options.get("language") or "en", "prompt": options.get("prompt"),
-            "temperature": float(options.get("temperature") or 0.0),
+def transcribe_options(options) -> dict:
+    """WhisperASR.transcribe/stream keyword arguments from the OPTIONS JSON (missing: English, greedy).
+    Raises RequestError (400, naming the field) for a value of the wrong type or a temperature outside [0, 1]
+    (a gRPC client's bad OPTIONS used to fail inside Whisper as an internal error)."""
+    if not isinstance(options, dict):
+        raise RequestError("OPTIONS must be a JSON object", param="OPTIONS")
+    language, prompt = options.get("language") or "en", options.get("prompt")
+    temperature = options.get("temperature") or 0.0
+    if not isinstance(language, str):
+        raise RequestError(f"language must be a string, got {language!r}", param="language")
+    if prompt is not None and not isinstance(prompt, str):
+        raise RequestError(f"prompt must be a string, got {prompt!r}", param="prompt")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0.0 <= temperature <= 1.0:
+        raise RequestError(f"temperature must be a number in [0, 1], got {temperature!r}", param="temperature")
+    return {"language": language, "prompt": prompt, "temperature": float(temperature),
             "word_timestamps": bool(options.get("word_timestamps"))}
 
 
