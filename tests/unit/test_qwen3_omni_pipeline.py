@@ -10,6 +10,7 @@ from omni_backends.qwen3_omni.checkpoint import write_checkpoint
 from omni_backends.qwen3_omni.first_audio import PHASE_NAMES, FirstAudioTimeline, parse, summarize
 from omni_backends.qwen3_omni.loading import load_stages, load_tts_embeds
 from omni_backends.qwen3_omni.pipeline import LocalOmniPipeline, OmniRequest
+from omni_backends.qwen3_omni.serving.turn import talker_sampling
 
 pytestmark = pytest.mark.unit
 
@@ -157,3 +158,16 @@ def test_talker_finishing_before_the_text_keeps_serving(pipeline):
         assert timeline.complete() and [n for n in timeline.required() if n.startswith("frame_")] == \
             [f"frame_{k}" for k in range(1, 2 + i % 2)]
         assert sum(timeline.phases().values()) == pytest.approx(timeline.ttfp(), abs=1e-9)
+
+
+def test_bad_talker_frame_counts_name_the_talker_fields(pipeline):
+    """The talker's SamplingParams counts frames as tokens; its error used to name `min_tokens` / `max_tokens`
+    and carry no param, so a client could not tell which of its fields was wrong."""
+    with pytest.raises(RequestError) as info:
+        talker_sampling(pipeline.talker, {"min_frames": 10, "max_frames": 3}, 4095)
+    assert info.value.param == "talker_min_frames"
+    assert "talker_min_frames must be an integer in [0, talker_max_frames=3], got 10" in info.value.message
+    with pytest.raises(RequestError) as info:
+        talker_sampling(pipeline.talker, {"temperature": -1}, 4095)
+    assert info.value.param == "talker_temperature" and "temperature must be a finite number" in info.value.message
+

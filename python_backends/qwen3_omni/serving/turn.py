@@ -5,6 +5,7 @@ orchestrator (`omni_model`) and the co-located stage (`colocated_model`).
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -72,6 +73,10 @@ def talker_fields(body: dict, voice: str) -> dict:
     return {**{k: body.get(f"talker_{k}") for k in TALKER_FIELDS}, "voice": voice, "seed": body.get("seed")}
 
 
+_FRAME_FIELDS = {"max_tokens": "max_frames", "min_tokens": "min_frames"}   # SamplingParams name -> talker field
+_ENGINE_NAME = re.compile(r"\b(max_tokens|min_tokens)\b")
+
+
 def talker_sampling(talker, fields: dict, default_max_frames: int) -> SamplingParams:
     """`Talker.sampling_params` from `talker_fields` (null fields: generate()'s talker defaults; top_k -1: off;
     max_frames: `default_max_frames`, also its upper bound). Raises RequestError naming the talker_* field."""
@@ -85,8 +90,10 @@ def talker_sampling(talker, fields: dict, default_max_frames: int) -> SamplingPa
     try:
         return talker.sampling_params(**values, seed=fields.get("seed"))
     except (TypeError, ValueError) as exc:
-        field = next((k for k in values if str(exc).startswith(k)), None)
-        raise RequestError(f"invalid talker sampling parameter: {exc}",
+        # the engine's SamplingParams counts frames as tokens: name the request's fields in the message and param
+        message = _ENGINE_NAME.sub(lambda m: f"talker_{_FRAME_FIELDS[m.group(0)]}", str(exc))
+        field = next((k for k in values if message.startswith((k, f"talker_{k}"))), None)
+        raise RequestError(f"invalid talker sampling parameter: {message}",
                            param=None if field is None else f"talker_{field}") from None
 
 
