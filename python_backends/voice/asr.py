@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from omni_backends.cancel import CancelToken
+from omni_backends.errors import RequestError
 from omni_backends.voice.models import prepare_whisper
 
 SAMPLE_RATE = 16000
@@ -117,7 +118,8 @@ class WhisperASR:
         word_timestamps: also fill `Segment.words`.
         cancel: checked before each 30 s window is decoded; raises Interrupted once set.
         concurrent: other transcriptions run at the same time: use a one-thread worker (same words).
-        Raises ValueError for a non-1-D or empty array.
+        Raises ValueError for a non-1-D or empty array; RequestError (param "language") for a language other
+        than "en" when the model is English-only (tiny.en: faster-whisper would silently transcribe English).
         """
         stream = self.stream(pcm, language, prompt, temperature, word_timestamps, cancel, concurrent)
         found = tuple(stream.segments)
@@ -133,6 +135,9 @@ class WhisperASR:
         if audio.ndim != 1 or audio.size == 0:
             raise ValueError(f"pcm must be a non-empty 1-D float32 array at 16 kHz, got shape {audio.shape}")
         model = self._concurrent if concurrent else self._alone
+        if language not in (None, "en") and not model.model.is_multilingual:
+            raise RequestError(f"language {language!r} is not supported: this Whisper model transcribes English "
+                               "only (use 'en' or leave language out)", param="language")
         segments, info = model.transcribe(
             audio, language=language, initial_prompt=prompt, temperature=temperature, beam_size=1,
             word_timestamps=word_timestamps, condition_on_previous_text=False)

@@ -202,14 +202,15 @@ def test_sigterm_while_models_load_removes_the_run_copy_and_every_stub(tmp_path)
 
 def test_voice_asr_refuses_bad_tensors_with_the_envelope(tmp_path):
     """A gRPC client's empty or non-finite AUDIO and mistyped OPTIONS get a 400 envelope naming the field (they
-    failed inside Whisper as internal errors); a good request in the same server still transcribes."""
+    failed inside Whisper as internal errors), as does a language tiny.en cannot transcribe; a good request in the same server still transcribes."""
     server = start_server(tmp_path, "--pipelines", "asr", "--no-prepare", ready_timeout_s=180)
     try:
         with grpcclient.InferenceServerClient(server.grpc_url) as triton:
             for pcm, options, param in ((np.zeros(0), {}, "AUDIO"), (np.full(1600, np.nan), {}, "AUDIO"),
                                         (np.zeros(1600), {"temperature": "abc"}, "temperature"),
                                         (np.zeros(1600), {"temperature": 5}, "temperature"),
-                                        (np.zeros(1600), {"language": 7}, "language"), (np.zeros(1600), [1], "OPTIONS")):
+                                        (np.zeros(1600), {"language": 7}, "language"), (np.zeros(1600), {"language": "fr"}, "language"),
+                                        (np.zeros(1600), [1], "OPTIONS")):
                 audio = grpcclient.InferInput("AUDIO", [1, pcm.size], "FP32")
                 audio.set_data_from_numpy(pcm[None, :].astype(np.float32))
                 opts = grpcclient.InferInput("OPTIONS", [1, 1], "BYTES")

@@ -223,6 +223,15 @@ def test_text_without_speech_gives_empty_audio(engine):
     assert engine.synthesize("...").shape == (0,)
 
 
+def test_english_only_asr_refuses_other_languages(asr):
+    """tiny.en transcribes English only: faster-whisper would silently transcribe "fr" audio as English."""
+    pcm = np.zeros(16000, np.float32)
+    with pytest.raises(RequestError) as info:
+        asr.transcribe(pcm, language="fr")
+    assert info.value.param == "language" and info.value.status == 400 and "English only" in info.value.message
+    assert asr.transcribe(pcm, language="en").language == "en" and asr.transcribe(pcm, language=None).text == ""
+
+
 def test_asr_segments_have_increasing_timestamps(asr, speech):
     pcm = np.concatenate([resample(p, 24000, 16000) for p in speech])
     result = asr.transcribe(pcm, word_timestamps=True)
