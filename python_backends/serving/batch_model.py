@@ -137,15 +137,19 @@ class BatchStageModel:
         if job.failure is not None:  # an earlier row of the request failed: its answer is that error
             return None
         self._row.token, self._row.concurrent = job.token, concurrent
-        started = time.monotonic()
+        seconds = None
         try:
-            job.token.check()
-            job.results[row] = self.infer_row({name: array[row] for name, array in job.tensors.items()})
+            job.token.check()   # given up before this row started: not served, not timed
+            started = time.monotonic()
+            try:
+                job.results[row] = self.infer_row({name: array[row] for name, array in job.tensors.items()})
+            finally:
+                seconds = time.monotonic() - started
         except Exception as exc:  # noqa: BLE001 - answered by _respond
             job.failure = exc
         finally:
             self._row.token = None
-        return time.monotonic() - started
+        return seconds
 
     def _respond(self, job: _Job):
         """The InferenceResponse of a served job: its stacked outputs, or the error of its failure."""
