@@ -25,7 +25,6 @@ import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
-from omni_backends.engine.options import parse_bool
 from omni_backends.errors import RequestError
 from omni_backends.qwen3_omni.code2wav import Code2WavStreamer
 from omni_backends.qwen3_omni.loading import load_code2wav
@@ -38,12 +37,9 @@ class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         self.model_name, config, parameters = model_config.load(args)
         setup = p.stage_setup(args, parameters, self.model_name)
+        max_batch = max(1, int(config.get("max_batch_size") or 1))
         self.streamer = Code2WavStreamer(load_code2wav(setup.path, device=setup.device, dtype=setup.dtype),
-                                         chunk_frames=model_config.int_parameter(parameters, "chunk_frames", 25),
-                                         first_chunk_frames=model_config.int_parameter(parameters, "first_chunk_frames", 5),
-                                         left_context_frames=model_config.int_parameter(parameters, "left_context_frames", 25),
-                                         graphs=parse_bool(parameters.get("cuda_graphs"), "cuda_graphs", False),
-                                         max_batch=max(1, int(config.get("max_batch_size") or 1)))
+                                         **p.code2wav_settings(parameters, max_batch))
         self.streamer.warmup()
         self.metrics = StageMetrics(self.model_name)
         self._sequences: set[int] = set()

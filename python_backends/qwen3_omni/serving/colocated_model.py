@@ -41,7 +41,6 @@ import torch
 import triton_python_backend_utils as pb_utils
 from transformers import AutoTokenizer, WhisperFeatureExtractor
 
-from omni_backends.engine.options import parse_bool
 from omni_backends.qwen3_omni.code2wav import SAMPLE_RATE, Code2WavStreamer
 from omni_backends.qwen3_omni.first_audio import FirstAudioTimeline
 from omni_backends.qwen3_omni.loading import load_code2wav, load_config, load_talker, load_thinker
@@ -109,11 +108,8 @@ class TritonPythonModel(AsyncDecoupledModel):
                         max_running=model_config.int_parameter(talker_params, "max_running", 32))
         code2wav = Code2WavStreamer(
             load_code2wav(path, config, device, setups["code2wav"].dtype),
-            chunk_frames=model_config.int_parameter(code2wav_params, "chunk_frames", 25),
-            first_chunk_frames=model_config.int_parameter(code2wav_params, "first_chunk_frames", 5),
-            left_context_frames=model_config.int_parameter(code2wav_params, "left_context_frames", 25),
-            graphs=parse_bool(code2wav_params.get("cuda_graphs"), "code2wav.cuda_graphs", False),
-            max_batch=model_config.int_parameter(talker_params, "max_running", 32))
+            **p.code2wav_settings(code2wav_params, model_config.int_parameter(talker_params, "max_running", 32),
+                                  prefix="code2wav."))
         thinker.warmup()
         talker.warmup()
         code2wav.warmup()

@@ -76,6 +76,18 @@ def stage_parameters(parameters: dict[str, str], stage: str) -> dict[str, str]:
     return {**shared, **own}
 
 
+def code2wav_settings(parameters: dict[str, str], max_batch: int, prefix: str = "") -> dict:
+    """`Code2WavStreamer` keyword arguments from a stage's parameters: `chunk_frames` (default 25),
+    `first_chunk_frames` (5), `left_context_frames` (25), `cuda_graphs` (false) and `max_batch` (the largest graph
+    batch bucket); `prefix` names the parameters in errors (the co-located model's "code2wav."). Raises ValueError
+    naming a bad parameter."""
+    return {"chunk_frames": model_config.int_parameter(parameters, "chunk_frames", 25),
+            "first_chunk_frames": model_config.int_parameter(parameters, "first_chunk_frames", 5),
+            "left_context_frames": model_config.int_parameter(parameters, "left_context_frames", 25),
+            "graphs": parse_bool(parameters.get("cuda_graphs"), f"{prefix}cuda_graphs", False),
+            "max_batch": max_batch}
+
+
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 
 
