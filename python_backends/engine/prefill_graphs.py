@@ -35,17 +35,15 @@ BATCH_TOKENS = 1024   # padded tokens per forward of several prompts: 16 prompts
 
 @dataclass
 class PrefillResult:
-    """One prompt's prefill outputs (n = its real length).
+    """One prompt's prefill outputs (n = its real length; its keys/values are its row of `PrefillBatch.layers`).
 
     Fields:
         logits: [V] at the prompt's last position (the model's dtype; a copy).
         hidden: the forward's selected hidden states, each [n, H] (copies).
-        layers: per layer (keys, values) [1, kv_heads, n, head_dim]: views of graph memory, valid until the next run.
     """
 
     logits: torch.Tensor
     hidden: list[torch.Tensor]
-    layers: list[LayerKV]
 
 
 @dataclass
@@ -107,15 +105,10 @@ class PrefillGraphs:
             raise ValueError(f"a prompt of {tokens} tokens does not fit the prefill buckets (<= {self.buckets[-1]})")
         return next(width for width in self.buckets if width >= tokens)
 
-    def run(self, inputs: torch.Tensor) -> PrefillResult:
-        """Prefill one prompt: inputs int64 [n] token ids or float [n, H] embeddings, on the model's device.
-        Raises ValueError when n does not fit."""
-        return self.run_batch([inputs]).rows[0]
-
     def run_batch(self, prompts: Sequence[torch.Tensor]) -> PrefillBatch:
-        """Prefill prompts together in one padded forward (`run`'s inputs each, one dtype), in order; the layers are
-        views of this forward's memory (copy them before the next run). Raises ValueError when they do not fit
-        together (`fits_batch`)."""
+        """Prefill prompts together in one padded forward (each int64 [n] token ids or float [n, H] embeddings on the
+        model's device, one dtype; a lone prompt is a batch of one), in order; the layers are views of this forward's
+        memory (copy them before the next run). Raises ValueError when they do not fit together (`fits_batch`)."""
         lengths = [p.shape[0] for p in prompts]
         if not self.fits_batch(lengths):
             raise ValueError(f"prompts of {lengths} tokens do not fit one prefill forward (<= {self.batches[-1]} of "
@@ -130,8 +123,7 @@ class PrefillGraphs:
         hidden, kv = rest[:self.hidden], rest[self.hidden:]
         half = len(kv) // 2
         keys, values, count = kv[:half], kv[half:], len(prompts)
-        rows = [PrefillResult(logits=logits[row].clone(), hidden=[h[row, :n].clone() for h in hidden],
-                              layers=[(k[row:row + 1, :, :n], v[row:row + 1, :, :n]) for k, v in zip(keys, values)])
+        rows = [PrefillResult(logits=logits[row].clone(), hidden=[h[row, :n].clone() for h in hidden])
                 for row, n in enumerate(lengths)]
         return PrefillBatch(rows, [(k[:count], v[:count]) for k, v in zip(keys, values)])
 

@@ -441,11 +441,11 @@ def test_prefill_graphs_batch_equals_each_prompt_alone(qwen3_omni_stages, qwen3_
         with torch.inference_mode():
             batch = graphs.run_batch(prompts)   # 3 rows -> batch bucket 4
             layers = [(k.clone(), v.clone()) for k, v in batch.layers]
-            alone = [graphs.run(p) for p in prompts]
+            alone = []   # each prompt's own padded prefill: its result row and its layers (copied before the next run)
+            for prompt in prompts:
+                single = graphs.run_batch([prompt])
+                alone.append((single.rows[0], [(k.clone(), v.clone()) for k, v in single.layers]))
         assert [tuple(k.shape[:3]) for k, _ in layers[:1]] == [(3, layers[0][0].shape[1], 64)]   # 34 -> bucket 64
-        for row, (together, single, prompt) in enumerate(zip(batch.rows, alone, prompts)):
-            for (k, v), (k1, v1) in zip(layers, together.layers):   # the burst's layers hold each row's own
-                assert torch.equal(k[row:row + 1, :, :len(prompt)], k1) and torch.equal(v[row:row + 1, :, :len(prompt)], v1)
         # the rows into a static cache at once: each slot holds its row's real columns, as a one-by-one add does
         heads, dim = layers[0][0].shape[1], layers[0][0].shape[-1]
         at_once, one_by_one = (StaticKVCache(len(layers), 4, 96, heads, dim, torch.float32, "cpu") for _ in range(2))
@@ -467,12 +467,14 @@ def test_prefill_graphs_batch_equals_each_prompt_alone(qwen3_omni_stages, qwen3_
         with pytest.raises(ValueError, match="outside the layers"):   # 65 tokens in layers of 64 columns
             StaticKVCache(len(layers), 4, 96, heads, dim, torch.float32, "cpu").add_rows(
                 ["y"], [65], [(k[:1], v[:1]) for k, v in layers])
-        for together, single, prompt in zip(batch.rows, alone, prompts):
+        for row, (together, (single, single_layers), prompt) in enumerate(zip(batch.rows, alone, prompts)):
             torch.testing.assert_close(together.logits, single.logits, rtol=1e-4, atol=1e-5)
             assert [h.shape[0] for h in together.hidden] == [len(prompt)] * 2
             for a, b in zip(together.hidden, single.hidden):
                 torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
-            for (k, v), (k1, v1) in zip(together.layers, single.layers):
+            for (k, v), (k1, v1) in zip(layers, single_layers):   # the burst's row holds the prompt's own keys/values
+                k, v = k[row:row + 1, :, :len(prompt)], v[row:row + 1, :, :len(prompt)]
+                k1, v1 = k1[:, :, :len(prompt)], v1[:, :, :len(prompt)]
                 assert k.shape == k1.shape and k.shape[0] == 1 and k.shape[2] == len(prompt)
                 torch.testing.assert_close(k, k1, rtol=1e-4, atol=1e-5)
                 torch.testing.assert_close(v, v1, rtol=1e-4, atol=1e-5)
