@@ -39,7 +39,7 @@ REGISTRY: dict[str, Pipeline] = {p.name: p for p in (
              "/v1/realtime with Silero VAD",
              vad="voice_vad", asr="voice_asr"),
     Pipeline("tts", SPEECH, "tts", ("voice_tts", "tts"), "Kokoro-82M (or Piper: --tts-engine) text-to-speech",
-             aliases=("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "kokoro")),
+             aliases=("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "kokoro")),   # "kokoro": TTS_ENGINES
     Pipeline("asr", TRANSCRIPTION, "voice_asr", ("voice_asr", "voice_asr_stream"), "Whisper tiny.en speech recognition",
              aliases=("whisper-1", "whisper-tiny.en", "gpt-4o-transcribe", "gpt-4o-mini-transcribe"),
              stream_entry="voice_asr_stream"),
@@ -55,6 +55,15 @@ REGISTRY: dict[str, Pipeline] = {p.name: p for p in (
 )}
 
 DEFAULT = ("voice", "tts", "asr", "qwen3_omni", "qwen_image", "qwen_image_edit", "wan")
+TTS_ENGINES = ("kokoro", "piper")   # voice_tts engines (omni_backends.voice.engines), also tts model ids
+
+
+def with_tts_engine(pipelines: list[Pipeline], engine: str) -> list[Pipeline]:
+    """The pipelines as served when voice_tts speaks with `engine` (one of TTS_ENGINES, --tts-engine): a model
+    id that names an engine names the one that speaks, so with `--tts-engine piper` the `tts` pipeline answers to
+    "piper" and no longer to "kokoro" (a request naming "kokoro" gets the 404 of an unknown model)."""
+    return [dataclasses.replace(p, aliases=tuple(engine if a in TTS_ENGINES else a for a in p.aliases))
+            for p in pipelines]
 
 
 def parse_extra(spec: str) -> Pipeline:

@@ -33,7 +33,6 @@ from omni_frontend.tritonserver import LaunchError, TritonServer, port_in_use
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECKPOINT_PRESETS = ("qwen3_omni_tiny", "qwen3_omni_30b_a3b_random")   # python -m omni_backends.prepare NAME
-TTS_ENGINES = ("kokoro", "piper")   # the voice_tts stage's `engine` parameter (omni_backends.voice.engines)
 TTS_STAGE = "voice_tts"
 log = logging.getLogger("omni_frontend.serve")
 
@@ -63,7 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="videos generating at once (their denoising steps are batched together)")
     p.add_argument("--video-ttl", type=int, default=86400,
                    help="seconds a finished video (and its files) is kept; 0 keeps it forever")
-    p.add_argument("--tts-engine", choices=TTS_ENGINES,
+    p.add_argument("--tts-engine", choices=registry.TTS_ENGINES,
                    help="speech engine of the voice and tts pipelines (the voice_tts stage's `engine`): kokoro "
                         "(Kokoro-82M, the repository's default) or piper (Piper's en_US joe voice, ~8x less CPU per "
                         "audio second; piper-tts is GPL-3.0 and the voice's licence terms are uncertain: "
@@ -168,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
             # /health, sleep/wake and stage recovery look at what is loaded (/health was 503 for good before)
             selected = [dataclasses.replace(p, models=tuple(deployment.models)) if p.name == deployment.pipeline
                         else p for p in selected]
+        if args.tts_engine is not None:
+            selected = registry.with_tts_engine(selected, args.tts_engine)
     except ValueError as exc:   # DeployError is a ValueError: one line naming the key
         print(f"error: {exc}", file=sys.stderr)
         return 2

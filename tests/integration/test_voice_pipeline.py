@@ -145,7 +145,8 @@ def test_missing_checkpoint_fails_to_load_naming_the_path(tmp_path):
 
 def test_piper_engine_serves_the_speech_route_as_joe(tmp_path):
     """`--tts-engine piper`: voice_tts speaks with Piper, which needs no prepared checkpoint (an empty model
-    home); /v1/audio/voices lists its one voice, OpenAI names speak with it, other names get the 400."""
+    home); /v1/audio/voices lists its one voice, OpenAI names speak with it, other names get the 400; the
+    model id "piper" is served and "kokoro" is a 404."""
     from omni_backends.voice.asr import WhisperASR
 
     server = start_server(tmp_path, "--pipelines", "tts", "--tts-engine", "piper", "--no-prepare",
@@ -163,6 +164,12 @@ def test_piper_engine_serves_the_speech_route_as_joe(tmp_path):
             "object": "list", "voices": [{"id": "joe", "model": "tts"}], "default": {"tts": "joe"}}
         with pytest.raises(openai.BadRequestError, match="available: joe"):
             client.audio.speech.create(model="tts-1", voice="jf_alpha", input=text)
+        # the model id naming an engine names the one that speaks: "piper" here, "kokoro" is not served
+        named, _ = _wav(client.audio.speech.create(model="piper", voice="alloy", input=text,
+                                                   response_format="wav").content)
+        assert 0.2 * 7 <= len(named) / rate <= 0.8 * 7
+        with pytest.raises(openai.NotFoundError, match="model 'kokoro' is not loaded"):
+            client.audio.speech.create(model="kokoro", voice="alloy", input=text)
     finally:
         server.stop()
 
