@@ -12,3 +12,12 @@ ROUND_TRIP = [
     "The weather will be cold and windy tomorrow.",
     "Remember to water the plants before you leave.",
 ]
+
+
+def word_error_rate(references: str | list[str], heard: str | list[str]) -> float:
+    """jiwer's WER of what ASR heard against the references, both lower-cased without punctuation."""
+    import jiwer
+
+    normalize = jiwer.Compose([jiwer.ToLowerCase(), jiwer.RemovePunctuation(), jiwer.RemoveMultipleSpaces(),
+                               jiwer.Strip(), jiwer.ReduceToListOfListOfWords()])
+    return jiwer.wer(references, heard, reference_transform=normalize, hypothesis_transform=normalize)

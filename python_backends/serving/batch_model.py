@@ -6,8 +6,9 @@ their own leading batch dimension. `infer_row` serves one row; a failing request
 (or BLS parent, through the side channel) gave up while it was queued is dropped unserved, and one
 abandoned while it runs gets its CancelToken set (a watcher thread polls every CANCEL_POLL_S), which
 `infer_row` passes to interruptible library calls (an ONNX run ends at once): abandoned work (e.g. the
-unspoken sentences of a cancelled chat) never occupies the stage. Each row's time is observed as step
-phase "row" (Triton's own nv_inference_queue_duration_us covers the queue).
+unspoken sentences of a cancelled chat) never occupies the stage. Each request is answered as soon as its
+own rows are done (through its response sender, before `execute` returns), not when the whole batch is.
+Each row's time is observed as step phase "row" (Triton's own nv_inference_queue_duration_us covers the queue).
 With `row_workers` > 1 the rows of a batch of two or more rows run that many at a time on worker threads
 (for libraries that release the GIL, e.g. CTranslate2); `concurrent` tells `infer_row` it shares the cores.
 Every Triton call (tensors, responses, metrics, is_cancelled) stays off the row workers: a row metric sent
@@ -18,7 +19,7 @@ from __future__ import annotations
 import threading
 import time
 import traceback
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,7 +34,7 @@ from omni_backends.serving.metrics import StageMetrics
 CANCEL_POLL_S = 0.05
 
 
-@dataclass
+@dataclass(eq=False)
 class _Job:
     """One request of a batch: its input tensors, CancelToken, per-row results and the first failure."""
 
@@ -42,6 +43,7 @@ class _Job:
     token: CancelToken = field(default_factory=CancelToken)
     results: list = field(default_factory=list)
     failure: BaseException | None = None
+    answered: bool = False
 
 
 class BatchStageModel:
@@ -97,24 +99,58 @@ class BatchStageModel:
             job.token.set()
 
     def execute(self, requests):
+        """Serves a dynamic batch; each request is answered through its response sender (a non-decoupled model
+        may send its one FINAL response before `execute` returns, then returns None) as soon as its own rows
+        are done, so a short request batched with a long one does not wait for it."""
         jobs = [self._open(request) for request in requests]
         live = [job for job in jobs if job.failure is None]
         with self._checking:
-            self._live = live
-        rows = [(job, row) for job in live for row in range(len(job.results))]
+            self._live = list(live)
         try:
+            for job in jobs:
+                if job.failure is not None:   # given up while queued, unreadable: answered at once
+                    self._answer(job)
+            rows = [(job, row) for job in live for row in range(len(job.results))]
             if self.row_workers > 1 and len(rows) > 1:
-                if self._pool is None:
-                    self._pool = ThreadPoolExecutor(self.row_workers, thread_name_prefix=f"{self.model_name}-row")
-                seconds = list(self._pool.map(lambda item: self._serve_row(*item, concurrent=True), rows))
+                self._serve_concurrently(rows)
             else:
-                seconds = [self._serve_row(job, row, concurrent=False) for job, row in rows]
+                for job in live:
+                    for row in range(len(job.results)):
+                        self._observe(self._serve_row(job, row, concurrent=False))
+                    self._answer(job)
         finally:
             with self._checking:
                 self._live = []
-        for duration in filter(None, seconds):  # metrics go to the server from this thread only
-            self.metrics.observe("row", duration)
-        return [self._respond(job) for job in jobs]
+            for job in jobs:   # whatever went wrong above, every request gets its one answer
+                if not job.answered:
+                    self._answer(job)
+        return None
+
+    def _serve_concurrently(self, rows: list[tuple[_Job, int]]) -> None:
+        """Runs the rows `row_workers` at a time; answers each request (on this, the stub's thread) once its
+        last row is done."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.row_workers, thread_name_prefix=f"{self.model_name}-row")
+        left = {id(job): len(job.results) for job, _ in rows}
+        futures = {self._pool.submit(self._serve_row, job, row, True): job for job, row in rows}
+        for future in as_completed(futures):
+            job = futures[future]
+            self._observe(future.result())
+            left[id(job)] -= 1
+            if not left[id(job)]:
+                self._answer(job)
+
+    def _observe(self, seconds: float | None) -> None:
+        if seconds is not None:   # metrics go to the server from the stub's thread only
+            self.metrics.observe("row", seconds)
+
+    def _answer(self, job: _Job) -> None:
+        """Sends the job's one FINAL response; from now on its request is never asked is_cancelled()."""
+        with self._checking:
+            self._live = [other for other in self._live if other is not job]
+        job.answered = True
+        job.request.get_response_sender().send(self._respond(job),
+                                               flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def _open(self, request) -> _Job:
         """The job of one request with its tensors read (or its failure: abandoned while queued, unreadable)."""

@@ -130,6 +130,26 @@ def test_a_batch_of_transcriptions_runs_two_at_a_time_and_each_gets_its_own_answ
     assert answers[4].status_code == 400 and answers[4].json()["error"]["param"] == "prompt"
 
 
+def test_a_short_transcription_batched_with_a_long_one_is_answered_when_its_own_row_is_done(mock_server):
+    """Head of line: while a first request occupies mock_asr (0.6 s), a long (2.5 s) and a short (0 s) one queue
+    into the same batch; the short one's answer goes out as soon as its own row is done (through its response
+    sender), not when the long row ends (it used to wait the whole batch: ~3.1 s)."""
+    def post(samples: int, prompt: str) -> tuple[str, float]:
+        started = time.monotonic()
+        answer = httpx.post(f"{mock_server.base_url}/v1/audio/transcriptions", timeout=30,
+                            files={"file": ("a.wav", _wav(np.zeros(samples, np.float32)), "audio/wav")},
+                            data={"model": "mock-asr", "prompt": prompt})
+        return answer.json()["text"], time.monotonic() - started
+
+    with ThreadPoolExecutor(3) as pool:
+        first = pool.submit(post, 1600, "sleep 0.6")
+        time.sleep(0.2)
+        long, short = pool.submit(post, 3200, "sleep 2.5"), pool.submit(post, 4800, "sleep 0")
+        (first_text, _), (long_text, long_s), (short_text, short_s) = first.result(), long.result(), short.result()
+    assert (first_text, long_text.split()[0], short_text) == ("1600 samples", "3200", "4800 samples concurrently")
+    assert long_s >= 2.5 and short_s < 1.6, (long_s, short_s)
+
+
 def test_batches_served_two_rows_at_a_time_survive_abandoned_requests(mock_server):
     """Rounds of 8 concurrent transcriptions (within the admission limits), every other one abandoned by its
     client after 0.15 s while mock_asr serves them two rows at a time: the others get their own answers, and

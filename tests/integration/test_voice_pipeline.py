@@ -21,7 +21,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from omni_backends.voice.audio import resample
-from tests.sentences import ROUND_TRIP
+from tests.sentences import ROUND_TRIP, word_error_rate
 from tests.harness import (ROOT, cancel_storm, inflight, metric_value, settle_limit_s, settle_time, start_server,
                            wait_for)
 
@@ -159,7 +159,9 @@ def test_piper_engine_serves_the_speech_route_as_joe(tmp_path):
         fast, _ = _wav(client.audio.speech.create(model="tts-1", voice="joe", input=text, response_format="wav",
                                                   speed=2.0).content)
         assert rate == 24000 and 0.2 * 7 <= len(normal) / rate <= 0.8 * 7 and len(fast) < 0.7 * len(normal)
-        assert "sunny" in WhisperASR().transcribe(resample(normal, rate, 16000)).text.lower()
+        # Piper samples noise: at most one word of seven misheard ("sunny" was heard as "stunning" 1 run in 4)
+        heard = WhisperASR().transcribe(resample(normal, rate, 16000)).text
+        assert word_error_rate(text, heard) <= 0.15, heard
         assert httpx.get(f"{server.base_url}/v1/audio/voices").json() == {
             "object": "list", "voices": [{"id": "joe", "model": "tts"}], "default": {"tts": "joe"}}
         with pytest.raises(openai.BadRequestError, match="available: joe"):
@@ -263,15 +265,11 @@ def test_disconnect_cancels_the_llm_stage(voice_server):
 
 def test_speech_to_transcription_round_trip_word_error_rate(client):
     """10 fixed sentences -> /v1/audio/speech (wav) -> /v1/audio/transcriptions: WER <= 20 %."""
-    import jiwer
-
     heard = []
     for sentence in ROUND_TRIP:
         speech = client.audio.speech.create(model="tts-1", voice="alloy", input=sentence, response_format="wav")
         heard.append(client.audio.transcriptions.create(model="whisper-1", file=("s.wav", speech.content, "audio/wav")).text)
-    normalize = jiwer.Compose([jiwer.ToLowerCase(), jiwer.RemovePunctuation(), jiwer.RemoveMultipleSpaces(),
-                               jiwer.Strip(), jiwer.ReduceToListOfListOfWords()])
-    wer = jiwer.wer(ROUND_TRIP, heard, reference_transform=normalize, hypothesis_transform=normalize)
+    wer = word_error_rate(ROUND_TRIP, heard)
     print(f"\nround-trip WER over {len(ROUND_TRIP)} sentences: {wer:.3f}")
     assert wer <= 0.20, list(zip(ROUND_TRIP, heard))
 
