@@ -1,4 +1,5 @@
-"""`--baseline inprocess`: the same prompts through the model libraries in this process, one at a time.
+"""`--baseline inprocess` (or `inprocess-chunked`): the same prompts through the model libraries in this process, one
+at a time.
 
 The only module of omni_bench that imports model code (imported by the CLI only with --baseline). Each
 prompt becomes a RequestRecord like a served one, so the same metric code summarises both:
@@ -17,10 +18,17 @@ prompt becomes a RequestRecord like a served one, so the same metric code summar
   wan         diffusers `WanPipeline` on --checkpoint (default $OMNI_MODEL_HOME/wan_tiny), one video per prompt
               (size, frames, steps and guidance as served, seed = prompt index), its uint8 frames encoded to MP4
               with the server's encoder (omni_frontend.videos.encoding); torch's default threads.
-  voice       the stage engines called directly, as the voice pipeline chains them: `ChatLLM.generate`
-              (SmolLM2, greedy) -> `SentenceChunker` -> `synthesize` per chunk of the `tts_engine` (KokoroTTS,
-              or PiperTTS with --tts-engine piper). Text chunks at each LLM delta, an audio chunk after each
-              synthesized sentence chunk.
+  voice       the sequential library run of issue 14: the stage engines called directly, one after the other on
+              one thread, `ChatLLM.generate` (SmolLM2, greedy) -> whole sentences -> `synthesize` of each sentence by
+              the `tts_engine` (KokoroTTS, or PiperTTS with --tts-engine piper), the LLM waiting while a sentence is
+              spoken. A sentence is what `SentenceChunker(clauses=False, min_words=1)` cuts: text up to . ! or ?
+              followed by whitespace (not after "Mr." or "e.g.", not inside "3.5"), a line, or a run of over 40
+              words cut at its last clause boundary; no clause or first-words cuts. Text chunks at each LLM delta,
+              an audio chunk after each synthesized sentence.
+              `inprocess-chunked` (voice only): the same chain with the served pipeline's own chunking
+              (`SentenceChunker()`: a first chunk of 2-3 words, then chunks growing toward sentences), so the
+              difference to the served figures is the serving itself (stages, BLS hops, HTTP) and the overlap of
+              LLM and TTS, not the chunking.
 """
 from __future__ import annotations
 
@@ -31,23 +39,30 @@ from omni_bench.records import AUDIO, IMAGE, OTHER, TEXT, RequestRecord
 
 SUPPORTED = {"qwen3_omni": ("chat", "chat-audio"), "voice": ("chat", "chat-audio"), "qwen_image": ("images",),
              "wan": ("videos",)}
+INPROCESS, INPROCESS_CHUNKED = "inprocess", "inprocess-chunked"
+KINDS = (INPROCESS, INPROCESS_CHUNKED)
 
 
-def check_supported(model: str, workload: str) -> None:
-    """Raises ValueError unless there is a baseline for this model and workload (chat and chat-audio of
-    qwen3_omni and voice, images of qwen_image, videos of wan)."""
+def check_supported(model: str, workload: str, kind: str = INPROCESS) -> None:
+    """Raises ValueError unless there is a baseline of this kind (KINDS) for this model and workload (inprocess:
+    chat and chat-audio of qwen3_omni and voice, images of qwen_image, videos of wan; inprocess-chunked: voice)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown in-process baseline {kind!r}; known: {', '.join(KINDS)}")
+    if kind == INPROCESS_CHUNKED and model != "voice":
+        raise ValueError(f"--baseline {INPROCESS_CHUNKED} is the voice chain with the served chunking, not {model!r}")
     if workload not in SUPPORTED.get(model, ()):
-        raise ValueError(f"--baseline inprocess supports chat/chat-audio of qwen3_omni and voice, images of "
+        raise ValueError(f"--baseline {kind} supports chat/chat-audio of qwen3_omni and voice, images of "
                          f"qwen_image, videos of wan, not {workload} of {model!r}")
 
 
 def run_baseline(model: str, workload: str, prompts: list[str], *, max_tokens: int, voice: str | None,
                  checkpoint: str | None, num_warmups: int, extra_body: dict | None = None,
                  device: str = "cpu", size: str = "64x64", steps: int = 4,
-                 frames: int = 17, tts_engine: str = "kokoro") -> tuple[list[RequestRecord], float]:
+                 frames: int = 17, tts_engine: str = "kokoro", kind: str = INPROCESS) -> tuple[list[RequestRecord], float]:
     """Records of every prompt run in-process and the total duration (`tts_engine`: the voice chain's speech
-    engine, omni_backends.voice.engines). Raises ValueError as `check_supported`."""
-    check_supported(model, workload)
+    engine, omni_backends.voice.engines; `kind`: one of KINDS, see the module doc). Raises ValueError as
+    `check_supported`."""
+    check_supported(model, workload, kind)
     if model == "qwen_image":
         runner = _QwenImage(checkpoint, size, steps)
     elif model == "wan":
@@ -55,7 +70,7 @@ def run_baseline(model: str, workload: str, prompts: list[str], *, max_tokens: i
     elif model == "qwen3_omni":
         runner = _Qwen3Omni(checkpoint, max_tokens, voice, extra_body or {}, device)
     else:
-        runner = _Voice(max_tokens, voice, tts_engine)
+        runner = _Voice(max_tokens, voice, tts_engine, sentences=kind == INPROCESS)
     speak = workload == "chat-audio"
     for prompt in prompts[:num_warmups]:
         runner.run(RequestRecord(-1, prompt), speak)
@@ -211,9 +226,10 @@ class _Wan:
 
 
 class _Voice:
-    """The voice pipeline's stage engines, chained in this process like the pipeline chains its models."""
+    """The voice pipeline's stage engines chained in this process, one after the other: speech per whole sentence
+    (`sentences`), or per chunk of the served pipeline's chunking."""
 
-    def __init__(self, max_tokens: int, voice: str | None, tts_engine: str):
+    def __init__(self, max_tokens: int, voice: str | None, tts_engine: str, sentences: bool):
         from omni_backends.voice import engines
         from omni_backends.voice.llm import ChatLLM
         from omni_backends.voice.tts import SAMPLE_RATE
@@ -221,12 +237,16 @@ class _Voice:
         # each on min(2, cores) threads, like the served stages
         self.llm, self.tts = ChatLLM(), engines.load(tts_engine)
         self.params = self.llm.sampling_params({"max_tokens": max_tokens, "temperature": 0.0})
-        self.voice, self.sample_rate = voice, SAMPLE_RATE
+        self.voice, self.sample_rate, self.sentences = voice, SAMPLE_RATE, sentences
 
-    def run(self, record: RequestRecord, speak: bool) -> None:
+    def chunker(self):
+        """A new chunker for one reply: whole sentences, or the served pipeline's chunks."""
         from omni_backends.voice.chunker import SentenceChunker
 
-        chunker, text = SentenceChunker(), []
+        return SentenceChunker(clauses=False, min_words=1) if self.sentences else SentenceChunker()
+
+    def run(self, record: RequestRecord, speak: bool) -> None:
+        chunker, text = self.chunker(), []
         start = time.perf_counter()
         for delta in self.llm.generate([{"role": "user", "content": record.prompt}], self.params):
             if delta.text:

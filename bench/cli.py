@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 
 from omni_bench import peer, report
+from omni_bench.baseline import INPROCESS, KINDS, check_supported, run_baseline  # model code only inside run_baseline
 from omni_bench.client import ENDPOINTS, WORKLOADS, RequestOptions, StreamError, read_wav, send, synthesize_inputs
 from omni_bench.datasets import BUILTIN, load_prompts
 from omni_bench.metrics import request_metrics, summarize
@@ -66,11 +67,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds")
     p.add_argument("--result-json", help="write config, per-request records and summaries here")
     p.add_argument("--plot", help="write a PNG of medians and throughput against concurrency (needs matplotlib)")
-    p.add_argument("--baseline", metavar="inprocess|JSON",
-                   help="inprocess: also run the prompts through the model library in this process and compare; "
-                        "a JSON file written by --baseline-only: compare with that baseline")
+    p.add_argument("--baseline", metavar="inprocess|inprocess-chunked|JSON",
+                   help="inprocess: also run the prompts through the model library in this process and compare (voice: "
+                        "the sequential chain, speech per whole sentence); inprocess-chunked (voice): the same chain "
+                        "with the served pipeline's chunking; a JSON file written by --baseline-only: compare with "
+                        "that baseline")
     p.add_argument("--baseline-only", action="store_true",
-                   help="run only the in-process baseline (no server needed) and write it to --result-json")
+                   help="run only the in-process baseline (no server needed; --baseline inprocess unless it names "
+                        "the other in-process kind) and write it to --result-json")
     p.add_argument("--baseline-prompts", type=int, help="prompts for the in-process baseline (default: all)")
     p.add_argument("--checkpoint", help="baseline checkpoint directory or preset (qwen3_omni / qwen_image / wan; "
                                         "default $OMNI_MODEL_HOME/qwen3_omni_tiny / qwen_image_tiny / wan_tiny)")
@@ -102,19 +106,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.model = args.model or DEFAULT_MODELS[args.workload]
     if args.baseline and args.workload == REALTIME:
         p.error("--baseline does not apply to the realtime workload")
-    if args.baseline_only:
-        args.baseline = "inprocess"
+    if args.baseline_only and args.baseline not in KINDS:
+        args.baseline = INPROCESS
     if args.transport == "triton" and args.workload not in ("chat", "chat-audio"):
         p.error("--transport triton supports the chat and chat-audio workloads")
-    if args.baseline == "inprocess":
-        from omni_bench.baseline import check_supported
-
+    if args.baseline in KINDS:
         try:
-            check_supported(args.model, args.workload)
+            check_supported(args.model, args.workload, args.baseline)
         except ValueError as exc:
             p.error(str(exc))
     elif args.baseline and not Path(args.baseline).is_file():
-        p.error(f"--baseline must be 'inprocess' or an existing JSON file, got {args.baseline!r}")
+        p.error(f"--baseline must be {' or '.join(map(repr, KINDS))} or an existing JSON file, got {args.baseline!r}")
     args.endpoint = args.endpoint or ENDPOINTS.get(args.workload, "/v1/realtime")
     return args
 
@@ -172,16 +174,14 @@ def level_result(workload: str, model: str, cap: int | None, rate: float, record
 def _baseline(args: argparse.Namespace, prompts: list[str], levels: list[dict]) -> dict:
     """The baseline level (run in-process now, or read from a --baseline-only JSON) compared with the served
     max_concurrency=1 level."""
-    if args.baseline == "inprocess":
-        from omni_bench.baseline import run_baseline  # imports model code: only with --baseline inprocess
-
+    if args.baseline in KINDS:
         records, duration = run_baseline(args.model, args.workload, prompts[:args.baseline_prompts or None],
                                          max_tokens=args.max_tokens, voice=args.voice, checkpoint=args.checkpoint,
                                          num_warmups=args.num_warmups, extra_body=args.extra_body,
                                          device=args.device, size=args.size, steps=args.steps,
-                                         frames=args.frames, tts_engine=args.tts_engine)
-        result = level_result(args.workload, args.model, 1, math.inf, records, duration)
-        print(report.table({**result, "model": f"{args.model} (in-process baseline)"}))
+                                         frames=args.frames, tts_engine=args.tts_engine, kind=args.baseline)
+        result = {**level_result(args.workload, args.model, 1, math.inf, records, duration), "kind": args.baseline}
+        print(report.table({**result, "model": f"{args.model} ({args.baseline} baseline)"}))
     else:
         result = json.loads(Path(args.baseline).read_text())["baseline"]
         result["source"] = args.baseline

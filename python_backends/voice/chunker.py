@@ -11,12 +11,16 @@ chunk up to ~2x longer than the one playing is ready about in time):
 - a line break always ends a chunk; chunk k holds at most `first_max_words * growth**k` words (and never
   more than `max_words`): a longer one is cut at its last clause boundary (or, without one, at a word
   boundary).
+With `clauses=False` (the in-process sentence baseline of `scripts/bench --baseline inprocess`) only sentence ends
+(once the chunk holds `min_words` words), line breaks and chunks over `max_words` words end a chunk:
+first_min_words, first_max_words and growth are then unused.
 A boundary counts only once the character after it has arrived and is whitespace ("3.5" and "1,000"
 stay whole), and common abbreviations ("Mr.", "e.g.") do not end a sentence. `flush()` returns the rest.
 Joining the chunks with single spaces gives back the text with its whitespace runs collapsed.
 """
 from __future__ import annotations
 
+import math
 import re
 
 _SENTENCE_MARKS = frozenset(".!?")
@@ -29,9 +33,9 @@ class SentenceChunker:
     """Feed text deltas with `feed`, get speakable chunks (stripped, never empty); call `flush` at the end."""
 
     def __init__(self, first_min_words: int = 2, first_max_words: int = 3, min_words: int = 4, max_words: int = 40,
-                 growth: float = 2.0):
+                 growth: float = 2.0, clauses: bool = True):
         self.first_min_words, self.first_max_words = first_min_words, first_max_words
-        self.min_words, self.max_words, self.growth = min_words, max_words, growth
+        self.min_words, self.max_words, self.growth, self.clauses = min_words, max_words, growth, clauses
         self._buffer = ""
         self._emitted = 0  # chunks returned since the last flush
 
@@ -52,10 +56,12 @@ class SentenceChunker:
     def _next_cut(self) -> int | None:
         """End index of the next chunk in the buffer, or None while more text is needed."""
         newline = self._buffer.find("\n")  # a line break always ends a chunk (lists, paragraphs)
-        first = not self._emitted
-        clause_min = self.first_min_words * self.growth ** self._emitted
-        sentence_min = self.first_min_words if first else self.min_words
-        limit = min(self.max_words, round(self.first_max_words * self.growth ** self._emitted))
+        if self.clauses:
+            clause_min = self.first_min_words * self.growth ** self._emitted
+            sentence_min = self.min_words if self._emitted else self.first_min_words
+            limit = min(self.max_words, round(self.first_max_words * self.growth ** self._emitted))
+        else:
+            clause_min, sentence_min, limit = math.inf, self.min_words, self.max_words
         for match in _CLAUSE_END.finditer(self._buffer, 0, len(self._buffer) if newline < 0 else newline):
             words = _word_count(self._buffer[:match.end()])
             if words > limit:

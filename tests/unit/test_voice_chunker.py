@@ -126,3 +126,16 @@ def test_order_and_completeness_for_any_delta_split():
         assert all(chunk and chunk == chunk.strip() for chunk in chunks)
         assert " ".join(chunks) == re.sub(r"\s+", " ", text).strip()  # every word, in order, once
         assert chunks == _run(text)  # the split of the deltas does not matter
+
+
+def test_without_clauses_chunks_are_whole_sentences():
+    text = ("The capital of France is Paris, a city on the Seine. Yes. Mr. Smith paid 3.5 dollars, or 1,000 cents!"
+            " Is it far?\n- a list item, with a clause\nThe end")
+    expected = ["The capital of France is Paris, a city on the Seine.", "Yes.",
+                "Mr. Smith paid 3.5 dollars, or 1,000 cents!", "Is it far?", "- a list item, with a clause", "The end"]
+    assert _run(text, clauses=False, min_words=1) == expected
+    assert _run(text, pieces=5, clauses=False, min_words=1) == expected
+    # min_words still joins short sentences; an over-long one is cut at its last clause within max_words
+    assert _run("Yes. I can help, of course. Bye.", clauses=False, min_words=4) == ["Yes. I can help, of course.", "Bye."]
+    assert _run("one two three, four five six seven.", clauses=False, min_words=1, max_words=5) == [
+        "one two three,", "four five six seven."]
