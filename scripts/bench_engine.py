@@ -355,10 +355,12 @@ def bench_talker(path, config, device, args) -> dict:
 
     from omni_backends.engine.runner import cache_kwargs
     from omni_backends.qwen3_omni.loading import load_talker
+    from omni_backends.qwen3_omni.talker import codec_suppress
     from omni_backends.qwen3_omni.talker_static import CodePredictorFrames, TalkerDecode
 
     talker = load_talker(path, config, device)
     tc = config.talker_config
+    picks = {"suppress": codec_suppress(tc), "stop": (tc.codec_eos_token_id,)}   # code 0 picked in the frame graph
     hidden_size = tc.text_config.hidden_size
     prompt = torch.randn(40, hidden_size, device=device, dtype=talker.dtype) * 0.02
 
@@ -373,7 +375,7 @@ def bench_talker(path, config, device, args) -> dict:
     for name in selected_modes(args):
         set_mode(name)
         runs[name] = (TalkerDecode(talker, slots=max(args.batches), max_len=40 + args.steps + 16),
-                      CodePredictorFrames(talker, max_batch=max(args.batches)))
+                      CodePredictorFrames(talker, max_batch=max(args.batches), **picks))
     times: dict[tuple[str, int], list[tuple[float, float]]] = {}
     for round_ in range(args.rounds):
         for name, (decode, frames) in runs.items():
@@ -382,14 +384,15 @@ def bench_talker(path, config, device, args) -> dict:
                 fill_slots(decode.decoder, forward, prompt, batch, tc.text_config)
                 position = [40]
                 embeds = torch.zeros(batch, hidden_size, device=device, dtype=talker.dtype)
-                code0 = torch.zeros(batch, dtype=torch.long)
+                logits = torch.zeros(batch, tc.text_config.vocab_size, device=device)
+                rows = ([-1] * batch, [False] * batch, [True] * batch, [None] * batch)   # greedy, code 0 on the device
 
                 def one():
-                    hidden, _ = decode.decoder.step(embeds, [position[0]] * batch)
-                    frames(hidden, code0, [True] * batch, [None] * batch)
+                    hidden, step_logits = decode.decoder.step(embeds, [position[0]] * batch)
+                    frames(hidden, step_logits, *rows)
                     position[0] += 1
                 ms = timed_ms(one, min(args.steps, 8 + 16), warmup=3)
-                predictor = timed_ms(lambda: frames(embeds, code0, [True] * batch, [None] * batch), 16)
+                predictor = timed_ms(lambda: frames(embeds, logits, *rows), 16)
                 times.setdefault((name, batch), []).append((ms, predictor))
                 if args.profile and round_ == 0 and batch == 1 and device.startswith("cuda"):
                     result["modes"].setdefault(f"static_kernels_{name}", {})["profile_batch_1"] = \
@@ -449,6 +452,7 @@ def bench_overlap(path, config, device, args) -> dict:
     from omni_backends.engine.runner import cache_kwargs, text_mrope_position_ids
     from omni_backends.qwen3_omni.decoder import StaticDecoder
     from omni_backends.qwen3_omni.loading import load_talker, load_thinker
+    from omni_backends.qwen3_omni.talker import codec_suppress
     from omni_backends.qwen3_omni.talker_static import CodePredictorFrames, TalkerDecode
 
     thinker = load_thinker(path, config, device)
@@ -462,7 +466,8 @@ def bench_overlap(path, config, device, args) -> dict:
                             slots=max(args.batches), max_len=args.prompt_tokens + 4 * steps + 64,
                             name="overlap-thinker")
     decode = TalkerDecode(talker, slots=max(args.batches), max_len=40 + 4 * steps + 16)
-    frames = CodePredictorFrames(talker, max_batch=max(args.batches))
+    frames = CodePredictorFrames(talker, max_batch=max(args.batches), suppress=codec_suppress(tc),
+                                 stop=(tc.codec_eos_token_id,))
     prompt = torch.randint(0, 1000, (args.prompt_tokens,), device=device)
     talker_prompt = torch.randn(40, tc.text_config.hidden_size, device=device, dtype=talker.dtype) * 0.02
 
@@ -484,7 +489,6 @@ def bench_overlap(path, config, device, args) -> dict:
         position = {"thinker": args.prompt_tokens, "talker": 40}
         tokens = torch.zeros(batch, dtype=torch.long, device=device)
         embeds = torch.zeros(batch, tc.text_config.hidden_size, device=device, dtype=talker.dtype)
-        code0 = torch.zeros(batch, dtype=torch.long)
 
         def thinker_step():
             (logits,) = decoder.step(embed(tokens), [position["thinker"]] * batch)
@@ -492,8 +496,8 @@ def bench_overlap(path, config, device, args) -> dict:
             position["thinker"] += 1
 
         def talker_frame():
-            hidden, _ = decode.decoder.step(embeds, [position["talker"]] * batch)
-            codes, _ = frames(hidden, code0, [True] * batch, [None] * batch)
+            hidden, logits = decode.decoder.step(embeds, [position["talker"]] * batch)
+            codes, _ = frames(hidden, logits, [-1] * batch, [False] * batch, [True] * batch, [None] * batch)
             codes.cpu()
             position["talker"] += 1
 

@@ -223,6 +223,56 @@ def test_static_talker_prefills_a_burst_of_requests_in_one_forward(qwen3_omni_st
         assert expected.shape[-1] >= 3 and torch.equal(static[rid], expected)
 
 
+def test_static_talker_frames_with_mixed_params_and_codec_eos(qwen3_omni_stages, qwen3_omni_ckpt):
+    """The static talker's frames (code 0 picked inside the frame graph for greedy requests, on the host for penalised
+    and sampled ones; the next step launched before the codes are read) equal the dynamic engine's, with requests
+    that stop on codec_eos at different frames in one batch: each steps once more with the others and leaves, and
+    the slots left behind keep their last outputs (`TalkerDecode.remove`)."""
+    from omni_backends.qwen3_omni.prompt import PromptBuilder
+    from omni_backends.qwen3_omni.talker import Talker, TalkerPrompt
+
+    stages = qwen3_omni_stages
+    prompts = PromptBuilder(stages.tokenizer, stages.feature_extractor,
+                            stages.config.thinker_config.audio_config.n_window)
+    embed = stages.thinker.get_input_embeddings()
+    eos = stages.config.talker_config.codec_eos_token_id
+
+    def favour_eos(module, args, out):   # codec_eos wins code 0 as soon as min_frames allows it
+        out = out.clone()
+        out[..., eos] += 1e4
+        return out
+
+    def speak(options):
+        talker = Talker(copy.deepcopy(stages.talker), stages.config, load_tts_embeds(qwen3_omni_ckpt, stages.config),
+                        options=options, max_running=4)
+        talker.model.codec_head.register_forward_hook(favour_eos)
+        params = [talker.sampling_params(do_sample=False, repetition_penalty=1.0, min_frames=2),
+                  talker.sampling_params(do_sample=False, repetition_penalty=1.2, min_frames=4),
+                  talker.sampling_params(do_sample=True, seed=3, min_frames=3),
+                  talker.sampling_params(do_sample=False, repetition_penalty=1.0, min_frames=5)]
+        codes, reasons = {}, {}
+        with torch.no_grad():
+            for i, p in enumerate(params):
+                ids = prompts.build([{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}]).input_ids
+                talker.add_request(f"r{i}", TalkerPrompt(ids, embed(ids), torch.zeros(0, embed.embedding_dim)),
+                                   "ethan", p)
+                talker.push_text(f"r{i}", embed(torch.arange(100 + i, 110 + i)), final=True)
+            while len(talker):
+                for rid, out in talker.step().items():
+                    codes.setdefault(rid, []).append(out.codes)
+                    if out.finished:
+                        reasons[rid] = out.finish_reason
+        return {rid: torch.cat(c, -1) for rid, c in codes.items()}, reasons
+
+    static, static_reasons = speak(EngineOptions(engine="static", max_len=64))
+    dynamic, dynamic_reasons = speak(EngineOptions())
+    assert static_reasons == dynamic_reasons == {f"r{i}": "stop" for i in range(4)}
+    assert {rid: c.shape[-1] for rid, c in static.items()} == {"r0": 2, "r1": 4, "r2": 3, "r3": 5}
+    for rid in ("r0", "r1", "r3"):   # greedy (r2 samples code groups 1..15: each engine draws its own noise)
+        assert torch.equal(static[rid], dynamic[rid])
+    assert static["r2"][0, 0] == dynamic["r2"][0, 0]   # the sampled request's first code 0: the same first draw
+
+
 @pytest.mark.parametrize("stage", ["thinker", "talker", "code_predictor"])
 def test_decode_step_kernels_equal_the_module_path(qwen3_omni_stages, monkeypatch, stage):
     """The decode step with the kernels (fused attention, o_proj/down_proj with the residual add + norm in one
@@ -547,3 +597,45 @@ def test_prefill_and_first_chunk_cuda_graphs_equal_eager(tmp_path, monkeypatch, 
         assert graphed[rid].token_ids == expected.token_ids and len(expected.token_ids) == 12
         assert torch.equal(graphed[rid].codes, expected.codes) and expected.codes.shape[-1] == 14
         torch.testing.assert_close(graphed[rid].audio, expected.audio, rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (run on the device: docs/gpu.md)")
+def test_talker_frame_graphs_equal_eager(tmp_path, monkeypatch):
+    """On CUDA (bf16, as served): the talker's frames replayed from its graphs (code 0 picked in the frame graph for a
+    greedy request, on the host for a penalised and a sampled one; pinned-memory inputs; the codes read back after the
+    next step was launched) equal the same frames run eagerly, token for token and code for code. No conftest
+    fixtures: the device runs this file with --noconftest."""
+    from omni_backends.engine import fused
+    from omni_backends.qwen3_omni.checkpoint import write_checkpoint
+    from omni_backends.qwen3_omni.loading import load_stages
+
+    monkeypatch.setattr(fused, "active", lambda x: False)   # the tiny model's head_dim 16: transformers' modules
+    ckpt = write_checkpoint(tmp_path / "qwen3_omni_tiny")
+    stages = load_stages(ckpt, "cuda", torch.bfloat16)
+    tts = load_tts_embeds(ckpt, stages.config).to("cuda", torch.bfloat16)
+
+    def run(replay: bool):
+        pipe = LocalOmniPipeline.from_stages(stages, tts, first_chunk_frames=3, max_running=4,
+                                             options=EngineOptions(engine="static", max_len=128))
+        talker_graphs = [pipe.talker.decode.decoder.graphs, pipe.talker.frames.graphs]
+        for g in talker_graphs:
+            g.enabled = replay
+        pipe.thinker.warmup(), pipe.talker.warmup(), pipe.code2wav.warmup()
+        talker = [pipe.talker.sampling_params(do_sample=False, repetition_penalty=1.0, max_frames=14, min_frames=14),
+                  pipe.talker.sampling_params(do_sample=False, repetition_penalty=1.2, max_frames=14, min_frames=14),
+                  pipe.talker.sampling_params(do_sample=True, seed=5, max_frames=14, min_frames=14)]
+        try:
+            results = pipe.run([OmniRequest(f"r{i}", [{"role": "user", "content": text}],
+                                            pipe.thinker.sampling_params(max_tokens=12, min_tokens=12, temperature=0.0),
+                                            talker[i]) for i, text in enumerate(PROMPTS)])
+            return results, [g.stats() for g in talker_graphs]
+        finally:
+            pipe.close()
+
+    eager, none = run(replay=False)
+    graphed, stats = run(replay=True)
+    assert all(s.replays == 0 for s in none)
+    assert all(s.failed == 0 and s.replays >= 13 for s in stats), stats
+    for rid, expected in eager.items():
+        assert graphed[rid].token_ids == expected.token_ids
+        assert torch.equal(graphed[rid].codes, expected.codes) and expected.codes.shape[-1] == 14
