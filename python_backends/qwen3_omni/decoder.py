@@ -162,13 +162,17 @@ class StaticDecoder:
         self.cache.advance(None if active is None else list(active))
         return tuple(out[:n].clone() if copy else out[:n] for out in outputs)
 
-    def _step(self, x: torch.Tensor, meta: torch.Tensor, columns: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """The captured step: x [B, H] embeddings, meta int64 [2, B] (RoPE position, cache column), columns [C]."""
-        rows = torch.arange(x.shape[0], device=x.device)
+    def _step(self, x: torch.Tensor, meta: torch.Tensor, columns: torch.Tensor,
+              rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, ...]:
+        """The captured step: x [B, H] embeddings, meta int64 [2, B] (RoPE position, cache column), columns [C];
+        rope: the rows' (cos, sin) [B, D/2] when the caller has them (else gathered from the table by position)."""
         positions, written = meta[0], meta[1]
-        # the fused attention kernel masks by `written` itself; the module path needs the boolean mask
-        mask = None if fused.attention_active(x) else (columns[None, :] <= written[:, None])[:, None, None, :]
-        cos, sin = self.cos[positions], self.sin[positions]
+        # the fused attention kernel masks by `written` itself; the module path needs the boolean mask and row ids
+        mask = rows = None
+        if not fused.attention_active(x):
+            mask = (columns[None, :] <= written[:, None])[:, None, None, :]
+            rows = torch.arange(x.shape[0], device=x.device)
+        cos, sin = rope if rope is not None else (self.cos[positions], self.sin[positions])
         h, residual = fused.rms_norm(self.layers[0].input_layernorm, x), x
         # each norm after a residual add runs with the op before it (`fused.linear_norm` / `fused.mlp_norm`: one
         # launch at decode sizes); the feed-forward block ends with the next layer's input norm (the final norm
