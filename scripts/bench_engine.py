@@ -9,15 +9,18 @@
              on_no_pdl, on_prefetch, on_prefetch_linear, on_torch_linears, on_main = both of the last off, on_rows16,
              on_unfused_step, on_unfused_attention, on_tuned / on_tuned_torch_head = the decode tiles of a
              `bench_kernels --tune-decode` JSON given as --tables, with the lm_head's tile / torch's,
-             on_full_inputs = the step's host work as before run 16); with --rounds N
+             on_full_inputs = the step's host work as before run 16, on_full_frame = the talker frame graph's per-step
+             tables as before run 23, on_pdl16 / on_rows16_pdl16 = PDL launches up to 16 rows, with decode_linear
+             too); with --rounds N
              every mode is timed N times, modes interleaved (the machine's speed drifts), medians reported; the
              floor = (active weight bytes + KV bytes of the step) / measured bandwidth; greedy tokens of a fixed
              (seeded) prompt per mode, and each mode's logits over the same 32
              tokens (kernels-off's) against kernels-off's (relative / absolute difference, argmax flips and
              whether they are near-ties of the random model); with --profile, each graph mode's kernels at
              batch 1 (torch.profiler over 20 replays: us per step by kernel, and the time between kernels)
-  talker     frame time = talker decode step + the 15-step code predictor, static engine (graphs) vs
-             transformers' forward with a DynamicCache (the "dynamic" engine), batch 1 and 16
+  talker     frame time = talker decode step + the frame graph (code 0, the 15-step code predictor), static engine
+             (graphs) vs transformers' forward with a DynamicCache (the "dynamic" engine), batch 1 and 16
+             (--distinct-rows: each row its own input, so the MoE reads each row's experts)
   overlap    thinker steps and talker frames at once on two threads / CUDA streams (the co-located
              layout) vs one after the other on one stream, batch 1 and 16 (CUDA only)
   pipeline   the co-located pipeline in-process (`LocalOmniPipeline`: thinker, talker and code2wav threads on
@@ -94,7 +97,7 @@ def kv_bytes(text_config, length: int, element_size: int = 2) -> int:
 # The A/B modes of the thinker and talker parts: each the default engine ("on") with some switches changed.
 DEFAULT_MODE = {"kernels": True, "fused_attention": True, "step_fusion": True, "pdl": True, "prefetch": False,
                 "direct_decode_linear": True, "linear_rows": 1, "tables": "checked_in", "decode_head": True,
-                "lean_inputs": True}
+                "lean_inputs": True, "lean_frame": True, "pdl_rows": 1}
 MODES = {
     "off": {"kernels": False},                                  # transformers' modules (grouped_mm MoE)
     "on": {},
@@ -109,6 +112,9 @@ MODES = {
     "on_tuned": {"tables": "tuned"},                            # the decode tiles of --tables (a tune-decode JSON)
     "on_tuned_torch_head": {"tables": "tuned", "decode_head": False},   # same, lm_head through torch's linear
     "on_full_inputs": {"lean_inputs": False},                   # the thinker step pads and copies every input
+    "on_full_frame": {"lean_frame": False},                     # the frame graph builds positions / RoPE rows per step
+    "on_pdl16": {"pdl_rows": 16},                               # PDL launches up to 16 rows (attention, norms, silu)
+    "on_rows16_pdl16": {"linear_rows": 16, "pdl_rows": 16},     # and decode_linear up to 16 rows: Triton + PDL chains
 }
 
 
@@ -117,10 +123,12 @@ def set_mode(name: str) -> None:
     import omni_kernels
 
     from omni_backends.engine import fused
-    from omni_backends.qwen3_omni import decoder
+    from omni_backends.qwen3_omni import decoder, talker_static
 
     mode = {**DEFAULT_MODE, **MODES[name]}
     decoder.set_lean_inputs(mode["lean_inputs"])
+    talker_static.set_lean_frame(mode["lean_frame"])
+    omni_kernels.backend.PDL_MAX_ROWS = mode["pdl_rows"]
     use_tables(_tuned_tables if mode["tables"] == "tuned" else None, mode["decode_head"])
     fused.set_enabled(mode["kernels"])
     fused.set_fused_attention(mode["fused_attention"])
@@ -232,6 +240,19 @@ def compare_logits(logits: torch.Tensor, reference: torch.Tensor) -> dict:
     return {"rel_max": float(((logits - reference).norm(dim=-1) / reference.norm(dim=-1)).max()), "abs_max": max_abs,
             "argmax_differs_at": flips,
             "flips_are_near_ties": all(float(top2[i, 0] - top2[i, 1]) < 2 * max_abs for i in flips)}
+
+
+def step_inputs(args, batch: int, size: int, dtype: torch.dtype, device: str) -> torch.Tensor:
+    """The decode step input of `batch` rows: zeros, one row like the next (every row routed to the same experts), or
+    with --distinct-rows a different random row each (token ids below `size` for int64, else [batch, size] embeddings
+    of N(0, 0.02)), routed apart as served requests are."""
+    if dtype == torch.long:
+        if not args.distinct_rows:
+            return torch.zeros(batch, dtype=dtype, device=device)
+        return torch.randint(0, size, (batch,), generator=torch.Generator().manual_seed(batch)).to(device)
+    if not args.distinct_rows:
+        return torch.zeros(batch, size, dtype=dtype, device=device)
+    return (torch.randn(batch, size, generator=torch.Generator().manual_seed(batch)) * 0.02).to(device, dtype)
 
 
 def fill_slots(decoder, model_forward, prompt_embeds: torch.Tensor, count: int, cache_config) -> None:
@@ -355,10 +376,12 @@ def bench_talker(path, config, device, args) -> dict:
 
     from omni_backends.engine.runner import cache_kwargs
     from omni_backends.qwen3_omni.loading import load_talker
+    from omni_backends.qwen3_omni.talker import codec_suppress
     from omni_backends.qwen3_omni.talker_static import CodePredictorFrames, TalkerDecode
 
     talker = load_talker(path, config, device)
     tc = config.talker_config
+    picks = {"suppress": codec_suppress(tc), "stop": (tc.codec_eos_token_id,)}   # code 0 picked in the frame graph
     hidden_size = tc.text_config.hidden_size
     prompt = torch.randn(40, hidden_size, device=device, dtype=talker.dtype) * 0.02
 
@@ -373,7 +396,7 @@ def bench_talker(path, config, device, args) -> dict:
     for name in selected_modes(args):
         set_mode(name)
         runs[name] = (TalkerDecode(talker, slots=max(args.batches), max_len=40 + args.steps + 16),
-                      CodePredictorFrames(talker, max_batch=max(args.batches)))
+                      CodePredictorFrames(talker, max_batch=max(args.batches), **picks))
     times: dict[tuple[str, int], list[tuple[float, float]]] = {}
     for round_ in range(args.rounds):
         for name, (decode, frames) in runs.items():
@@ -381,15 +404,16 @@ def bench_talker(path, config, device, args) -> dict:
             for batch in args.batches:
                 fill_slots(decode.decoder, forward, prompt, batch, tc.text_config)
                 position = [40]
-                embeds = torch.zeros(batch, hidden_size, device=device, dtype=talker.dtype)
-                code0 = torch.zeros(batch, dtype=torch.long)
+                embeds = step_inputs(args, batch, hidden_size, talker.dtype, device)
+                logits = torch.zeros(batch, tc.text_config.vocab_size, device=device)
+                rows = ([-1] * batch, [False] * batch, [True] * batch, [None] * batch)   # greedy, code 0 on the device
 
                 def one():
-                    hidden, _ = decode.decoder.step(embeds, [position[0]] * batch)
-                    frames(hidden, code0, [True] * batch, [None] * batch)
+                    hidden, step_logits = decode.decoder.step(embeds, [position[0]] * batch)
+                    frames(hidden, step_logits, *rows)
                     position[0] += 1
                 ms = timed_ms(one, min(args.steps, 8 + 16), warmup=3)
-                predictor = timed_ms(lambda: frames(embeds, code0, [True] * batch, [None] * batch), 16)
+                predictor = timed_ms(lambda: frames(embeds, logits, *rows), 16)
                 times.setdefault((name, batch), []).append((ms, predictor))
                 if args.profile and round_ == 0 and batch == 1 and device.startswith("cuda"):
                     result["modes"].setdefault(f"static_kernels_{name}", {})["profile_batch_1"] = \
@@ -449,6 +473,7 @@ def bench_overlap(path, config, device, args) -> dict:
     from omni_backends.engine.runner import cache_kwargs, text_mrope_position_ids
     from omni_backends.qwen3_omni.decoder import StaticDecoder
     from omni_backends.qwen3_omni.loading import load_talker, load_thinker
+    from omni_backends.qwen3_omni.talker import codec_suppress
     from omni_backends.qwen3_omni.talker_static import CodePredictorFrames, TalkerDecode
 
     thinker = load_thinker(path, config, device)
@@ -462,7 +487,8 @@ def bench_overlap(path, config, device, args) -> dict:
                             slots=max(args.batches), max_len=args.prompt_tokens + 4 * steps + 64,
                             name="overlap-thinker")
     decode = TalkerDecode(talker, slots=max(args.batches), max_len=40 + 4 * steps + 16)
-    frames = CodePredictorFrames(talker, max_batch=max(args.batches))
+    frames = CodePredictorFrames(talker, max_batch=max(args.batches), suppress=codec_suppress(tc),
+                                 stop=(tc.codec_eos_token_id,))
     prompt = torch.randint(0, 1000, (args.prompt_tokens,), device=device)
     talker_prompt = torch.randn(40, tc.text_config.hidden_size, device=device, dtype=talker.dtype) * 0.02
 
@@ -482,9 +508,8 @@ def bench_overlap(path, config, device, args) -> dict:
         fill_slots(decoder, thinker_forward, prompt, batch, text)
         fill_slots(decode.decoder, talker_forward, talker_prompt, batch, tc.text_config)
         position = {"thinker": args.prompt_tokens, "talker": 40}
-        tokens = torch.zeros(batch, dtype=torch.long, device=device)
-        embeds = torch.zeros(batch, tc.text_config.hidden_size, device=device, dtype=talker.dtype)
-        code0 = torch.zeros(batch, dtype=torch.long)
+        tokens = step_inputs(args, batch, text.vocab_size, torch.long, device)
+        embeds = step_inputs(args, batch, tc.text_config.hidden_size, talker.dtype, device)
 
         def thinker_step():
             (logits,) = decoder.step(embed(tokens), [position["thinker"]] * batch)
@@ -492,8 +517,8 @@ def bench_overlap(path, config, device, args) -> dict:
             position["thinker"] += 1
 
         def talker_frame():
-            hidden, _ = decode.decoder.step(embeds, [position["talker"]] * batch)
-            codes, _ = frames(hidden, code0, [True] * batch, [None] * batch)
+            hidden, logits = decode.decoder.step(embeds, [position["talker"]] * batch)
+            codes, _ = frames(hidden, logits, [-1] * batch, [False] * batch, [True] * batch, [None] * batch)
             codes.cpu()
             position["talker"] += 1
 
@@ -615,6 +640,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eager", action=argparse.BooleanOptionalAction, default=True,
                         help="also time the thinker without CUDA graphs (modes off and on)")
     parser.add_argument("--profile", action="store_true", help="kernel breakdown of each graph mode at batch 1")
+    parser.add_argument("--distinct-rows", action="store_true",
+                        help="talker and overlap parts: each row its own random input (routed to its own experts, as "
+                             "served requests are) instead of identical rows")
     parser.add_argument("--tables", help="a bench_kernels --tune-decode --result-json file: the decode tiles of the "
                                          "on_tuned modes (the other modes keep the checked-in tables)")
     parser.add_argument("--json", help="write the results here")

@@ -10,12 +10,16 @@ It falls back to calling `fn` eagerly, with the same results, when:
 - the inputs are not CUDA tensors (CPU: graphs do not exist there) or graphs are disabled;
 - capturing a bucket raises (e.g. an op that synchronises with the host): that bucket stays eager
   and the error is logged once and counted in `stats().failed`.
+
+`set_replay_timer(timer)` wraps every replay of every `StepGraphs` of the process in `timer(name)` (a context
+manager; the step profile records CUDA events around each replay with it: `step_profile.GraphTimes`).
 """
 from __future__ import annotations
 
 import logging
 import threading
 from collections.abc import Callable, Collection, Hashable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +27,14 @@ import torch
 log = logging.getLogger(__name__)
 
 StepFn = Callable[..., tuple[torch.Tensor, ...]]
+ReplayTimer = Callable[[str], AbstractContextManager]
+_replay_timer: ReplayTimer | None = None
+
+
+def set_replay_timer(timer: ReplayTimer | None) -> None:
+    """Wrap every graph replay of the process in `timer(graph name)` from now on (None: plain replays)."""
+    global _replay_timer
+    _replay_timer = timer
 
 
 @dataclass(frozen=True)
@@ -106,7 +118,11 @@ class StepGraphs:
             for name, value in inputs.items():
                 if name not in constant:
                     graph.inputs[name].copy_(value, non_blocking=True)
-            graph.graph.replay()
+            if (timer := _replay_timer) is None:
+                graph.graph.replay()
+            else:
+                with timer(self.name):
+                    graph.graph.replay()
             self._replays += 1
             return graph.outputs
 

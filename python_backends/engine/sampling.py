@@ -20,6 +20,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from omni_backends.engine.transfer import to_device
 from omni_backends.errors import RequestError
 
 GREEDY_BELOW = 1e-5  # temperatures below this pick the argmax (vLLM's sampling epsilon)
@@ -217,7 +218,7 @@ def _token_index(token_ids: tuple[int, ...], device: torch.device) -> torch.Tens
 
 def _row_index(rows: Sequence[int], batch: int, device: torch.device) -> torch.Tensor | None:
     """Row indices [n, 1] on `device` for an indexed write, or None when `rows` is every row of the batch."""
-    return None if len(rows) == batch else torch.tensor(sorted(rows), device=device)[:, None]
+    return None if len(rows) == batch else to_device(sorted(rows), torch.long, device)[:, None]
 
 
 def _mask_rows(scores: torch.Tensor, params: Sequence[SamplingParams], seen_token_ids: Sequence[torch.Tensor | None],
@@ -263,6 +264,26 @@ def _mask_rows(scores: torch.Tensor, params: Sequence[SamplingParams], seen_toke
         scores.copy_(torch.where(gone, raw, scores))
 
 
+def greedy_pick(logits: torch.Tensor, suppress: torch.Tensor, stop: torch.Tensor, stop_rows: torch.Tensor) -> torch.Tensor:
+    """`sample_rows`' tokens for greedy rows without penalties whose params share one suppress set and one stop set,
+    in fixed shapes with no host synchronisation (a CUDA graph can hold it): the same clean-up, masks, yield and
+    argmax, so the same ids (every row yields here; for a row that `_mask_rows` does not let yield no mask applies,
+    so yielding changes nothing).
+
+    Args:
+        logits: float [B, V] (not modified). suppress: int64 [S] ids never produced. stop: int64 [T] stop ids,
+            masked in the rows where stop_rows (bool [B]) is set (min_tokens not reached yet).
+
+    Returns:
+        int64 [B]: each row's id (a row whose masks remove every token takes the argmax of its unmasked logits).
+    """
+    scores = logits.float().nan_to_num(nan=-math.inf, posinf=_FLOAT_MAX, neginf=-math.inf)
+    stop_columns = torch.zeros(scores.shape[-1], dtype=torch.bool, device=scores.device).index_fill_(0, stop, True)
+    masked = scores.index_fill(-1, suppress, -math.inf).masked_fill(stop_rows[:, None] & stop_columns, -math.inf)
+    gone = (masked == -math.inf).all(-1, keepdim=True)
+    return torch.where(gone, scores, masked).argmax(-1)
+
+
 def sample_rows(logits: torch.Tensor, params: Sequence[SamplingParams], seen_token_ids: Sequence[torch.Tensor | None],
                 num_generated: Sequence[int], generators: Sequence[torch.Generator | None],
                 output_ids: Sequence[torch.Tensor | None] | None = None) -> list[int]:
@@ -279,8 +300,8 @@ def sample_rows(logits: torch.Tensor, params: Sequence[SamplingParams], seen_tok
     output_ids = output_ids or [None] * len(params)
     tokens: list[int | None] = [None] * len(params)
     greedy = [i for i, p in enumerate(params) if p.greedy]
-    if greedy:
-        scores = logits[greedy].float()
+    if greedy:   # a copy (masked in place); every row greedy: no index tensor to build and copy to the device
+        scores = logits.to(torch.float32, copy=True) if len(greedy) == len(params) else logits[greedy].float()
         _mask_rows(scores, [params[i] for i in greedy], [seen_token_ids[i] for i in greedy],
                    [num_generated[i] for i in greedy], [output_ids[i] for i in greedy])
         for i, token in zip(greedy, scores.argmax(-1).tolist()):

@@ -23,6 +23,7 @@ from omni_backends.engine.prefill_graphs import PrefillGraphs
 from omni_backends.engine.request import EngineRequest
 from omni_backends.engine.runner import PositionIdsFn, RowOutput, cache_kwargs
 from omni_backends.engine.static_kv import LayerKV
+from omni_backends.engine.transfer import to_device
 
 
 class Decoder(Protocol):
@@ -190,7 +191,7 @@ class StaticRunner:
         if sorted(by_id) != sorted(order):
             raise ValueError("decode() must get exactly the prefilled requests")
         rows = [by_id[rid][0] for rid in order]
-        tokens = torch.tensor([by_id[rid][1] for rid in order], dtype=torch.long, device=self.device)
+        tokens = to_device([by_id[rid][1] for rid in order], torch.long, self.device)
         (logits,) = self.decoder.step(self.embed(tokens), [r.next_position for r in rows])
         for r in rows:
             r.next_position += 1

@@ -23,6 +23,7 @@ import torch
 from omni_backends.engine import fused
 from omni_backends.engine.graphs import StepGraphs, batch_bucket, power_of_two_buckets
 from omni_backends.engine.static_kv import LayerKV, StaticKVCache
+from omni_backends.engine.transfer import to_device
 
 HeadFn = Callable[[torch.Tensor], tuple[torch.Tensor, ...]]
 _lean_inputs = True
@@ -126,7 +127,7 @@ class StaticDecoder:
     # ---- decode --------------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self, embeds: torch.Tensor, rope_positions: Sequence[int],
-             active: Sequence[bool] | None = None) -> tuple[torch.Tensor, ...]:
+             active: Sequence[bool] | None = None, copy: bool = True) -> tuple[torch.Tensor, ...]:
         """Feed one token per live slot (slot order) and return `head`'s outputs for those rows.
 
         Args:
@@ -134,9 +135,11 @@ class StaticDecoder:
             rope_positions: n text positions (RoPE) of these tokens.
             active: per slot; False rows are computed but their cache length does not advance (their
                 outputs are meaningless). None: all active.
+            copy: False: return views of the graph's outputs, which the next step of the same bucket overwrites
+                (work queued on this stream before that step still reads them as they are now).
 
         Returns:
-            `head(hidden)` with each tensor cut to n rows (copies: graph outputs are reused by the next step).
+            `head(hidden)` with each tensor cut to n rows (copies, unless `copy` is False).
 
         Raises:
             ValueError: when n is not the number of live slots.
@@ -153,19 +156,23 @@ class StaticDecoder:
             x = embeds.new_zeros(bucket, embeds.shape[-1]).to(self.device, self.dtype)
             x[:n] = embeds.to(self.device, self.dtype)
         pad = [0] * (bucket - n)
-        meta = torch.tensor([list(rope_positions) + pad, lengths + pad], dtype=torch.long).to(self.device)
+        meta = to_device([list(rope_positions) + pad, lengths + pad], torch.long, self.device)
         outputs = self.graphs.run((bucket, columns), {"x": x, "meta": meta, "columns": self._columns[:columns]},
                                   constant=("columns",) if _lean_inputs else ())
         self.cache.advance(None if active is None else list(active))
-        return tuple(out[:n].clone() for out in outputs)
+        return tuple(out[:n].clone() if copy else out[:n] for out in outputs)
 
-    def _step(self, x: torch.Tensor, meta: torch.Tensor, columns: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """The captured step: x [B, H] embeddings, meta int64 [2, B] (RoPE position, cache column), columns [C]."""
-        rows = torch.arange(x.shape[0], device=x.device)
+    def _step(self, x: torch.Tensor, meta: torch.Tensor, columns: torch.Tensor,
+              rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, ...]:
+        """The captured step: x [B, H] embeddings, meta int64 [2, B] (RoPE position, cache column), columns [C];
+        rope: the rows' (cos, sin) [B, D/2] when the caller has them (else gathered from the table by position)."""
         positions, written = meta[0], meta[1]
-        # the fused attention kernel masks by `written` itself; the module path needs the boolean mask
-        mask = None if fused.attention_active(x) else (columns[None, :] <= written[:, None])[:, None, None, :]
-        cos, sin = self.cos[positions], self.sin[positions]
+        # the fused attention kernel masks by `written` itself; the module path needs the boolean mask and row ids
+        mask = rows = None
+        if not fused.attention_active(x):
+            mask = (columns[None, :] <= written[:, None])[:, None, None, :]
+            rows = torch.arange(x.shape[0], device=x.device)
+        cos, sin = rope if rope is not None else (self.cos[positions], self.sin[positions])
         h, residual = fused.rms_norm(self.layers[0].input_layernorm, x), x
         # each norm after a residual add runs with the op before it (`fused.linear_norm` / `fused.mlp_norm`: one
         # launch at decode sizes); the feed-forward block ends with the next layer's input norm (the final norm

@@ -37,6 +37,7 @@ import torch
 
 from omni_backends.engine import SamplingParams
 from omni_backends.engine.options import EngineOptions
+from omni_backends.engine.transfer import to_device
 from omni_backends.qwen3_omni.code2wav import Code2WavStreamer
 from omni_backends.qwen3_omni.first_audio import FirstAudioTimeline
 from omni_backends.qwen3_omni.loading import Qwen3OmniStages
@@ -339,7 +340,7 @@ class LocalOmniPipeline:
         if not items:
             return
         table = self.thinker.embed_tokens
-        embeds = table(torch.tensor(ids, dtype=torch.long).to(self.device, non_blocking=True)) if ids else \
+        embeds = table(to_device(ids, torch.long, self.device)) if ids else \
             torch.zeros(0, table.embedding_dim, device=self.device)
         pushes, start = [], 0
         for rid, n, final in items:

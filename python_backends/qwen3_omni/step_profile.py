@@ -10,6 +10,12 @@
 Each record also has the thread's CPU time since its previous record (`time.thread_time()`: running Python, or a
 CUDA synchronisation spinning; a thread blocked on the GIL or a lock uses none) and `live`: the requests with a
 voice in the pipeline (c=16's steady state is `live=16`).
+On CUDA each record also carries `gpu_ms`: the device time of the thread's CUDA-graph replays (a CUDA event before
+and after each replay, recorded without synchronising: `GraphTimes`), and `gpu_<graph>=` per graph name (talker,
+code_predictor, thinker, ...), so `wall - gpu` is the iteration's time outside its graphs (host work, eager launches,
+waits). An event pair is read once both events completed, at the thread's next record after that: a step's replays
+that are still running when it records (the talker launches its next decoder step before it returns) count in the
+next record, which in the steady state moves time between neighbouring records, not out of the medians.
 A probe thread wakes every `PROBE_S` and records how late it got the GIL back (`gil` records: the wait any
 thread sees after a torch call or a sleep), and every `SNAPSHOT_S` the CPU seconds of every thread of the
 process (the request coroutines run on Triton's asyncio thread).
@@ -22,13 +28,18 @@ exactly that many live requests.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+
+import torch
+
+from omni_backends.engine import graphs
 
 PROBE_S = 0.002      # seconds the GIL probe sleeps between wake-ups
 SNAPSHOT_S = 0.25    # seconds between per-thread CPU snapshots (and file flushes)
@@ -56,6 +67,41 @@ def thread_cpu_seconds() -> dict[str, float]:
     return out
 
 
+class GraphTimes:
+    """Device time of CUDA-graph replays per calling thread: `with times(name):` around a replay records a CUDA event
+    before and after it on the current stream (no synchronisation); `drain()` returns the milliseconds of the
+    calling thread's replays whose events have completed since its last drain, per graph name. Thread-safe."""
+
+    def __init__(self):
+        self._local = threading.local()
+
+    def _pending(self) -> list:
+        if not hasattr(self._local, "pending"):
+            self._local.pending = []
+        return self._local.pending
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = torch.cuda.Event(enable_timing=True)
+        start.record()
+        yield
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        self._pending().append((name, start, end))
+
+    def drain(self) -> dict[str, float]:
+        """{graph name: ms} of the calling thread's completed replays not drained before (names with '-' as '_')."""
+        pending, out, left = self._pending(), {}, []
+        for name, start, end in pending:
+            if end.query():
+                key = name.replace("-", "_")
+                out[key] = out.get(key, 0.0) + start.elapsed_time(end)
+            else:
+                left.append((name, start, end))
+        pending[:] = left
+        return out
+
+
 class StepProfile:
     """Collects the engine threads' step records (module doc). Thread-safe.
 
@@ -63,10 +109,13 @@ class StepProfile:
         path: file the records are appended to, one line each.
 
     Attribute `live`: returns the requests with a voice now in the pipeline (`LocalOmniPipeline` sets it).
+    While open it times every CUDA-graph replay of the process (`graphs.set_replay_timer`; one profile per process).
     """
 
     def __init__(self, path: str):
         self.live: Callable[[], int] = lambda: 0
+        self.graph_times = GraphTimes()
+        graphs.set_replay_timer(self.graph_times if torch.cuda.is_available() else None)
         self._file = open(path, "a", buffering=1 << 16)
         self._lock = threading.Lock()
         self._cpu = threading.local()
@@ -92,6 +141,9 @@ class StepProfile:
 
     def _record(self, stage: str, seconds: float, rows: int, parts: dict[str, float]) -> None:
         cpu = self._thread_cpu_ms()
+        gpu = self.graph_times.drain() if torch.cuda.is_available() else {}
+        if gpu:
+            parts = {**parts, "gpu_ms": sum(gpu.values()), **{f"gpu_{k}": v for k, v in sorted(gpu.items())}}
         extra = "".join(f" {k}={v:.3f}" for k, v in parts.items())
         line = (f"step stage={stage} t={time.monotonic():.6f} wall_ms={seconds * 1e3:.3f}{extra} cpu_ms={cpu:.3f} "
                 f"rows={rows} live={self.live()}\n")
@@ -118,7 +170,8 @@ class StepProfile:
                     self._file.flush()
 
     def close(self) -> None:
-        """Stop the probe and close the file."""
+        """Stop the probe and the replay timing and close the file."""
+        graphs.set_replay_timer(None)
         self._closed.set()
         with self._lock:
             self._file.close()
@@ -140,8 +193,10 @@ def _median_p90(values: list[float]) -> str:
 
 def summarize(lines: Iterable[str], live: int) -> str:
     """The per-stage table of the records made with exactly `live` requests in the pipeline: per stage the
-    steps, rows per step, steps per second, wall / wait / apply / work / CPU ms per step (median / p90) and the
-    share of the window in work; the GIL probe's lateness; each thread's CPU seconds per second of the window."""
+    steps, rows per step, steps per second, wall / wait / apply / work / CPU / GPU ms per step (median / p90; GPU:
+    the graph replays' device time, "-" without it) and the share of the window in work; the GPU ms per graph
+    (median over the records that have it); the GIL probe's lateness; each thread's CPU seconds per second of the
+    window."""
     steps: dict[str, list[dict[str, str]]] = {}
     late, snapshots = [], []
     for kind, fields in _records(lines):
@@ -160,17 +215,23 @@ def summarize(lines: Iterable[str], live: int) -> str:
     times.sort()
     window = sum(b - a for a, b in zip(times, times[1:]) if b - a < 0.5)
     out = [f"steady state with {live} live requests: {window:.2f} s of records",
-           "| stage | steps | rows/step | steps/s | wall ms | wait ms | apply ms | work ms | CPU ms | work share |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "| stage | steps | rows/step | steps/s | wall ms | wait ms | apply ms | work ms | CPU ms | GPU ms | work share |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    columns = ("wall_ms", "wait_ms", "apply_ms", "work_ms", "cpu_ms", "gpu_ms")
+    per_graph = []
     for stage, records in sorted(steps.items()):
         worked = [r for r in records if int(r["rows"])]
-        col = {k: [float(r[k]) for r in records if k in r] for k in ("wall_ms", "wait_ms", "apply_ms", "work_ms",
-                                                                      "cpu_ms")}
+        col = {k: [float(r[k]) for r in records if k in r] for k in columns}
         work_s = sum(col["work_ms"] or col["wall_ms"]) / 1e3
         rows = statistics.mean(int(r["rows"]) for r in worked) if worked else 0.0
         out.append(f"| {stage} | {len(worked)} | {rows:.1f} | {len(worked) / window:.1f} | "
-                   + " | ".join(_median_p90(col[k]) for k in ("wall_ms", "wait_ms", "apply_ms", "work_ms", "cpu_ms"))
-                   + f" | {work_s / window:.0%} |")
+                   + " | ".join(_median_p90(col[k]) for k in columns) + f" | {work_s / window:.0%} |")
+        names = sorted({k for r in records for k in r if k.startswith("gpu_") and k != "gpu_ms"})
+        if names:
+            per_graph.append(f"{stage}: " + ", ".join(
+                f"{k[4:]} {statistics.median(float(r[k]) for r in records if k in r):.2f}" for k in names))
+    if per_graph:
+        out.append("GPU ms per record by graph (median of the records with it): " + "; ".join(per_graph))
     out.append(f"GIL probe ({PROBE_S * 1e3:g} ms sleeps): late by {_median_p90(late)} ms (median / p90), "
                f"max {max(late, default=0):.2f} ms, {len(late)} wake-ups")
     if len(snapshots) >= 2:

@@ -12,9 +12,12 @@ code group 0 and the code predictor (an MTP-style inner loop) the other 15 group
 Two engines (`EngineOptions.engine`):
 - "dynamic" (the CPU default): the code predictor runs batched over all requests that advance in a
   step; the talker's own forward runs per request (each request keeps its own `DynamicCache`).
-- "static" (GPU serving): all requests step together through a static KV cache, and the code
-  predictor's 15-step inner loop runs as one CUDA graph (`talker_static`); same codes as "dynamic"
-  for greedy requests (tested on CPU).
+- "static" (GPU serving): all requests step together through a static KV cache, and a frame — code 0
+  picked on the device for greedy requests, the code predictor's 15-step inner loop, the codec embeddings —
+  runs as one CUDA graph (`talker_static`); same codes as "dynamic" for greedy requests (tested on CPU).
+  A step's host work overlaps the GPU's: the next talker step is launched before the frame's codes are
+  read, and that read (one per step) waits for the frame alone; greedy requests without penalties need no
+  other host synchronisation (sampled or penalised ones read their code-0 logits first).
 """
 from __future__ import annotations
 
@@ -30,10 +33,18 @@ from omni_backends.engine.options import EngineOptions
 from omni_backends.engine.prefill_graphs import MAX_BATCH as PREFILL_GRAPH_BATCH, PrefillGraphs
 from omni_backends.engine.runner import cache_kwargs
 from omni_backends.engine.sampling import SamplingParams, make_generator, sample_next_token, sample_rows
+from omni_backends.engine.transfer import HostCopy
 from omni_backends.errors import RequestError
 from omni_backends.qwen3_omni.talker_static import CodePredictorFrames, TalkerDecode
 
 CODE_PREDICTOR_SAMPLING = SamplingParams(do_sample=True, top_k=50, top_p=0.8)   # generate()'s, when sampling
+
+
+def codec_suppress(talker_config) -> tuple[int, ...]:
+    """Code-0 ids `generate` never lets the talker produce: the last 1,024 of the codec vocabulary (its specials)
+    except codec_eos."""
+    vocab = talker_config.text_config.vocab_size
+    return tuple(i for i in range(vocab - 1024, vocab) if i != talker_config.codec_eos_token_id)
 
 
 @dataclass
@@ -76,8 +87,8 @@ class _Request:
     cache: DynamicCache | None = None               # "dynamic" engine: the request's own KV
     prefilled: bool = False
     position: int = 0                                # next talker position
-    logits: torch.Tensor | None = None               # [V] next code-0 logits
-    hidden: torch.Tensor | None = None               # [H] talker last-layer hidden of the last position
+    logits: torch.Tensor | None = None               # "dynamic": [V] next code-0 logits ("static": TalkerDecode's)
+    hidden: torch.Tensor | None = None               # "dynamic": [H] talker last-layer hidden of the last position
     code0_ids: list[int] = field(default_factory=list)
 
     def text_ready(self) -> bool:
@@ -111,17 +122,17 @@ class Talker:
         self.decode: TalkerDecode | None = None
         self.frames: CodePredictorFrames | None = None
         self.prefill_graphs: PrefillGraphs | None = None
+        self.groups = self.tc.num_code_groups
+        self.suppress = codec_suppress(self.tc)
         if self.options.engine == "static":
             self.decode = TalkerDecode(model, slots=max_running, max_len=self.options.max_len,
                                        graphs=self.options.cuda_graphs)
-            self.frames = CodePredictorFrames(model, max_batch=max_running, graphs=self.options.cuda_graphs)
+            self.frames = CodePredictorFrames(model, max_batch=max_running, graphs=self.options.cuda_graphs,
+                                              suppress=self.suppress, stop=(self.tc.codec_eos_token_id,))
             if tokens := min(self.options.graph_prefill_tokens(self.device), self.options.max_len - 1):
                 self.prefill_graphs = PrefillGraphs(self._padded_forward, hidden=1, max_tokens=tokens,
                                                     max_batch=min(max_running, PREFILL_GRAPH_BATCH),
                                                     name="talker-prefill")
-        self.groups = self.tc.num_code_groups
-        vocab = self.tc.text_config.vocab_size
-        self.suppress = tuple(i for i in range(vocab - 1024, vocab) if i != self.tc.codec_eos_token_id)
         self.mm_ids = torch.tensor([config.thinker_config.audio_token_id, config.thinker_config.image_token_id,
                                     config.thinker_config.video_token_id])
         with torch.no_grad():
@@ -231,7 +242,7 @@ class Talker:
         """Forget a request (no error when it is unknown)."""
         self._requests.pop(request_id, None)
         if self.decode is not None:
-            self.decode.decoder.remove([request_id])
+            self.decode.remove(request_id)
 
     def reset(self) -> None:
         """Forget every request (after a failure of the stage's worker)."""
@@ -258,63 +269,87 @@ class Talker:
             if not req.prefilled and req.first_text is None and req.text_ended:
                 out[rid] = TalkerOutput(self._no_codes(), True, "stop")   # the thinker said nothing to speak
         ready = [rid for rid, req in self._requests.items() if req.prefilled and req.text_ready() and rid not in out]
-        frame_rids = []
-        for rid, code0 in zip(ready, self._pick_code0(ready)):
-            req = self._requests[rid]
-            if code0 == self.tc.codec_eos_token_id:
-                out[rid] = TalkerOutput(self._no_codes(), True, "stop")
-                continue
-            req.code0_ids.append(code0)
-            frame_rids.append(rid)
-        frames, codec_sums = self._predict_residual_codes(frame_rids)
-        advancing = []
-        for index, (rid, codes) in enumerate(zip(frame_rids, frames)):
-            req = self._requests[rid]
-            done = len(req.code0_ids) >= req.max_frames
-            out[rid] = TalkerOutput(codes[:, None], done, "length" if done else None)
-            if not done:
-                advancing.append(index)
-        self._advance([frame_rids[i] for i in advancing], [frames[i] for i in advancing],
-                      None if codec_sums is None else codec_sums[advancing])
+        if ready:
+            (self._dynamic_frames if self.decode is None else self._static_frames)(ready, out)
         for rid, result in out.items():
             if result.finished:
                 self.cancel(rid)
         return out
 
-    def _pick_code0(self, rids: list[str]) -> list[int]:
-        """Code group 0 of the next frame of each request, sampled with one host synchronisation."""
-        if not rids:
-            return []
-        reqs = [self._requests[rid] for rid in rids]
-        return sample_rows(torch.stack([r.logits for r in reqs]), [r.params for r in reqs],
+    def _dynamic_frames(self, ready: list[str], out: dict[str, TalkerOutput]) -> None:
+        """One frame of each ready request into `out` ("dynamic" engine): code 0 of all at once, the code predictor
+        batched over those that go on, then each one's talker forward on its next input."""
+        reqs = [self._requests[rid] for rid in ready]
+        frame_rids = []
+        for rid, req, code0 in zip(ready, reqs, self._pick_code0(reqs, torch.stack([r.logits for r in reqs]))):
+            if code0 == self.tc.codec_eos_token_id:
+                out[rid] = TalkerOutput(self._no_codes(), True, "stop")
+                continue
+            req.code0_ids.append(code0)
+            frame_rids.append(rid)
+        for rid, codes in zip(frame_rids, self._predict_residual_codes(frame_rids)):
+            req = self._requests[rid]
+            done = len(req.code0_ids) >= req.max_frames
+            out[rid] = TalkerOutput(codes[:, None], done, "length" if done else None)
+            if not done:
+                self._forward(req, (self._codec_sum(codes) + self._text(req, len(req.code0_ids) - 1))[None])
+
+    def _static_frames(self, ready: list[str], out: dict[str, TalkerOutput]) -> None:
+        """One frame of each ready request into `out` ("static" engine), over the live slots in slot order: code 0
+        (greedy requests without penalties: picked inside the frame's graph; others: `_pick_code0` on their logits
+        first), the frame graph, then the next talker step of the requests that go on, launched BEFORE the frame's
+        codes are read back, so the GPU runs it while the host reads the codes and does the step's bookkeeping. A
+        request whose code 0 turns out to be codec_eos is stepped with the others and then removed (rows of a step
+        are independent: the others' results are those of a step without it)."""
+        eos = self.tc.codec_eos_token_id
+        order = self.decode.decoder.cache.request_ids
+        reqs = [self._requests[rid] for rid in order]
+        framing = set(ready)
+        framed = [rid in framing for rid in order]
+        code0 = [-1] * len(order)   # -1: picked on the device
+        host = [row for row, (req, f) in enumerate(zip(reqs, framed)) if f and not self._picks_on_device(req.params)]
+        if host:
+            for row, code in zip(host, self._pick_code0([reqs[row] for row in host], self.decode.logits[host])):
+                code0[row] = code
+        codes, sums = self.frames(self.decode.hidden, self.decode.logits, code0,
+                                  [len(req.code0_ids) < req.params.min_tokens for req in reqs],
+                                  [req.params.greedy or not f or c == eos for req, f, c in zip(reqs, framed, code0)],
+                                  [req.generator for req in reqs])
+        read = HostCopy(codes)
+        active = [f and c != eos and len(req.code0_ids) + 1 < req.max_frames for req, f, c in zip(reqs, framed, code0)]
+        if any(active):
+            texts = torch.stack([self._text(req, len(req.code0_ids)) for req in reqs])
+            self.decode.step(sums + texts, [req.position for req in reqs], active)
+            for req, a in zip(reqs, active):
+                req.position += int(a)
+        frames = read.result().clone()   # off the pinned buffer: the rows live on in the code2wav thread
+        for rid, req, f, frame in zip(order, reqs, framed, frames):
+            if not f:
+                continue
+            if int(frame[0]) == eos:
+                out[rid] = TalkerOutput(self._no_codes(), True, "stop")
+                continue
+            req.code0_ids.append(int(frame[0]))
+            done = len(req.code0_ids) >= req.max_frames
+            out[rid] = TalkerOutput(frame[:, None], done, "length" if done else None)
+
+    def _picks_on_device(self, params: SamplingParams) -> bool:
+        """True when the frame graph's greedy pick gives `sample_rows`' code 0 for these params: greedy, no
+        penalties, this talker's suppress list and codec_eos as the only stop id (`sampling_params`' defaults)."""
+        return (params.greedy and params.repetition_penalty == 1.0 and not params.needs_output_ids
+                and params.suppress_token_ids == self.suppress
+                and params.stop_token_ids == (self.tc.codec_eos_token_id,))
+
+    def _pick_code0(self, reqs: list[_Request], logits: torch.Tensor) -> list[int]:
+        """Code group 0 of the next frame of each request from its logits [n, V], with one host synchronisation."""
+        return sample_rows(logits, [r.params for r in reqs],
                            [torch.tensor(r.code0_ids, dtype=torch.long) if r.params.repetition_penalty != 1.0
                             else None for r in reqs],
                            [len(r.code0_ids) for r in reqs], [r.generator for r in reqs])
 
-    def _advance(self, rids: list[str], frames: list[torch.Tensor], codec_sums: torch.Tensor | None) -> None:
-        """Feed each of `rids` its next input: the sum of its frame's 16 codec embeddings (`codec_sums` [n, H]
-        from the "static" engine, else from `frames`) + its next text embedding; per request ("dynamic") or one
-        batched step over every live slot ("static"; requests without an input sit the step out)."""
-        if not rids:
-            return
-        reqs = [self._requests[rid] for rid in rids]
-        texts = torch.stack([r.trailing[f] if (f := len(r.code0_ids) - 1) < len(r.trailing) else self.tts_pad
-                             for r in reqs])
-        if self.decode is None:
-            for req, codes, text in zip(reqs, frames, texts):
-                self._forward(req, (self._codec_sum(codes) + text)[None])
-            return
-        order = self.decode.decoder.cache.request_ids
-        rows = {rid: row for row, rid in enumerate(order)}
-        embeds = torch.zeros(len(order), self.tc.text_config.hidden_size, dtype=self.model.dtype, device=self.device)
-        embeds[torch.tensor([rows[rid] for rid in rids], device=self.device)] = codec_sums + texts
-        active = set(rids)
-        hidden, logits = self.decode.decoder.step(embeds, [self._requests[rid].position for rid in order],
-                                                  active=[rid in active for rid in order])
-        for rid in rids:
-            req = self._requests[rid]
-            req.position += 1
-            req.hidden, req.logits = hidden[rows[rid]], logits[rows[rid]]
+    def _text(self, req: _Request, frame: int) -> torch.Tensor:
+        """[H_talker] the text embedding frame `frame` of a request consumes (tts_pad once its text has ended)."""
+        return req.trailing[frame] if frame < len(req.trailing) else self.tts_pad
 
     def _no_codes(self) -> torch.Tensor:
         return torch.zeros(self.groups, 0, dtype=torch.long)
@@ -368,9 +403,11 @@ class Talker:
         lengths = [embeds[rid].shape[0] for rid in fits]
         if self.prefill_graphs is not None and self.prefill_graphs.fits_batch(lengths):
             batch = self.prefill_graphs.run_batch([embeds[rid] for rid in fits])
-            self.decode.decoder.add_rows(fits, lengths, batch.layers)   # one copy per layer for the whole burst
-            for rid, n, result in zip(fits, lengths, batch.rows):
-                self._prefilled(rid, result.logits, result.hidden[0][-1], n)
+            # one copy per layer (and for the last hidden states and logits) for the whole burst
+            self.decode.add_rows(fits, lengths, batch.layers, torch.stack([r.hidden[0][-1] for r in batch.rows]),
+                                 torch.stack([r.logits for r in batch.rows]))
+            for rid, n in zip(fits, lengths):
+                self._prefilled(rid, n)
             return
         width = max(lengths)
         data = embeds[fits[0]].new_zeros(len(fits), width, embeds[fits[0]].shape[-1])
@@ -383,14 +420,14 @@ class Talker:
                          **cache_kwargs(self.model, cache), use_cache=True, output_hidden_states=True,
                          generation_step=0)
         for row, (rid, n) in enumerate(zip(fits, lengths)):
-            self.decode.decoder.add(rid, cache_layers(cache, row, n))
-            self._prefilled(rid, out.logits[row, n - 1], out.hidden_states[0][-1][row, n - 1], n)
+            self.decode.add(rid, cache_layers(cache, row, n), out.hidden_states[0][-1][row, n - 1],
+                            out.logits[row, n - 1])
+            self._prefilled(rid, n)
 
-    def _prefilled(self, rid: str, logits: torch.Tensor, hidden: torch.Tensor, length: int) -> None:
-        """A static-engine request's prompt of `length` positions ran (its KV is in a decoder slot): its last logits
-        [V] and hidden [H]."""
+    def _prefilled(self, rid: str, length: int) -> None:
+        """A static-engine request's prompt of `length` positions ran (its KV, last hidden and logits are in its
+        `TalkerDecode` slot)."""
         req = self._requests[rid]
-        req.logits, req.hidden = logits, hidden
         req.position, req.prefilled = length, True
         req.max_frames = min(req.max_frames, self.options.max_len - req.position)
 
@@ -415,18 +452,12 @@ class Talker:
         req.position += n
         req.logits, req.hidden = out.logits[0, -1], out.hidden_states[0][-1][0, -1]
 
-    def _predict_residual_codes(self, rids: list[str]) -> tuple[list[torch.Tensor], torch.Tensor | None]:
-        """Code predictor inner loop, batched over `rids`: code groups 1..15 from the talker hidden and
-        code 0. Returns one int64 [16] frame per request (on CPU) and, with the "static" engine, the sum
-        of each frame's codec embeddings [n, H_talker] (else None)."""
+    def _predict_residual_codes(self, rids: list[str]) -> list[torch.Tensor]:
+        """Code predictor inner loop ("dynamic" engine), batched over `rids`: code groups 1..15 from the talker
+        hidden and code 0. Returns one int64 [16] frame per request (on CPU)."""
         if not rids:
-            return [], None
+            return []
         reqs = [self._requests[rid] for rid in rids]
-        if self.frames is not None:
-            codes, embeds = self.frames(torch.stack([r.hidden for r in reqs]),
-                                        torch.tensor([r.code0_ids[-1] for r in reqs]),
-                                        [r.params.greedy for r in reqs], [r.generator for r in reqs])
-            return list(codes.cpu()), embeds
         predictor = self.model.code_predictor
         code0 = torch.tensor([r.code0_ids[-1] for r in reqs], device=self.device)
         embeds = torch.stack([torch.stack([r.hidden for r in reqs]), self.model.get_input_embeddings()(code0)], 1)
@@ -439,7 +470,7 @@ class Talker:
             codes.append(torch.tensor([self._pick_residual(row, req) for row, req in zip(logits, reqs)],
                                       device=self.device))
             embeds = predictor.get_input_embeddings()[group - 1](codes[-1])[:, None]
-        return list(torch.stack(codes, 1).cpu()), None
+        return list(torch.stack(codes, 1).cpu())
 
     def _pick_residual(self, logits: torch.Tensor, req: _Request) -> int:
         if req.params.greedy:

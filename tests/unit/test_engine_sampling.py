@@ -185,3 +185,35 @@ def test_engine_serves_every_extreme_request_batched_with_a_normal_one():
         assert engine.healthy and engine.stats().restarts == 0 and engine.stats().in_flight == 0
     finally:
         engine.shutdown()
+
+
+def test_greedy_pick_equals_sample_rows_without_synchronising():
+    """The fixed-shape device pick (`greedy_pick`, inside the talker's frame graph) gives `sample_rows`' ids for
+    greedy rows sharing a suppress and a stop set, the stop masked in some rows: NaN / +-inf logits, a row whose
+    masks remove every finite token (it yields), a row of NaN only, empty suppress and stop sets."""
+    from omni_backends.engine.sampling import greedy_pick, sample_rows
+
+    torch.manual_seed(3)
+    logits = torch.randn(6, 40)
+    logits[1, 5], logits[1, 9], logits[2, 0] = float("nan"), float("inf"), float("-inf")
+    top = int(logits[0].argmax())
+    logits[3] = float("-inf")
+    logits[3, 30:33] = torch.tensor([1.0, 2.0, 3.0])   # finite only at suppressed / stop ids: the masks yield
+    logits[4] = float("nan")
+    for suppress, stop in [((30, 31, top), (32,)), ((), ()), ((), (top,))]:
+        banned = [n < 2 for n in (0, 2, 1, 0, 0, 5)]   # rows with 0 or 1 generated tokens of min_tokens=2 mask stop
+        params = [SamplingParams(do_sample=False, suppress_token_ids=suppress, stop_token_ids=stop, min_tokens=2)
+                  for _ in banned]
+        expected = sample_rows(logits, params, [None] * 6, [0, 2, 1, 0, 0, 5], [None] * 6)
+        got = greedy_pick(logits, torch.tensor(suppress, dtype=torch.long), torch.tensor(stop, dtype=torch.long),
+                          torch.tensor(banned))
+        assert got.tolist() == expected
+    assert expected[0] != top and got.dtype == torch.long   # the last set: the top id is a stop id of row 0
+
+
+def test_to_device_and_host_copy_on_cpu():
+    from omni_backends.engine.transfer import HostCopy, to_device
+
+    values = to_device([[1, 2], [3, 4]], torch.long, torch.device("cpu"))
+    assert values.tolist() == [[1, 2], [3, 4]] and values.dtype == torch.long
+    assert HostCopy(values * 2).result().tolist() == [[2, 4], [6, 8]]

@@ -223,6 +223,81 @@ def test_static_talker_prefills_a_burst_of_requests_in_one_forward(qwen3_omni_st
         assert expected.shape[-1] >= 3 and torch.equal(static[rid], expected)
 
 
+def test_static_talker_frames_with_mixed_params_and_codec_eos(qwen3_omni_stages, qwen3_omni_ckpt):
+    """The static talker's frames (code 0 picked inside the frame graph for greedy requests, on the host for penalised
+    and sampled ones; the next step launched before the codes are read) equal the dynamic engine's, with requests
+    that stop on codec_eos at different frames in one batch: each steps once more with the others and leaves, and
+    the slots left behind keep their last outputs (`TalkerDecode.remove`)."""
+    from omni_backends.qwen3_omni.prompt import PromptBuilder
+    from omni_backends.qwen3_omni.talker import Talker, TalkerPrompt
+
+    stages = qwen3_omni_stages
+    prompts = PromptBuilder(stages.tokenizer, stages.feature_extractor,
+                            stages.config.thinker_config.audio_config.n_window)
+    embed = stages.thinker.get_input_embeddings()
+    eos = stages.config.talker_config.codec_eos_token_id
+
+    def favour_eos(module, args, out):   # codec_eos wins code 0 as soon as min_frames allows it
+        out = out.clone()
+        out[..., eos] += 1e4
+        return out
+
+    def speak(options):
+        talker = Talker(copy.deepcopy(stages.talker), stages.config, load_tts_embeds(qwen3_omni_ckpt, stages.config),
+                        options=options, max_running=4)
+        talker.model.codec_head.register_forward_hook(favour_eos)
+        params = [talker.sampling_params(do_sample=False, repetition_penalty=1.0, min_frames=2),
+                  talker.sampling_params(do_sample=False, repetition_penalty=1.2, min_frames=4),
+                  talker.sampling_params(do_sample=True, seed=3, min_frames=3),
+                  talker.sampling_params(do_sample=False, repetition_penalty=1.0, min_frames=5)]
+        codes, reasons = {}, {}
+        with torch.no_grad():
+            for i, p in enumerate(params):
+                ids = prompts.build([{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}]).input_ids
+                talker.add_request(f"r{i}", TalkerPrompt(ids, embed(ids), torch.zeros(0, embed.embedding_dim)),
+                                   "ethan", p)
+                talker.push_text(f"r{i}", embed(torch.arange(100 + i, 110 + i)), final=True)
+            while len(talker):
+                for rid, out in talker.step().items():
+                    codes.setdefault(rid, []).append(out.codes)
+                    if out.finished:
+                        reasons[rid] = out.finish_reason
+        return {rid: torch.cat(c, -1) for rid, c in codes.items()}, reasons
+
+    static, static_reasons = speak(EngineOptions(engine="static", max_len=64))
+    dynamic, dynamic_reasons = speak(EngineOptions())
+    assert static_reasons == dynamic_reasons == {f"r{i}": "stop" for i in range(4)}
+    assert {rid: c.shape[-1] for rid, c in static.items()} == {"r0": 2, "r1": 4, "r2": 3, "r3": 5}
+    for rid in ("r0", "r1", "r3"):   # greedy (r2 samples code groups 1..15: each engine draws its own noise)
+        assert torch.equal(static[rid], dynamic[rid])
+    assert static["r2"][0, 0] == dynamic["r2"][0, 0]   # the sampled request's first code 0: the same first draw
+
+
+def test_lean_frame_graph_gives_the_same_frames(qwen3_omni_stages, monkeypatch):
+    """The frame graph with its per-step positions and RoPE rows made once and codes picked from the head's logits as
+    they are (`set_lean_frame`, the default) gives the frames built step by step as before: greedy and sampled rows,
+    code 0 from the device pick and from the host."""
+    from omni_backends.qwen3_omni import talker_static
+    from omni_backends.qwen3_omni.talker import codec_suppress
+
+    talker = qwen3_omni_stages.talker
+    tc = qwen3_omni_stages.config.talker_config
+    frames = talker_static.CodePredictorFrames(talker, max_batch=4, suppress=codec_suppress(tc),
+                                               stop=(tc.codec_eos_token_id,))
+    hidden = torch.randn(3, tc.text_config.hidden_size, generator=torch.Generator().manual_seed(1))
+    logits = torch.randn(3, tc.text_config.vocab_size, generator=torch.Generator().manual_seed(2))
+
+    def run(lean: bool):
+        monkeypatch.setattr(talker_static, "_lean_frame", lean)
+        codes, sums = frames(hidden, logits, [-1, 7, -1], [True, False, False], [True, True, False],
+                             [None, None, make_generator(11)])
+        return codes.clone(), sums.clone()
+
+    (lean_codes, lean_sums), (full_codes, full_sums) = run(True), run(False)
+    assert torch.equal(lean_codes, full_codes) and torch.equal(lean_sums, full_sums)
+    assert lean_codes[1, 0] == 7 and lean_codes.shape == (3, tc.num_code_groups)
+
+
 @pytest.mark.parametrize("stage", ["thinker", "talker", "code_predictor"])
 def test_decode_step_kernels_equal_the_module_path(qwen3_omni_stages, monkeypatch, stage):
     """The decode step with the kernels (fused attention, o_proj/down_proj with the residual add + norm in one
@@ -505,8 +580,10 @@ def test_prefill_graph_buckets_and_limits():
 @pytest.mark.parametrize("together", [False, True], ids=["alone", "together"])
 def test_prefill_and_first_chunk_cuda_graphs_equal_eager(tmp_path, monkeypatch, together):
     """On CUDA (bf16, as served): thinker and talker prompts prefilled by replaying `PrefillGraphs` (one at a time,
-    or submitted together: padded batches) and code2wav's chunks replayed from their graphs give exactly the tokens,
-    frames and audio of the same padded forwards and decodes run eagerly (padded vs unpadded prefills: the CPU test
+    or submitted together: padded batches), code2wav's chunks and the talker's steps and frames replayed from their
+    graphs (code 0 picked in the frame graph for a greedy request, on the host for a penalised and a sampled one;
+    pinned-memory inputs; the codes read back after the next step was launched) give exactly the tokens, frames and
+    audio of the same padded forwards, steps and decodes run eagerly (padded vs unpadded prefills: the CPU test
     above). No conftest fixtures: the device runs this file with --noconftest."""
     from omni_backends.engine import fused
     from omni_backends.qwen3_omni.checkpoint import write_checkpoint
@@ -522,16 +599,17 @@ def test_prefill_and_first_chunk_cuda_graphs_equal_eager(tmp_path, monkeypatch, 
         pipe = LocalOmniPipeline.from_stages(stages, tts, first_chunk_frames=3, max_running=4,
                                              options=EngineOptions(engine="static", max_len=128, prefill_graph_tokens=64))
         graphs = [pipe.thinker.loop.runner.prefill_graphs.graphs, pipe.talker.prefill_graphs.graphs,
-                  pipe.code2wav.graphs]
+                  pipe.code2wav.graphs, pipe.talker.decode.decoder.graphs, pipe.talker.frames.graphs]
         for g in graphs:
             g.enabled = replay
         pipe.thinker.warmup(), pipe.talker.warmup(), pipe.code2wav.warmup()
+        talker = [pipe.talker.sampling_params(do_sample=False, repetition_penalty=1.0, max_frames=14, min_frames=14),
+                  pipe.talker.sampling_params(do_sample=False, repetition_penalty=1.2, max_frames=14, min_frames=14),
+                  pipe.talker.sampling_params(do_sample=True, seed=5, max_frames=14, min_frames=14)]
         try:
             requests = [OmniRequest(f"r{i}", [{"role": "user", "content": text}],
                                     pipe.thinker.sampling_params(max_tokens=12, min_tokens=12, temperature=0.0),
-                                    pipe.talker.sampling_params(do_sample=False, repetition_penalty=1.0,
-                                                                max_frames=14, min_frames=14))
-                        for i, text in enumerate(PROMPTS)]
+                                    talker[i]) for i, text in enumerate(PROMPTS)]
             results = {}
             for group in [requests] if together else [[r] for r in requests]:
                 results.update(pipe.run(group))
@@ -547,3 +625,4 @@ def test_prefill_and_first_chunk_cuda_graphs_equal_eager(tmp_path, monkeypatch, 
         assert graphed[rid].token_ids == expected.token_ids and len(expected.token_ids) == 12
         assert torch.equal(graphed[rid].codes, expected.codes) and expected.codes.shape[-1] == 14
         torch.testing.assert_close(graphed[rid].audio, expected.audio, rtol=0, atol=0)
+

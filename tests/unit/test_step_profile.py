@@ -64,3 +64,52 @@ def test_profiled_pipeline_records_every_frame_and_chunk(tmp_path, capsys):
     assert main([str(log), "--live", str(len(PROMPTS)), "99"]) == 0
     out = capsys.readouterr().out
     assert "| talker |" in out and "no step records with live = 99" in out
+
+
+def test_summary_reads_the_graph_replays_device_time():
+    """Records with the replays' device time (`gpu_ms`, `gpu_<graph>`; CUDA only) get a GPU column and a per-graph
+    line; records without it (CPU) show '-'."""
+    lines = [f"step stage=talker t={1 + i * 0.01:.6f} wall_ms=12.000 wait_ms=0.010 apply_ms=1.000 work_ms=10.990 "
+             f"cpu_ms=9.000 gpu_ms={5 + i:.3f} gpu_talker=1.500 gpu_code_predictor={3.5 + i:.3f} rows=16 live=16"
+             for i in range(3)]
+    lines += [f"step stage=thinker_decode t={1.005 + i * 0.01:.6f} wall_ms=9.000 cpu_ms=8.000 rows=16 live=16"
+              for i in range(3)]
+    table = summarize(lines, 16)
+    assert "| GPU ms |" in table
+    talker = next(line for line in table.splitlines() if line.startswith("| talker |"))
+    assert talker.split(" | ")[-2] == "6.00 / 7.00"   # GPU ms median / p90
+    thinker = next(line for line in table.splitlines() if line.startswith("| thinker_decode |"))
+    assert thinker.split(" | ")[-2] == "-"
+    assert "talker: code_predictor 4.50, talker 1.50" in table
+
+
+def test_graph_times_drain_only_completed_replays(monkeypatch):
+    """`GraphTimes` sums each thread's replays whose end event completed and keeps the others for a later drain."""
+    from omni_backends.qwen3_omni import step_profile
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.done, self.at = False, None
+
+        def record(self):
+            self.at = len(clock)
+            clock.append(self)
+
+        def query(self):
+            return self.done
+
+        def elapsed_time(self, end):
+            return float(end.at - self.at)
+
+    clock = []
+    monkeypatch.setattr(step_profile.torch.cuda, "Event", Event)
+    times = step_profile.GraphTimes()
+    with times("code-predictor"):
+        pass
+    with times("talker"):
+        pass
+    assert times.drain() == {}
+    clock[1].done = True   # the first replay's end event
+    assert times.drain() == {"code_predictor": 1.0}
+    clock[3].done = True
+    assert times.drain() == {"talker": 1.0} and times.drain() == {}
