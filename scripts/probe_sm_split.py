@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     total = torch.cuda.get_device_properties(0).multi_processor_count
     result: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "sms": total}
     try:
-        parts = sm_split.partition({"thinker": args.sms, "talker": total},
+        parts = sm_split.partition({"thinker": args.sms, "talker": total - args.sms},
                                    "cuda:0")
     except (RuntimeError, ValueError) as exc:
         print(f"green contexts: FAILED: {exc}")
