@@ -134,6 +134,7 @@ def partition(counts: dict[str, int], device: torch.device | str) -> dict[str, P
         _check(lib.cuGreenCtxCreate(ctypes.byref(green), desc, dev, _CU_GREEN_CTX_DEFAULT_STREAM), "cuGreenCtxCreate")
         parts[name] = Partition(name, _sm_count(group), device, green.value)
         rest = remaining
+    log.info("sm_split: %s of %d SMs on %s", ", ".join(f"{n} {p.sms}" for n, p in parts.items()), total, device)
     return parts
 
 
