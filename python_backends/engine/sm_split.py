@@ -43,8 +43,8 @@ _local = threading.local()
 
 def parse(text: str | None) -> dict[str, int]:
     """`"thinker:96,talker:36"` -> {"thinker": 96, "talker": 36} (order kept: the split's order); None or blank:
-    {} (no partitions), as is "off". Raises ValueError naming the setting on an unknown or repeated engine (of ENGINES), a
-    missing colon or a count that is not a positive integer."""
+    {} (no partitions), as is "off". Raises ValueError naming the setting on an unknown or repeated engine (of
+    ENGINES), a missing colon or a count that is not a positive integer."""
     counts: dict[str, int] = {}
     if (text or "").strip().lower() == "off":
         return counts
