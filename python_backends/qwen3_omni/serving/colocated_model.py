@@ -14,7 +14,8 @@ Same tensors and events as the orchestrator (REQUEST / INPUT_AUDIO in; EVENT JSO
 `checkpoint`, `kernels`, `threads`, `default_voice`, `switch_interval_ms` (the process's GIL switch interval,
 default `pipeline.ENGINE_SWITCH_INTERVAL_S`), `sm_split` (e.g. `thinker:88,talker:44`: the engine threads' SMs as
 disjoint CUDA green contexts, `engine.sm_split`; empty or off: off, the default, as runs 24-25 found no gain;
-validated and ignored on the CPU); each engine's as `<stage>.<key>` with the stage models' keys (`thinker.engine`, `thinker.max_len`, `talker.max_frames`, `code2wav.chunk_frames`, ...).
+validated and ignored on the CPU); each engine's as `<stage>.<key>` with the stage models' keys (`thinker.engine`,
+`thinker.max_len`, `talker.max_frames`, `code2wav.chunk_frames`, ...).
 
 Per request one coroutine reads the engines' events from a mailbox (one event-loop wake-up per batch of
 events, text deltas of one batch merged into one event), runs the text stream (detokenizing, stop strings),
