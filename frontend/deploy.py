@@ -21,7 +21,7 @@ File layout (every key optional except `pipeline`):
                  max_running: 32, max_len: 4096, prefill_chunk: 512, max_tokens: 256}
       talker:   {device: cuda:0, engine: static, max_running: 32, max_len: 4608, max_frames: 4095, max_batch: 8}
       code2wav: {device: cuda:0, chunk_frames: 25, first_chunk_frames: 5, left_context_frames: 25}
-      orchestrator: {default_voice: ethan}
+      orchestrator: {default_voice: ethan, sm_split: off}   # sm_split: colocated only, e.g. thinker:96,talker:36
 
 `layout: colocated` renders ONE model instead of one per stage: the pipeline's co-located model
 (`model_repository/qwen3_omni_colocated`, served under the entry name `qwen3_omni`, same tensors for
@@ -69,7 +69,7 @@ STAGE_KEYS = {
     "talker": {**_ENGINE_KEYS, "max_frames": INT, "max_batch": INT},
     "code2wav": {"chunk_frames": INT, "first_chunk_frames": INT, "left_context_frames": INT, "max_batch": INT,
                  "cuda_graphs": BOOL},
-    "orchestrator": {"default_voice": STR},
+    "orchestrator": {"default_voice": STR, "sm_split": STR},
 }
 TOP_KEYS = {"pipeline", "layout", "checkpoint", "kernels", "gpu_tensors", "stages"}
 PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")

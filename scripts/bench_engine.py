@@ -22,7 +22,9 @@
              (graphs) vs transformers' forward with a DynamicCache (the "dynamic" engine), batch 1 and 16
              (--distinct-rows: each row its own input, so the MoE reads each row's experts)
   overlap    thinker steps and talker frames at once on two threads / CUDA streams (the co-located
-             layout) vs one after the other on one stream, batch 1 and 16 (CUDA only)
+             layout) vs one after the other on one stream, batch 1 and 16 (CUDA only); per --sm-splits setting
+             (`engine.sm_split`, e.g. thinker:96,talker:36: each engine's stream and graphs in a green context of
+             that many SMs; off: the whole device), engines and graphs made anew for each
   pipeline   the co-located pipeline in-process (`LocalOmniPipeline`: thinker, talker and code2wav threads on
              their own streams, no Triton) with the served bench's request (128 tokens, 125 codec frames,
              greedy) at concurrency 1 and 16: wall time, RTF, ms per frame, and the CPU time of each engine
@@ -465,11 +467,10 @@ def bench_talker(path, config, device, args) -> dict:
 def bench_overlap(path, config, device, args) -> dict:
     """Thinker decode steps and talker frames at the same time, each engine on its own thread and CUDA stream
     (the co-located layout), against each alone and against both on one stream (what two stage processes
-    time-slicing the GPU approach). Per batch size: ms per thinker step and per talker frame alone, and ms per
-    (step + frame) pair run serially vs concurrently."""
-    import threading
-
-    from omni_backends.engine import fused
+    time-slicing the GPU approach). Per SM split (`args.sm_splits`) and batch size: ms per thinker step and per
+    talker frame alone, and ms per (step + frame) pair run serially vs concurrently; keys `batch_N` (split off)
+    or `batch_N sm_split S`; a split the driver refuses is reported as `sm_split S: error`."""
+    from omni_backends.engine import fused, sm_split
     from omni_backends.engine.runner import cache_kwargs, text_mrope_position_ids
     from omni_backends.qwen3_omni.decoder import StaticDecoder
     from omni_backends.qwen3_omni.loading import load_talker, load_thinker
@@ -482,13 +483,6 @@ def bench_overlap(path, config, device, args) -> dict:
     tc = config.talker_config
     text_model = getattr(thinker.model, "language_model", thinker.model)
     embed = thinker.get_input_embeddings()
-    steps = args.steps
-    decoder = StaticDecoder(text_model, head=lambda h: (fused.lm_head(thinker.lm_head, h).float(),),
-                            slots=max(args.batches), max_len=args.prompt_tokens + 4 * steps + 64,
-                            name="overlap-thinker")
-    decode = TalkerDecode(talker, slots=max(args.batches), max_len=40 + 4 * steps + 16)
-    frames = CodePredictorFrames(talker, max_batch=max(args.batches), suppress=codec_suppress(tc),
-                                 stop=(tc.codec_eos_token_id,))
     prompt = torch.randint(0, 1000, (args.prompt_tokens,), device=device)
     talker_prompt = torch.randn(40, tc.text_config.hidden_size, device=device, dtype=talker.dtype) * 0.02
 
@@ -502,14 +496,56 @@ def bench_overlap(path, config, device, args) -> dict:
         return talker(inputs_embeds=embeds[None], position_ids=positions, use_cache=True, output_hidden_states=True,
                       generation_step=0, **cache_kwargs(talker, cache))
 
-    streams = [torch.cuda.Stream(device), torch.cuda.Stream(device, priority=-1)]
+    result = {}
+    for split in args.sm_splits:
+        try:
+            parts = sm_split.from_setting(split, device)
+        except (RuntimeError, ValueError) as exc:
+            print(f"overlap sm_split {split}: {exc}", flush=True)
+            result[f"sm_split {split}: error"] = str(exc)
+            continue
+        if parts:
+            print(f"overlap sm_split {split}: SMs " + ", ".join(f"{n} {p.sms}" for n, p in parts.items()), flush=True)
+            result[f"sm_split {split}: sms"] = {n: p.sms for n, p in parts.items()}
+        steps = args.steps
+        decoder = StaticDecoder(text_model, head=lambda h: (fused.lm_head(thinker.lm_head, h).float(),),
+                                slots=max(args.batches), max_len=args.prompt_tokens + 4 * steps + 64,
+                                name="overlap-thinker")
+        decode = TalkerDecode(talker, slots=max(args.batches), max_len=40 + 4 * steps + 16)
+        frames = CodePredictorFrames(talker, max_batch=max(args.batches), suppress=codec_suppress(tc),
+                                     stop=(tc.codec_eos_token_id,))
+        engines = {"decoder": decoder, "decode": decode, "frames": frames, "embed": embed, "text": text, "tc": tc,
+                   "thinker_forward": thinker_forward, "talker_forward": talker_forward, "prompt": prompt,
+                   "talker_prompt": talker_prompt}
+        result.update(overlap_batches(args, engines, parts, "" if not parts else f" sm_split {split}"))
+        del decoder, decode, frames, engines
+        torch.cuda.empty_cache()
+    del thinker, talker
+    torch.cuda.empty_cache()
+    return result
+
+
+def overlap_batches(args, engines: dict, parts: dict, label: str) -> dict:
+    """`bench_overlap`'s timings of one SM split (`parts`: `sm_split.Partition` by engine; the thinker's and the
+    talker's streams, graph captures and loops run within theirs): per batch size, the thinker step and the talker
+    frame alone, the pair on one stream and on two threads / streams."""
+    import threading
+
+    from omni_backends.engine import sm_split
+
+    decoder, decode, frames, embed = engines["decoder"], engines["decode"], engines["frames"], engines["embed"]
+    text, tc, prompt, device = engines["text"], engines["tc"], engines["prompt"], engines["prompt"].device
+    talker_dtype, steps = engines["talker_prompt"].dtype, args.steps
+    part_of = {"thinker": parts.get("thinker"), "talker": parts.get("talker")}
+    streams = [part_of["thinker"].stream() if part_of["thinker"] else torch.cuda.Stream(device),
+               part_of["talker"].stream(-1) if part_of["talker"] else torch.cuda.Stream(device, priority=-1)]
     result = {}
     for batch in args.batches:
-        fill_slots(decoder, thinker_forward, prompt, batch, text)
-        fill_slots(decode.decoder, talker_forward, talker_prompt, batch, tc.text_config)
+        fill_slots(decoder, engines["thinker_forward"], prompt, batch, text)
+        fill_slots(decode.decoder, engines["talker_forward"], engines["talker_prompt"], batch, tc.text_config)
         position = {"thinker": args.prompt_tokens, "talker": 40}
         tokens = step_inputs(args, batch, text.vocab_size, torch.long, device)
-        embeds = step_inputs(args, batch, tc.text_config.hidden_size, talker.dtype, device)
+        embeds = step_inputs(args, batch, tc.text_config.hidden_size, talker_dtype, device)
 
         def thinker_step():
             (logits,) = decoder.step(embed(tokens), [position["thinker"]] * batch)
@@ -522,8 +558,8 @@ def bench_overlap(path, config, device, args) -> dict:
             codes.cpu()
             position["talker"] += 1
 
-        def loop(fn, stream, n):
-            with torch.cuda.stream(stream), torch.inference_mode():
+        def loop(fn, stream, n, part=None):
+            with torch.cuda.stream(stream), torch.inference_mode(), sm_split.within(part):
                 for _ in range(n):
                     fn()
 
@@ -534,8 +570,8 @@ def bench_overlap(path, config, device, args) -> dict:
             torch.cuda.synchronize()
             return (time.perf_counter() - start) * 1e3
 
-        loop(thinker_step, streams[0], 3)
-        loop(talker_frame, streams[1], 3)
+        loop(thinker_step, streams[0], 3, part_of["thinker"])   # the graphs are captured within the partitions
+        loop(talker_frame, streams[1], 3, part_of["talker"])
         alone = {"thinker_step_ms": wall_ms(lambda: loop(thinker_step, streams[0], steps)) / steps,
                  "talker_frame_ms": wall_ms(lambda: loop(talker_frame, streams[1], steps)) / steps}
         serial = wall_ms(lambda: loop(lambda: (thinker_step(), talker_frame()), streams[0], steps)) / steps
@@ -548,15 +584,13 @@ def bench_overlap(path, config, device, args) -> dict:
             for t in threads:
                 t.join()
         both = wall_ms(concurrent) / steps
-        result[f"batch_{batch}"] = {**alone, "serial_pair_ms": serial, "concurrent_pair_ms": both,
+        result[f"batch_{batch}{label}"] = {**alone, "serial_pair_ms": serial, "concurrent_pair_ms": both,
                                     "overlap_gain": serial / both}
         decoder.remove([f"r{i}" for i in range(batch)])
         decode.decoder.remove([f"r{i}" for i in range(batch)])
-        print(f"overlap batch_{batch}: thinker step {alone['thinker_step_ms']:.2f} ms, talker frame "
+        print(f"overlap batch_{batch}{label}: thinker step {alone['thinker_step_ms']:.2f} ms, talker frame "
               f"{alone['talker_frame_ms']:.2f} ms alone; step + frame serial {serial:.2f} ms, concurrent "
               f"(two threads, two streams) {both:.2f} ms ({serial / both:.2f}x)", flush=True)
-    del thinker, talker, decoder, decode, frames
-    torch.cuda.empty_cache()
     return result
 
 
@@ -645,6 +679,8 @@ def main(argv: list[str] | None = None) -> int:
                              "served requests are) instead of identical rows")
     parser.add_argument("--tables", help="a bench_kernels --tune-decode --result-json file: the decode tiles of the "
                                          "on_tuned modes (the other modes keep the checked-in tables)")
+    parser.add_argument("--sm-splits", nargs="+", default=["off"],
+                        help="overlap part: engine.sm_split settings to time (e.g. off thinker:96,talker:36)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     global _tuned_tables

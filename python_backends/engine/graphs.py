@@ -11,6 +11,9 @@ It falls back to calling `fn` eagerly, with the same results, when:
 - capturing a bucket raises (e.g. an op that synchronises with the host): that bucket stays eager
   and the error is logged once and counted in `stats().failed`.
 
+Captures run on streams of the SM partition (`sm_split.within`) of the thread that made the first capture:
+its graphs' kernels then run on that partition's SMs wherever they are replayed.
+
 `set_replay_timer(timer)` wraps every replay of every `StepGraphs` of the process in `timer(name)` (a context
 manager; the step profile records CUDA events around each replay with it: `step_profile.GraphTimes`).
 """
@@ -23,6 +26,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
+
+from omni_backends.engine import sm_split
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +96,7 @@ class StepGraphs:
         self.fn, self.enabled, self.name, self.warmup = fn, enabled, name, warmup
         self._graphs: dict[Hashable, _Graph] = {}
         self._eager_keys: set[Hashable] = set()
-        self._pool = self._capture_stream = None
+        self._pool = self._capture_stream = self._warmup_stream = None
         self._lock = threading.Lock()
         self._replays = self._eager = self._failed = 0
 
@@ -132,7 +137,9 @@ class StepGraphs:
     def _capture(self, key: Hashable, inputs: Mapping[str, torch.Tensor]) -> _Graph | None:
         static = {name: value.clone() for name, value in inputs.items()}
         try:
-            stream = torch.cuda.Stream()
+            if self._warmup_stream is None:   # streams of the caller's SM partition at the first capture, if any
+                self._warmup_stream, self._capture_stream = sm_split.new_stream(), sm_split.new_stream()
+            stream = self._warmup_stream
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
                 for _ in range(self.warmup):
@@ -141,7 +148,6 @@ class StepGraphs:
             graph = torch.cuda.CUDAGraph()
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
-                self._capture_stream = torch.cuda.Stream()
             # thread_local: other threads of the process (response senders, the other engines of the
             # co-located layout) may use the GPU during a capture; each StepGraphs captures on its own stream
             # (torch's default capture stream is one per process: two engines capturing at once would collide)

@@ -25,6 +25,7 @@ from typing import Sequence
 import torch
 
 from omni_backends.batch_loop import BatchLoop, LoopUnavailable, asks_to_stop
+from omni_backends.engine import sm_split
 from omni_backends.engine.request import EngineRequest, FinishReason, IsCancelled, Marks, OnOutput, Prompt, \
     StepOutput
 from omni_backends.engine.runner import Runner, RowOutput
@@ -67,6 +68,8 @@ class EngineLoop(BatchLoop):
         name: thread name.
         stream: CUDA stream the engine thread makes current (its forwards and graph replays run there, so
             engines of other threads of the process can run their kernels concurrently); None: the default.
+        partition: the engine thread's SM partition (`sm_split.within`: graphs it captures run on those SMs;
+            give a `stream` of the same partition); None: the whole device.
         observe: timing callback (`Observer`; optional, may be set later as the attribute `observe`).
         on_health: see BatchLoop.
 
@@ -77,11 +80,11 @@ class EngineLoop(BatchLoop):
 
     def __init__(self, runner: Runner, *, max_running: int = 32, name: str = "engine-loop",
                  stream: torch.cuda.Stream | None = None, observe: Observer | None = None,
-                 on_health: Callable[[bool], None] | None = None) -> None:
+                 on_health: Callable[[bool], None] | None = None, partition: sm_split.Partition | None = None) -> None:
         self.runner = runner
         self._steps = 0
         self._tokens = 0
-        self.stream = stream  # set before the thread starts (BatchLoop.__init__)
+        self.stream, self.partition = stream, partition  # set before the thread starts (BatchLoop.__init__)
         self.observe = observe
         super().__init__(max_running=max_running, name=name, on_health=on_health)
 
@@ -117,7 +120,8 @@ class EngineLoop(BatchLoop):
     # ---- engine thread -------------------------------------------------------------------------
 
     def _run(self) -> None:
-        with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+        with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext(), \
+                sm_split.within(self.partition):
             super()._run()
 
     def _iterate(self, admitted: list[EngineRequest]) -> None:

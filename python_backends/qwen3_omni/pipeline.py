@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from omni_backends.engine import SamplingParams
+from omni_backends.engine import SamplingParams, sm_split
 from omni_backends.engine.options import EngineOptions
 from omni_backends.engine.transfer import to_device
 from omni_backends.qwen3_omni.code2wav import Code2WavStreamer
@@ -83,7 +83,7 @@ class StageThread:
     """A daemon thread that owns one engine: `post(message)` from any thread; the thread applies every
     message posted so far at once (`apply(messages)`, in order: so work of many messages can be batched), then
     runs one unit of work (`work()`) while `busy()` says there is some, and sleeps on its inbox otherwise. On
-    CUDA its work runs on its own stream.
+    CUDA its work runs on its own stream (of `partition`, its SM partition, when given: `sm_split`).
 
     An exception from `apply` or `work` goes to `failed(exc)` (on the thread); the thread keeps serving.
     `work()` returns the rows (frames, chunks) it made; `profile(wait, apply, work, rows)`, when given, gets the
@@ -92,8 +92,12 @@ class StageThread:
 
     def __init__(self, name: str, device: torch.device, apply: Callable[[list], None], work: Callable[[], int],
                  busy: Callable[[], bool], failed: Callable[[Exception], None], priority: int = OTHER_PRIORITY,
-                 profile: Callable[[float, float, float, int], None] | None = None):
-        self.stream = torch.cuda.Stream(device, priority=priority) if device.type == "cuda" else None
+                 profile: Callable[[float, float, float, int], None] | None = None,
+                 partition: sm_split.Partition | None = None):
+        self.partition = partition
+        self.stream = None
+        if device.type == "cuda":
+            self.stream = partition.stream(priority) if partition else torch.cuda.Stream(device, priority=priority)
         self._apply, self._work, self._busy, self._failed = apply, work, busy, failed
         self._profile = profile
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -109,7 +113,7 @@ class StageThread:
 
     def _run(self) -> None:
         with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext(), \
-                torch.inference_mode():
+                torch.inference_mode(), sm_split.within(self.partition):
             while True:
                 started = time.monotonic()
                 try:
@@ -162,6 +166,9 @@ class LocalOmniPipeline:
         thinker: a `Thinker` (its engine thread should run on its own stream on CUDA: `Thinker(stream=...)`).
         talker: a `Talker`; code2wav: a `Code2WavStreamer`; both are driven from their own threads here.
         profile: a `StepProfile` that gets every iteration of the three engine threads (None: not profiled).
+        partitions: SM partitions of the talker and code2wav threads (`sm_split.partition`; the thinker's is given
+            to `Thinker`); a stage not in it uses the whole device. Their graphs should be captured within them
+            (`sm_split.within` around `warmup`).
 
     Thread-safe: `submit`, `speak`, `stop`, `abort` may be called from any thread. Every request gets its
     `on_event` calls from the engine threads: `ThinkerToken`s in order (exactly one finished), and, with a
@@ -169,8 +176,9 @@ class LocalOmniPipeline:
     """
 
     def __init__(self, thinker: Thinker, talker: Talker, code2wav: Code2WavStreamer,
-                 profile: StepProfile | None = None):
+                 profile: StepProfile | None = None, partitions: dict[str, sm_split.Partition] | None = None):
         self.thinker, self.talker, self.code2wav = thinker, talker, code2wav
+        partitions = partitions or {}
         self.device = talker.device
         self._speech: dict[str, _Speech] = {}
         self._lock = threading.Lock()
@@ -184,11 +192,12 @@ class LocalOmniPipeline:
         self._talker = StageThread("qwen3-omni-talker", self.device, self._talker_apply, self._talker_work,
                                    talker.has_ready, self._talker_failed, priority=TALKER_PRIORITY,
                                    profile=None if profile is None else
-                                   lambda *times: profile.stage("talker", *times))
+                                   lambda *times: profile.stage("talker", *times), partition=partitions.get("talker"))
         self._code2wav = StageThread("qwen3-omni-code2wav", self.device, self._code2wav_apply, self._code2wav_work,
                                      self._code2wav_busy, self._code2wav_failed,
                                      profile=None if profile is None else
-                                     lambda *times: profile.stage("code2wav", *times))
+                                     lambda *times: profile.stage("code2wav", *times),
+                                     partition=partitions.get("code2wav"))
 
     @classmethod
     def from_stages(cls, stages: Qwen3OmniStages, tts_embeds: torch.Tensor, chunk_frames: int = 25,

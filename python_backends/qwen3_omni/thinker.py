@@ -19,7 +19,7 @@ import torch
 
 from omni_backends.engine import DecoderRunner, EngineLoop, Prompt, SamplingParams, StepOutput, \
     text_mrope_position_ids
-from omni_backends.engine import fused
+from omni_backends.engine import fused, sm_split
 from omni_backends.engine.limits import longest_token_chars
 from omni_backends.engine.options import EngineOptions
 from omni_backends.engine.request import Marks
@@ -63,10 +63,13 @@ class Thinker:
         max_running: most requests decoded together.
         options: engine choice and sizes (`EngineOptions`).
         stream: CUDA stream of the engine thread (`EngineLoop`); None: the default stream.
+        partition: the engine thread's SM partition (`sm_split`; `stream` should be one of its streams); None: the
+            whole device.
     """
 
     def __init__(self, model, config, tokenizer, feature_extractor, max_running: int = 32,
-                 options: EngineOptions | None = None, stream: torch.cuda.Stream | None = None):
+                 options: EngineOptions | None = None, stream: torch.cuda.Stream | None = None,
+                 partition: sm_split.Partition | None = None):
         self.config, self.options = config, options or EngineOptions()
         self.accept_layer = config.talker_config.accept_hidden_layer
         self.prompts = PromptBuilder(tokenizer, feature_extractor, config.thinker_config.audio_config.n_window)
@@ -86,7 +89,8 @@ class Thinker:
         else:
             runner = DecoderRunner(model, hidden_layers=layers, position_ids_fn=text_mrope_position_ids,
                                    prefill_chunk=self.options.prefill_chunk)
-        self.loop = EngineLoop(runner, max_running=max_running, name="qwen3-omni-thinker", stream=stream)
+        self.loop = EngineLoop(runner, max_running=max_running, name="qwen3-omni-thinker", stream=stream,
+                               partition=partition)
 
     def warmup(self) -> int:
         """Capture the static engine's decode and prefill graphs before serving (CUDA only); returns graphs
@@ -95,11 +99,12 @@ class Thinker:
         decoder = getattr(runner, "decoder", None)
         if decoder is None:
             return 0
-        captured = decoder.warmup()
-        if runner.prefill_graphs is not None:
-            with torch.inference_mode():
-                example = torch.tensor([self.config.im_start_token_id], device=decoder.device)
-                captured += runner.prefill_graphs.warmup(example)
+        with sm_split.within(self.loop.partition):
+            captured = decoder.warmup()
+            if runner.prefill_graphs is not None:
+                with torch.inference_mode():
+                    example = torch.tensor([self.config.im_start_token_id], device=decoder.device)
+                    captured += runner.prefill_graphs.warmup(example)
         return captured
 
     @property

@@ -50,6 +50,14 @@ def test_colocated_layout_renders_one_model_with_every_stage_setting(tmp_path):
     assert "colocated_model" in (out / "qwen3_omni" / "1" / "model.py").read_text()
 
 
+def test_sm_split_reaches_the_colocated_model_from_the_environment(tmp_path):
+    path = ROOT / "deploy" / "qwen3_omni_h200.yaml"
+    for environ, value in (({}, "off"), ({"OMNI_SM_SPLIT": "thinker:96,talker:36"}, "thinker:96,talker:36")):
+        config = (deploy.render(deploy.load(path, environ=environ), tmp_path / value) / "qwen3_omni"
+                  / "config.pbtxt").read_text()
+        assert f'parameters {{ key: "sm_split" value {{ string_value: "{value}" }} }}' in config
+
+
 def test_placeholders_are_filled_from_the_environment(tmp_path):
     path = _write(tmp_path, "pipeline: qwen3_omni\ncheckpoint: ${CKPT}\nkernels: ${K:-false}\n"
                             "stages: {thinker: {device: 'cuda:${GPU:-1}', instances: 2}}\n")

@@ -12,8 +12,10 @@ Same tensors and events as the orchestrator (REQUEST / INPUT_AUDIO in; EVENT JSO
 `omni_model`), so clients and the frontend see no difference; a deploy file selects it with
 `layout: colocated` (omni_frontend.deploy) and serves it under the name qwen3_omni. Settings: shared
 `checkpoint`, `kernels`, `threads`, `default_voice`, `switch_interval_ms` (the process's GIL switch interval,
-default `pipeline.ENGINE_SWITCH_INTERVAL_S`); each engine's as `<stage>.<key>` with the stage
-models' keys (`thinker.engine`, `thinker.max_len`, `talker.max_frames`, `code2wav.chunk_frames`, ...).
+default `pipeline.ENGINE_SWITCH_INTERVAL_S`), `sm_split` (e.g. `thinker:88,talker:44`: the engine threads' SMs as
+disjoint CUDA green contexts, `engine.sm_split`; empty or off: off, the default, as runs 24-25 found no gain;
+validated and ignored on the CPU); each engine's as `<stage>.<key>` with the stage models' keys (`thinker.engine`,
+`thinker.max_len`, `talker.max_frames`, `code2wav.chunk_frames`, ...).
 
 Per request one coroutine reads the engines' events from a mailbox (one event-loop wake-up per batch of
 events, text deltas of one batch merged into one event), runs the text stream (detokenizing, stop strings),
@@ -41,6 +43,7 @@ import torch
 import triton_python_backend_utils as pb_utils
 from transformers import AutoTokenizer, WhisperFeatureExtractor
 
+from omni_backends.engine import sm_split
 from omni_backends.qwen3_omni.code2wav import SAMPLE_RATE, Code2WavStreamer
 from omni_backends.qwen3_omni.first_audio import FirstAudioTimeline
 from omni_backends.qwen3_omni.loading import load_code2wav, load_config, load_talker, load_thinker
@@ -93,13 +96,15 @@ class TritonPythonModel(AsyncDecoupledModel):
         settings = {stage: p.stage_parameters(self.parameters, stage) for stage in ("thinker", "talker", "code2wav")}
         setups = {stage: p.stage_setup(args, params, self.model_name) for stage, params in settings.items()}
         path, device = setups["thinker"].path, setups["thinker"].device
+        partitions = sm_split.from_setting(self.parameters.get("sm_split"), device)
         config = load_config(path)
         thinker_params, talker_params, code2wav_params = settings["thinker"], settings["talker"], settings["code2wav"]
         thinker = Thinker(load_thinker(path, config, device, setups["thinker"].dtype), config,
                           AutoTokenizer.from_pretrained(path), WhisperFeatureExtractor.from_pretrained(path),
                           max_running=model_config.int_parameter(thinker_params, "max_running", 32),
-                          options=setups["thinker"].options,
-                          stream=torch.cuda.Stream(device) if device != "cpu" else None)
+                          options=setups["thinker"].options, partition=partitions.get("thinker"),
+                          stream=None if device == "cpu" else
+                          partitions["thinker"].stream() if "thinker" in partitions else torch.cuda.Stream(device))
         tts_ids = [config.tts_bos_token_id, config.tts_eos_token_id, config.tts_pad_token_id]
         with torch.inference_mode():   # the thinker's own rows: no second read of the embedding table
             tts_embeds = thinker.embed_tokens(torch.tensor(tts_ids, device=device))
@@ -111,10 +116,13 @@ class TritonPythonModel(AsyncDecoupledModel):
             **p.code2wav_settings(code2wav_params, model_config.int_parameter(talker_params, "max_running", 32),
                                   prefix="code2wav."))
         thinker.warmup()
-        talker.warmup()
-        code2wav.warmup()
+        with sm_split.within(partitions.get("talker")):
+            talker.warmup()
+        with sm_split.within(partitions.get("code2wav")):
+            code2wav.warmup()
         step_log = os.environ.get("OMNI_STEP_LOG")
-        self.pipeline = LocalOmniPipeline(thinker, talker, code2wav, StepProfile(step_log) if step_log else None)
+        self.pipeline = LocalOmniPipeline(thinker, talker, code2wav, StepProfile(step_log) if step_log else None,
+                                          partitions)
         self.voices = talker.voices
         self.default_voice = self.parameters.get("default_voice") or self.voices[0]
         self.default_max_tokens = model_config.int_parameter(thinker_params, "max_tokens", 256)
