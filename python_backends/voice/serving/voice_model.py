@@ -43,11 +43,11 @@ class TritonPythonModel(AsyncDecoupledModel):
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise RequestError("messages must be a non-empty list", param="messages")
+        chunking = chunker_options(body)  # checked before any model work
         transcripts = []
         for clip in audio_clips(messages, ctx.input(INPUT_AUDIO)):
             transcripts.append(await _transcribe(ctx, clip))
             yield {"type": "input_audio.transcription", "text": transcripts[-1]}, None
-        chunking = chunker_options(body)
         llm_body = {"messages": text_messages(messages, transcripts), **{k: body.get(k) for k in SAMPLING_FIELDS}}
 
         out = FanIn()
