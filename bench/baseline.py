@@ -18,10 +18,11 @@ prompt becomes a RequestRecord like a served one, so the same metric code summar
   wan         diffusers `WanPipeline` on --checkpoint (default $OMNI_MODEL_HOME/wan_tiny), one video per prompt
               (size, frames, steps and guidance as served, seed = prompt index), its uint8 frames encoded to MP4
               with the server's encoder (omni_frontend.videos.encoding); torch's default threads.
-  voice       the sequential library run of issue 14: the stage engines called directly, one after the other on
-              one thread, `ChatLLM.generate` (SmolLM2, greedy) -> whole sentences -> `synthesize` of each sentence by
-              the `tts_engine` (KokoroTTS, or PiperTTS with --tts-engine piper), the LLM waiting while a sentence is
-              spoken. A sentence is what `SentenceChunker(clauses=False, min_words=1)` cuts: text up to . ! or ?
+  voice       the sequential library run of issue 14: the stage engines called directly, one prompt at a time,
+              `ChatLLM.generate` (SmolLM2, greedy; its engine thread keeps writing while this thread speaks) -> whole
+              sentences -> `synthesize` of each sentence, one after the other on this thread, by the `tts_engine`
+              (KokoroTTS, or PiperTTS with --tts-engine piper); each engine on min(2, cores) threads, neither niced.
+              A sentence is what `SentenceChunker(clauses=False, min_words=1)` cuts: text up to . ! or ?
               followed by whitespace (not after "Mr." or "e.g.", not inside "3.5"), a line, or a run of over 40
               words cut at its last clause boundary; no clause or first-words cuts. Text chunks at each LLM delta,
               an audio chunk after each synthesized sentence.
@@ -226,8 +227,8 @@ class _Wan:
 
 
 class _Voice:
-    """The voice pipeline's stage engines chained in this process, one after the other: speech per whole sentence
-    (`sentences`), or per chunk of the served pipeline's chunking."""
+    """The voice pipeline's stage engines chained in this process: speech per whole sentence (`sentences`), or per
+    chunk of the served pipeline's chunking, each synthesised in turn on the calling thread."""
 
     def __init__(self, max_tokens: int, voice: str | None, tts_engine: str, sentences: bool):
         from omni_backends.voice import engines

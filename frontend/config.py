@@ -78,7 +78,7 @@ class FrontendConfig:
     max_queued_videos: int = 16
     max_running_videos: int = 2
     video_ttl_s: int = 86400
-    realtime_speculation_ms: int | None = 100
+    realtime_speculation_ms: int | None = 64
 
     def pipeline(self, model: str, kind: str | None = None) -> Pipeline | None:
         """The loaded pipeline a client's `model` names (id or alias), optionally of one kind."""

@@ -67,7 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(Kokoro-82M, the repository's default) or piper (Piper's en_US joe voice, ~8x less CPU per "
                         "audio second; piper-tts is GPL-3.0 and the voice's licence terms are uncertain: "
                         "docs/pipelines.md). Serves a run copy of the repository with the parameter set")
-    p.add_argument("--realtime-speculation-ms", type=int, default=100, metavar="MS",
+    p.add_argument("--realtime-speculation-ms", type=int, default=64, metavar="MS",
                    help="realtime sessions with server VAD start answering a turn after this many ms of silence "
                         "(the reply is held until the turn ends, dropped if the user speaks on); used when shorter "
                         "than the session's silence_duration_ms (default: %(default)s)")

@@ -37,6 +37,9 @@ MAX_BUFFER_S = 600  # uncommitted input audio kept at most
 MIN_COMMIT_MS = 100  # OpenAI: a commit needs at least 100 ms of audio
 # client events that change no state a speculation depends on (every other one abandons it)
 _KEEPS_SPECULATION = ("input_audio_buffer.append", "conversation.item.retrieve")
+# the most words of a spoken response's first chunk (the pipeline REQUEST's `first_chunk_words`; chat's default is
+# 3): the first audio of a turn waits for one LLM token and ~0.1 s of Kokoro rendering less (docs/benchmarks.md)
+FIRST_CHUNK_WORDS = 2
 
 
 class Response:
@@ -449,9 +452,11 @@ class RealtimeSession:
         response.task = asyncio.create_task(self._respond(response))
 
     def _pipeline_body(self, response: Response) -> dict:
-        """The chat pipeline's REQUEST for `response`, without its messages."""
-        return {"modalities": ["audio" if response.audio_out else "text"], "voice": response.voice,
+        """The chat pipeline's REQUEST for `response`, without its messages (spoken: a first chunk of at most
+        FIRST_CHUNK_WORDS words)."""
+        body = {"modalities": ["audio" if response.audio_out else "text"], "voice": response.voice,
                 "max_tokens": response.max_tokens}
+        return {**body, "first_chunk_words": FIRST_CHUNK_WORDS} if response.audio_out else body
 
     def _pipeline_events(self, body: dict, request_id: str):
         return pipeline_stream.events(self.triton, self.pipeline.entry, body, request_id)

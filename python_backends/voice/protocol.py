@@ -13,6 +13,22 @@ from omni_backends.errors import RequestError
 
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "max_tokens", "seed", "presence_penalty", "frequency_penalty",
                    "repetition_penalty", "stop")
+FIRST_CHUNK_WORDS = "first_chunk_words"  # REQUEST extension field, see chunker_options
+MAX_FIRST_CHUNK_WORDS = 40
+
+
+def chunker_options(body: Mapping) -> dict[str, int]:
+    """`SentenceChunker` keyword arguments for the speech of one REQUEST: none (the chunker's defaults: a first chunk
+    of 2-3 words) unless the extension field `first_chunk_words` N is given, an integer 1-40: the first spoken chunk
+    then holds at most N words (ending at a clause boundary once it holds min(2, N)), and chunk k at most N * 2**k.
+    Realtime sessions send 2 (omni_frontend.realtime.session). Raises RequestError (param first_chunk_words)."""
+    words = body.get(FIRST_CHUNK_WORDS)
+    if words is None:
+        return {}
+    if isinstance(words, bool) or not isinstance(words, int) or not 1 <= words <= MAX_FIRST_CHUNK_WORDS:
+        raise RequestError(f"{FIRST_CHUNK_WORDS} must be an integer from 1 to {MAX_FIRST_CHUNK_WORDS}, got {words!r}",
+                           param=FIRST_CHUNK_WORDS)
+    return {"first_max_words": words, "first_min_words": min(2, words)}
 
 
 def text_messages(messages: Sequence[Mapping], transcripts: Sequence[str]) -> list[dict[str, str]]:

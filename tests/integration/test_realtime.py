@@ -233,10 +233,11 @@ def test_barge_in_cancels_the_response_end_to_end(voice_server):
                 spoke_at = spoke_at or (time.perf_counter() if index >= onset else None)
                 await asyncio.sleep(0.1)
             done = await reader
-            # the client heard half of the first spoken chunk: truncate the cancelled item to it
+            # the client heard 3/4 of the first spoken chunk (realtime: 2 words, so at least one whole word):
+            # truncate the cancelled item to it
             item = done.response.output[0]
             first = next(e for _, e in events if e.type == "response.output_audio.delta")
-            heard_ms = len(base64.b64decode(first.delta)) // 2 * 1000 // RATE // 2
+            heard_ms = len(base64.b64decode(first.delta)) // 2 * 1000 // RATE * 3 // 4
             await conn.conversation.item.truncate(item_id=item.id, content_index=0, audio_end_ms=heard_ms)
             truncated = await until(conn, "conversation.item.truncated")
             await conn.conversation.item.retrieve(item_id=item.id)

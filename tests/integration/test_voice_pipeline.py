@@ -519,6 +519,25 @@ def test_audio_only_answer_carries_its_transcript(voice_server, client):
     assert "paris" in heard
 
 
+def test_first_chunk_words_sets_the_first_spoken_chunk_and_a_bad_value_is_a_400(voice_server, client):
+    """The REQUEST extension realtime sessions send (chat: extra_body): the first audio.delta speaks at most that many
+    words, the chunks still concatenate to the answer; a value outside 1-40 is refused with the envelope."""
+    kwargs = dict(model="voice", modalities=["audio"], audio={"voice": "alloy", "format": "pcm16"}, temperature=0,
+                  max_tokens=16, messages=[{"role": "user", "content": QUESTION}], stream=True)
+    spoken = {}
+    for words in (None, 1):
+        pieces = [choice.delta.audio.transcript for chunk in client.chat.completions.create(
+            **kwargs, extra_body={} if words is None else {"first_chunk_words": words})
+            for choice in chunk.choices if getattr(choice.delta, "audio", None) and choice.delta.audio.transcript]
+        spoken[words] = pieces
+    assert len(spoken[None][0].split()) in (2, 3) and spoken[1][0].split() == spoken[None][0].split()[:1]
+    assert "".join(spoken[1]) == "".join(spoken[None]) and "Paris" in "".join(spoken[1])
+    response = httpx.post(f"{voice_server.base_url}/v1/chat/completions", timeout=60, json={
+        "model": "voice", "modalities": ["audio"], "audio": {"voice": "alloy", "format": "wav"},
+        "first_chunk_words": 0, "messages": [{"role": "user", "content": "hi"}]})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "first_chunk_words"
+
+
 def test_unknown_chat_voice_is_a_400_before_any_model_work(voice_server):
     response = httpx.post(f"{voice_server.base_url}/v1/chat/completions", timeout=60, json={
         "model": "voice", "audio": {"voice": "nobody", "format": "wav"}, "messages": [{"role": "user", "content": "hi"}]})

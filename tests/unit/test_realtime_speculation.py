@@ -164,8 +164,11 @@ def test_adopted_speculation_sends_what_a_plain_turn_sends_and_starts_at_the_pau
     assert done["response"]["output"][0]["content"][0]["transcript"] == "Paris is the capital."
     # the speculation answered the audio up to the pause; the committed item holds the whole turn
     assert spec.triton.asr_calls == [10 * CHUNK] and plain.triton.asr_calls == [12 * CHUNK]
-    user = spec.triton.streams[0]["body"]["messages"][-1]
-    assert user == {"role": "user", "content": f"{10 * CHUNK} samples"}
+    body = spec.triton.streams[0]["body"]
+    assert body["messages"][-1] == {"role": "user", "content": f"{10 * CHUNK} samples"}
+    # both ask the pipeline for a spoken reply whose first chunk holds at most 2 words
+    assert body["first_chunk_words"] == plain.triton.streams[0]["body"]["first_chunk_words"] == 2
+    assert body["modalities"] == ["audio"]
     completed = next(e for e in spec.sent if e["type"] == "conversation.item.input_audio_transcription.completed")
     assert completed["transcript"] == f"{10 * CHUNK} samples"
     assert (spec.count("adopted"), spec.count("abandoned")) == (1, 0)
@@ -259,7 +262,7 @@ def test_pause_events_are_asked_for_only_with_speculation_on():
 def test_launcher_flags():
     from omni_frontend.serve import parse_args
 
-    assert parse_args([]).realtime_speculation_ms == 100 and not parse_args([]).no_realtime_speculation
+    assert parse_args([]).realtime_speculation_ms == 64 and not parse_args([]).no_realtime_speculation
     assert parse_args(["--realtime-speculation-ms", "120"]).realtime_speculation_ms == 120
     assert parse_args(["--no-realtime-speculation"]).no_realtime_speculation
     with pytest.raises(SystemExit):

@@ -4,7 +4,8 @@ import pytest
 
 from omni_backends.errors import RequestError
 from omni_backends.chat_request import audio_clips
-from omni_backends.voice.protocol import text_messages
+from omni_backends.voice.chunker import SentenceChunker
+from omni_backends.voice.protocol import chunker_options, text_messages
 
 pytestmark = pytest.mark.unit
 
@@ -33,3 +34,15 @@ def test_messages_become_plain_text_with_transcripts():
     ]
     with pytest.raises(RequestError, match="image_url"):
         text_messages([{"role": "user", "content": [{"type": "image_url"}]}], [])
+
+
+def test_first_chunk_words_sets_the_first_chunk_and_is_validated():
+    assert chunker_options({}) == chunker_options({"first_chunk_words": None}) == {}
+    assert chunker_options({"first_chunk_words": 1}) == {"first_max_words": 1, "first_min_words": 1}
+    chunker = SentenceChunker(**chunker_options({"first_chunk_words": 2}))
+    assert chunker.feed("The capital of France is Paris, a city. ") + chunker.flush() == [
+        "The capital", "of France is Paris,", "a city."]
+    for bad in (0, 41, 2.5, "2", True):
+        with pytest.raises(RequestError, match="first_chunk_words must be an integer from 1 to 40") as err:
+            chunker_options({"first_chunk_words": bad})
+        assert err.value.param == "first_chunk_words"

@@ -5,6 +5,7 @@ Events: {"type": "input_audio.transcription", "text"} per input_audio part, then
 writes them ("text" modality) and, concurrently, {"type": "audio.delta", "sample_rate": 24000,
 "transcript"} + AUDIO for each sentence chunk as soon as it is spoken ("audio" modality; the
 transcripts concatenate to the spoken text), then {"type": "done", "finish_reason", "usage"}.
+REQUEST extension `first_chunk_words` (1-40): the most words of the first spoken chunk (protocol.chunker_options).
 REQUEST {"action": "voices"} -> one {"type": "voices"} event (the voices of voice_tts's engine, as `tts` lists them).
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ from omni_backends.serving import bls, events
 from omni_backends.serving.decoupled import AsyncDecoupledModel
 from omni_backends.voice.chunker import SentenceChunker
 from omni_backends.chat_request import audio_clips
-from omni_backends.voice.protocol import SAMPLING_FIELDS, text_messages
+from omni_backends.voice.protocol import SAMPLING_FIELDS, chunker_options, text_messages
 from omni_backends.voice.serving.speech_model import speak
 from omni_backends.voice import engines
 from omni_backends.voice.tts import SAMPLE_RATE
@@ -42,6 +43,7 @@ class TritonPythonModel(AsyncDecoupledModel):
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise RequestError("messages must be a non-empty list", param="messages")
+        chunking = chunker_options(body)  # checked before any model work
         transcripts = []
         for clip in audio_clips(messages, ctx.input(INPUT_AUDIO)):
             transcripts.append(await _transcribe(ctx, clip))
@@ -50,7 +52,7 @@ class TritonPythonModel(AsyncDecoupledModel):
 
         out = FanIn()
         chunks: asyncio.Queue | None = asyncio.Queue() if voice else None
-        out.spawn(_write(ctx, llm_body, "text" in modalities, chunks, out))
+        out.spawn(_write(ctx, llm_body, "text" in modalities, chunks, out, SentenceChunker(**chunking)))
         if voice:
             out.spawn(_speak_chunks(ctx, voice, chunks, out))
         done = None
@@ -73,9 +75,9 @@ async def _transcribe(ctx, clip: np.ndarray) -> str:
     return events.read_json(result["RESULT"])["text"]
 
 
-async def _write(ctx, llm_body: dict, send_text: bool, chunks: asyncio.Queue | None, out: FanIn) -> None:
-    """Stream the LLM's text: text deltas to `out` (when asked), sentence chunks to `chunks` (when speaking)."""
-    chunker = SentenceChunker()
+async def _write(ctx, llm_body: dict, send_text: bool, chunks: asyncio.Queue | None, out: FanIn,
+                 chunker: SentenceChunker) -> None:
+    """Stream the LLM's text: text deltas to `out` (when asked), `chunker`'s chunks to `chunks` (when speaking)."""
     request = {events.REQUEST: events.json_tensor(llm_body)}
     async for response in bls.stream(ctx, "voice_llm", request, [events.EVENT]):
         event = events.read_json(response[events.EVENT])
