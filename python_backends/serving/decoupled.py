@@ -18,7 +18,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from omni_backends.errors import RequestError
-from omni_backends.serving import events, model_config, sidechannel
+from omni_backends.serving import events, model_config, retire, sidechannel
 from omni_backends.serving.metrics import StageMetrics
 
 
@@ -72,10 +72,12 @@ class RequestContext:
     def cancelled(self) -> bool:
         """The client cancelled (gRPC) or the BLS parent asked this request to stop. Asked at most once
         per CANCEL_POLL_S however many tasks of the request poll it (each `is_cancelled()` is a round
-        trip through one server thread shared by all requests of the model)."""
+        trip through one server thread shared by all requests of the model); each time, the BLS
+        response iterators finished before are dropped (`retire.checkpoint`)."""
         if not self._cancelled and time.monotonic() - self._checked >= CANCEL_POLL_S:
             self._checked = time.monotonic()
-            self._cancelled = sidechannel.stop_requested(self.request_id, self._sender.is_cancelled)
+            self._cancelled = sidechannel.stop_requested(
+                self.request_id, lambda: retire.checkpoint(self._sender.is_cancelled))
         return self._cancelled
 
     def check(self) -> None:
