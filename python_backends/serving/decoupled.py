@@ -29,13 +29,29 @@ class Cancelled(Exception):
     """Raised inside a request coroutine when the client cancelled the request."""
 
 
+def send_response(sender, request_id: str, response) -> bool:
+    """`sender.send(response)` unless the request is a BLS child whose parent's process is gone (looked
+    up now: `sidechannel.owner_gone`); returns whether it was sent. Triton 2.51 hands a child's response
+    to the parent's stub and waits until that stub takes it, so a send to a dead parent never returns:
+    it left the talker's only worker thread, so the whole stage, stuck for good after a crashed
+    orchestrator. (A parent dying while a send is on its way can still do that; it takes a crash within
+    that send's round trip.)"""
+    if sidechannel.owner_gone(request_id, max_age_s=0):
+        return False
+    sender.send(response)
+    return True
+
+
 def send_final(sender, request_id: str, error: str | None = None) -> None:
     """Ends a decoupled request: FINAL, on the error response when there is an error.
 
     A BLS parent cannot see a child's error through Triton 2.51, so a BLS child's error travels on the
     side channel only: an error response to a BLS parent arrives empty, and it also leaves the
     parent's BLS request unfinished for Triton, so that the parent model could never be unloaded
-    (its unload waits for the request for good)."""
+    (its unload waits for the request for good). Nothing is sent to a BLS parent whose process is gone
+    (see `send_response`): that request then stays open inside Triton, its model's unload waits for it."""
+    if sidechannel.owner_gone(request_id, max_age_s=0):
+        return
     final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
     if error is not None and sidechannel.is_child(request_id):
         sidechannel.report_error(request_id, error)
@@ -127,7 +143,9 @@ class AsyncDecoupledModel:
             async for event, audio in stream:
                 ctx.check()
                 tensors = self.encode(event, audio)
-                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in tensors.items()]))
+                if not send_response(sender, ctx.request_id,
+                                     pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in tensors.items()])):
+                    raise Cancelled()
             ctx.check()
         except Cancelled:
             outcome = "cancelled"

@@ -12,7 +12,8 @@ A child id also names its parent process (`bls-<pid>_<start time>-<uuid>`): a ch
 died (crashed, killed, or ended by the frontend's reload of a hung stage) counts as stopped too
 (`owner_gone`, looked up in /proc at most every OWNER_POLL_S per parent), so the work it had in flight
 (engine rows, talker and code2wav sequences) ends within about a second instead of running on, or
-waiting for an idle timeout, with nobody to read it.
+waiting for an idle timeout, with nobody to read it; and nothing is sent to a dead parent any more
+(`decoupled.send_response`: such a send never returns).
 """
 from __future__ import annotations
 
@@ -49,15 +50,16 @@ def child_request_id() -> str:
     return f"bls-{_SELF}-{uuid.uuid4().hex}"
 
 
-def owner_gone(request_id: str | None) -> bool:
+def owner_gone(request_id: str | None, max_age_s: float = OWNER_POLL_S) -> bool:
     """True when `request_id` is a BLS child id whose parent process no longer runs (pid gone, a
-    zombie, or reused by a process started at another time)."""
+    zombie, or reused by a process started at another time). An answer up to `max_age_s` old may be
+    reused (0: look now, as right before a send: `decoupled.send_response`)."""
     match = _OWNER.match(request_id or "")
     if match is None:
         return False
     owner, now = match.group(0), time.monotonic()
     checked = _owners.get(owner)
-    if checked is None or (not checked[1] and now - checked[0] >= OWNER_POLL_S):
+    if checked is None or (not checked[1] and now - checked[0] >= max_age_s):
         checked = _owners[owner] = (now, _start_time(int(match.group(1))) != match.group(2))
     return checked[1]
 

@@ -34,7 +34,7 @@ from omni_backends.qwen3_omni.serving import protocol as p
 from omni_backends.qwen3_omni.serving import turn as turns
 from omni_backends.qwen3_omni.talker import Talker, TalkerPrompt
 from omni_backends.serving import events, model_config, sidechannel
-from omni_backends.serving.decoupled import send_final
+from omni_backends.serving.decoupled import send_final, send_response
 from omni_backends.serving.metrics import StageMetrics
 from omni_backends.serving.sequences import SequenceLeases
 from omni_backends.serving.tensors import from_triton, on_gpu
@@ -203,7 +203,7 @@ class TritonPythonModel:
                 tensors.append(pb_utils.Tensor(p.FINISH_REASON, np.array([[out.finish_reason.encode()]],
                                                                          dtype=np.object_)))
             if not sidechannel.stop_requested(request_id, sender.is_cancelled):
-                sender.send(pb_utils.InferenceResponse(tensors))
+                send_response(sender, request_id, pb_utils.InferenceResponse(tensors))
             if out.finished:
                 self._end_sequence(seq, "ok")
         self._close_waiting()
