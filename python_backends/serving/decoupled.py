@@ -18,7 +18,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from omni_backends.errors import RequestError
-from omni_backends.serving import events, model_config, retire, sidechannel
+from omni_backends.serving import events, model_config, outbox, retire, sidechannel
 from omni_backends.serving.metrics import StageMetrics
 
 
@@ -30,15 +30,15 @@ class Cancelled(Exception):
 
 
 def send_response(sender, request_id: str, response) -> bool:
-    """`sender.send(response)` unless the request is a BLS child whose parent's process is gone (looked
-    up now: `sidechannel.owner_gone`); returns whether it was sent. Triton 2.51 hands a child's response
-    to the parent's stub and waits until that stub takes it, so a send to a dead parent never returns:
-    it left the talker's only worker thread, so the whole stage, stuck for good after a crashed
-    orchestrator. (A parent dying while a send is on its way can still do that; it takes a crash within
-    that send's round trip.)"""
+    """Sends one response; a BLS child's goes through this process's outbox (`serving.outbox`: a send
+    to a parent whose stub died never returns in Triton 2.51, and it must not stop the caller's loop).
+    Returns False, sending nothing, when the child's parent is already gone."""
+    if not sidechannel.is_child(request_id):
+        sender.send(response)
+        return True
     if sidechannel.owner_gone(request_id, max_age_s=0):
         return False
-    sender.send(response)
+    outbox.put(request_id, lambda: sender.send(response))
     return True
 
 
@@ -48,18 +48,19 @@ def send_final(sender, request_id: str, error: str | None = None) -> None:
     A BLS parent cannot see a child's error through Triton 2.51, so a BLS child's error travels on the
     side channel only: an error response to a BLS parent arrives empty, and it also leaves the
     parent's BLS request unfinished for Triton, so that the parent model could never be unloaded
-    (its unload waits for the request for good). Nothing is sent to a BLS parent whose process is gone
-    (see `send_response`): that request then stays open inside Triton, its model's unload waits for it."""
-    if sidechannel.owner_gone(request_id, max_age_s=0):
-        return
+    (its unload waits for the request for good). A BLS child's FINAL goes through the outbox like its
+    responses; none is sent to a parent whose process is gone, so that request stays open inside
+    Triton (its model's unload waits for it)."""
     final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-    if error is not None and sidechannel.is_child(request_id):
-        sidechannel.report_error(request_id, error)
+    if sidechannel.is_child(request_id):
+        if error is not None:
+            sidechannel.report_error(request_id, error)
+        outbox.put(request_id, lambda: sender.send(flags=final))
     elif error is not None and not sender.is_cancelled():
         # One response carrying both the error and FINAL: two sends in a row could race in the backend.
         sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error)), flags=final)
-        return
-    sender.send(flags=final)
+    else:
+        sender.send(flags=final)
 
 
 class RequestContext:
