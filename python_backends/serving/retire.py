@@ -31,11 +31,6 @@ def park(iterator) -> None:
         _parked.append(iterator)
 
 
-def parked() -> int:
-    """How many iterators wait for a checkpoint."""
-    return len(_parked)
-
-
 def checkpoint(is_cancelled: Callable[[], bool]) -> bool:
     """Calls `is_cancelled` (a request still being served), then drops every iterator parked before the
     call, on this (Python) thread; returns what `is_cancelled` returned. If it raises, they stay parked."""
