@@ -438,7 +438,7 @@ def test_a_killed_orchestrator_stops_every_stage_within_seconds(server):
     with ThreadPoolExecutor(2) as pool:
         answers = [pool.submit(answer) for _ in range(2)]
         assert speaking.acquire(timeout=60) and speaking.acquire(timeout=60)
-        assert inflight(metrics)["qwen3_omni_talker"] >= 1, inflight(metrics)   # (an answer may end early)
+        assert any(inflight(metrics)[m] for m in STAGES[:3]), inflight(metrics)   # (a talker may end early)
         os.kill(victim.pid, signal.SIGKILL)
         killed = time.monotonic()
         stopped = wait_for(lambda: not any(inflight(metrics).get(m) for m in STAGES[:3]), 30, 0.05)
