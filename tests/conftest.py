@@ -1,4 +1,8 @@
-"""Session fixtures: real servers started through the launcher (see tests/harness.py)."""
+"""Session fixtures: real servers started through the launcher (see tests/harness.py).
+
+Each shared server stops right after the last collected test that uses it (not at the session's end),
+so later modules do not share the 2 cores with idle servers' stubs: test_qwen3_omni.py ran beside the
+mock and image servers, whose work is done by then."""
 from __future__ import annotations
 
 import os
@@ -9,6 +13,28 @@ from tests.harness import TEST_REPOSITORY, start_server
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+_LAST_USER: dict[str, str] = {}   # shared server fixture -> node id of the last test that uses it
+_RUNNING: dict[str, object] = {}    # shared server fixture -> its running server
+
+
+@pytest.hookimpl(trylast=True)   # after -k / -m deselection
+def pytest_collection_modifyitems(items):
+    for item in items:
+        for name in set(item.fixturenames) & {"mock_server", "voice_server", "image_server", "wan_server"}:
+            _LAST_USER[name] = item.nodeid
+
+
+def pytest_runtest_teardown(item, nextitem):
+    for name in [n for n, last in _LAST_USER.items() if last == item.nodeid and n in _RUNNING]:
+        _RUNNING.pop(name).stop()
+
+
+def _shared(name: str, server):
+    """Registers a shared server for the early stop (see the module doc) and returns it."""
+    _RUNNING[name] = server
+    return server
+
+
 MOCK_ARGS = ("--pipelines", "", "--model-repository", str(TEST_REPOSITORY),
              "--extra-pipeline", "mock=chat:mock_stream", "--extra-pipeline", "relay=chat:mock_stream,mock_relay",
              "--extra-pipeline", "mock-speech=speech:mock_stream", "--extra-pipeline", "mock-asr=transcription:mock_asr")
@@ -18,7 +44,7 @@ MOCK_ARGS = ("--pipelines", "", "--model-repository", str(TEST_REPOSITORY),
 def mock_server(tmp_path_factory):
     """Launcher with the framework test models only (mock_stream, mock_relay, mock_asr) behind chat, speech
     and transcription routes; no pipelines."""
-    server = start_server(tmp_path_factory.mktemp("mock_server"), *MOCK_ARGS)
+    server = _shared("mock_server", start_server(tmp_path_factory.mktemp("mock_server"), *MOCK_ARGS))
     yield server
     server.stop()
 
@@ -29,7 +55,8 @@ def voice_server(tmp_path_factory):
     from omni_backends.voice.models import prepare_voice_models
 
     prepare_voice_models()
-    server = start_server(tmp_path_factory.mktemp("voice_server"), "--pipelines", "voice,tts,asr", "--no-prepare")
+    server = _shared("voice_server", start_server(tmp_path_factory.mktemp("voice_server"), "--pipelines", "voice,tts,asr",
+                                                  "--no-prepare"))
     yield server
     server.stop()
 
@@ -37,7 +64,8 @@ def voice_server(tmp_path_factory):
 @pytest.fixture(scope="session")
 def image_server(tmp_path_factory):
     """Launcher serving the Qwen-Image pipelines (qwen_image, qwen_image_edit) on the tiny checkpoint."""
-    server = start_server(tmp_path_factory.mktemp("image_server"), "--pipelines", "qwen_image,qwen_image_edit")
+    server = _shared("image_server", start_server(tmp_path_factory.mktemp("image_server"), "--pipelines",
+                                                  "qwen_image,qwen_image_edit"))
     yield server
     server.stop()
 
@@ -70,7 +98,8 @@ def wan_server(tmp_path_factory):
 
     write_checkpoint(model_home() / TINY)
     tmp = tmp_path_factory.mktemp("wan_server")
-    server = RestartableServer(tmp, "--pipelines", "wan", "--no-prepare", "--data-dir", str(tmp / "data"),
-                               "--max-running-videos", "1", "--max-queued-videos", "2")
+    server = _shared("wan_server", RestartableServer(tmp, "--pipelines", "wan", "--no-prepare", "--data-dir",
+                                                     str(tmp / "data"), "--max-running-videos", "1",
+                                                     "--max-queued-videos", "2"))
     yield server
     server.stop()

@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator
 import triton_python_backend_utils as pb_utils
 
 from omni_backends.errors import RequestError
-from omni_backends.serving import sidechannel
+from omni_backends.serving import retire, sidechannel
 from omni_backends.serving.decoupled import Cancelled, RequestContext
 from omni_backends.serving.tensors import from_triton, to_triton
 
@@ -119,10 +119,10 @@ async def stream(ctx: RequestContext | None, model: str, inputs: dict, outputs: 
 
 class _Child:
     """A decoupled child's response iterator, read by one worker thread at a time (a read may still be
-    pending when the caller leaves). `release()` drops the iterator as soon as the stream is done: the
-    Python backend frees a BLS request's state only when its iterator object is destroyed, and one
-    kept alive (e.g. by a traceback in a reference cycle, until the garbage collector ran) left the
-    caller's model impossible to unload."""
+    pending when the caller leaves). `release()` lets go of the iterator as soon as the stream is done
+    (one kept alive, e.g. by a traceback in a reference cycle until the garbage collector ran, left the
+    caller's model impossible to unload), through `retire.park`: dropping it at once could leave its
+    last reference to a stub thread that frees Python objects without the GIL (see `retire`)."""
 
     def __init__(self, iterator):
         self._iterator, self._lock = iterator, threading.Lock()
@@ -133,7 +133,9 @@ class _Child:
 
     def release(self) -> None:
         with self._lock:
-            self._iterator = None
+            iterator, self._iterator = self._iterator, None
+        if iterator is not None:
+            retire.park(iterator)
 
 
 def _drain(child: _Child, child_id: str) -> None:

@@ -18,7 +18,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from omni_backends.errors import RequestError
-from omni_backends.serving import events, model_config, sidechannel
+from omni_backends.serving import events, model_config, outbox, retire, sidechannel
 from omni_backends.serving.metrics import StageMetrics
 
 
@@ -29,21 +29,38 @@ class Cancelled(Exception):
     """Raised inside a request coroutine when the client cancelled the request."""
 
 
+def send_response(sender, request_id: str, response) -> bool:
+    """Sends one response; a BLS child's goes through this process's outbox (`serving.outbox`: a send
+    to a parent whose stub died never returns in Triton 2.51, and it must not stop the caller's loop).
+    Returns False, sending nothing, when the child's parent is already gone."""
+    if not sidechannel.is_child(request_id):
+        sender.send(response)
+        return True
+    if sidechannel.owner_gone(request_id, max_age_s=0):
+        return False
+    outbox.put(request_id, lambda: sender.send(response))
+    return True
+
+
 def send_final(sender, request_id: str, error: str | None = None) -> None:
     """Ends a decoupled request: FINAL, on the error response when there is an error.
 
     A BLS parent cannot see a child's error through Triton 2.51, so a BLS child's error travels on the
     side channel only: an error response to a BLS parent arrives empty, and it also leaves the
     parent's BLS request unfinished for Triton, so that the parent model could never be unloaded
-    (its unload waits for the request for good)."""
+    (its unload waits for the request for good). A BLS child's FINAL goes through the outbox like its
+    responses; none is sent to a parent whose process is gone, so that request stays open inside
+    Triton (its model's unload waits for it)."""
     final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-    if error is not None and sidechannel.is_child(request_id):
-        sidechannel.report_error(request_id, error)
+    if sidechannel.is_child(request_id):
+        if error is not None:
+            sidechannel.report_error(request_id, error)
+        outbox.put(request_id, lambda: sender.send(flags=final))
     elif error is not None and not sender.is_cancelled():
         # One response carrying both the error and FINAL: two sends in a row could race in the backend.
         sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error)), flags=final)
-        return
-    sender.send(flags=final)
+    else:
+        sender.send(flags=final)
 
 
 class RequestContext:
@@ -72,10 +89,12 @@ class RequestContext:
     def cancelled(self) -> bool:
         """The client cancelled (gRPC) or the BLS parent asked this request to stop. Asked at most once
         per CANCEL_POLL_S however many tasks of the request poll it (each `is_cancelled()` is a round
-        trip through one server thread shared by all requests of the model)."""
+        trip through one server thread shared by all requests of the model); each time, the BLS
+        response iterators finished before are dropped (`retire.checkpoint`)."""
         if not self._cancelled and time.monotonic() - self._checked >= CANCEL_POLL_S:
             self._checked = time.monotonic()
-            self._cancelled = sidechannel.stop_requested(self.request_id, self._sender.is_cancelled)
+            self._cancelled = sidechannel.stop_requested(
+                self.request_id, lambda: retire.checkpoint(self._sender.is_cancelled))
         return self._cancelled
 
     def check(self) -> None:
@@ -125,7 +144,9 @@ class AsyncDecoupledModel:
             async for event, audio in stream:
                 ctx.check()
                 tensors = self.encode(event, audio)
-                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in tensors.items()]))
+                if not send_response(sender, ctx.request_id,
+                                     pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in tensors.items()])):
+                    raise Cancelled()
             ctx.check()
         except Cancelled:
             outcome = "cancelled"

@@ -27,7 +27,7 @@ from omni_backends.batch_loop import LoopUnavailable
 from omni_backends.engine import EngineLoop, Prompt, SamplingParams, StepOutput
 from omni_backends.errors import RequestError, unavailable
 from omni_backends.serving import model_config, sidechannel
-from omni_backends.serving.decoupled import send_final
+from omni_backends.serving.decoupled import send_final, send_response
 from omni_backends.serving.metrics import StageMetrics
 from omni_backends.serving.tensors import to_triton
 from omni_backends.supervisor import Supervisor
@@ -142,7 +142,7 @@ class EngineStageModel:
                 raise RuntimeError(output.error or "engine error")
             tensors = self.encode(context, output)
             if tensors and not sidechannel.stop_requested(triton_id, sender.is_cancelled):
-                sender.send(pb_utils.InferenceResponse([to_triton(k, v) for k, v in tensors.items()]))
+                send_response(sender, triton_id, pb_utils.InferenceResponse([to_triton(k, v) for k, v in tensors.items()]))
             if not output.finished and self.finished(context):
                 self.loop.abort(rid)  # its abort output arrives later and is ignored
                 output = StepOutput(token_id=None, finished=True, finish_reason="stop")

@@ -26,9 +26,15 @@ omni_first_audio_phase_seconds{model, phase}
                                          packet, and phase="total" (= TTFP inside the model); reported by
                                          the co-located Qwen3-Omni model (qwen3_omni.first_audio)
 Tests read these to assert that cancelled work really stopped (in-flight back to 0).
+
+Crash and hang traces: creating a StageMetrics enables `faulthandler` in the stub (a fatal signal writes
+every thread's Python stack to stderr, i.e. the server log), and the heartbeat re-arms a faulthandler
+watchdog each beat: a stub whose heartbeat stalls for STALL_DUMP_S (the frontend reloads it after 30 s)
+writes every thread's stack to the log first, so the log shows where it hung.
 """
 from __future__ import annotations
 
+import faulthandler
 import os
 import threading
 import time
@@ -37,6 +43,7 @@ import triton_python_backend_utils as pb_utils
 
 _OUTCOMES = ("ok", "rejected", "error", "cancelled")
 HEARTBEAT_S = 1.0
+STALL_DUMP_S = 20.0
 # seconds; covers a 1 ms decode step to a 30 s prefill
 BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]
 # seconds; first-audio phases run from ~50 us (a thread hand-off) to a prefill
@@ -82,6 +89,7 @@ class StageMetrics:
         self._steps: dict[str, object] = {}
         self._first_audio: dict[str, object] = {}
         self._tensor_metrics: dict[tuple[str, str, str], object] = {}
+        faulthandler.enable(all_threads=True)
         threading.Thread(target=self._beat, name=f"{model_name}-heartbeat", daemon=True).start()
         self._inflight = inflight.Metric(labels=labels)
         self._inflight.set(0)  # a restarted stub starts from 0, whatever its dead predecessor left
@@ -96,6 +104,7 @@ class StageMetrics:
             if os.getppid() != server:  # tritonserver died (we were re-parented): do not linger as an orphan
                 os._exit(1)
             self._heartbeat.set(time.time())
+            faulthandler.dump_traceback_later(STALL_DUMP_S)   # replaces the previous beat's watchdog
 
     @property
     def inflight(self) -> int:

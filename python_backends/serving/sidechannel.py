@@ -7,22 +7,61 @@ stubs of one tritonserver on one host, so both travel as small files named after
 request id in FLAG_DIR: the parent raises `<id>.cancel`, the framework's base classes poll it
 next to `is_cancelled()`; a failing child writes `<id>.error`, the parent reads it when the
 child's stream ends. Only ids made of [A-Za-z0-9_-] (those `child_request_id` makes) take part.
+
+A child id also names its parent process (`bls-<pid>_<start time>-<uuid>`): a child whose parent stub
+died (crashed, killed, or ended by the frontend's reload of a hung stage) counts as stopped too
+(`owner_gone`, looked up in /proc at most every OWNER_POLL_S per parent), so the work it had in flight
+(engine rows, talker and code2wav sequences) ends within about a second instead of running on, or
+waiting for an idle timeout, with nobody to read it; and nothing is sent to a dead parent any more
+(`decoupled.send_response`: such a send never returns).
 """
 from __future__ import annotations
 
 import os
 import re
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 FLAG_DIR = Path(os.environ.get("OMNI_SIDECHANNEL_DIR", f"/dev/shm/omni-triton-{os.getuid()}"))
 _SAFE = re.compile(r"^bls-[A-Za-z0-9_-]{1,124}$")
+_OWNER = re.compile(r"^bls-(\d+)_(\d+)-")
+OWNER_POLL_S = 0.5
+_owners: dict[str, tuple[float, bool]] = {}   # "bls-<pid>_<start>-" -> (time.monotonic() of the look-up, gone)
+
+
+def _start_time(pid: int) -> str | None:
+    """A running process's start time (clock ticks after boot, /proc/<pid>/stat field 22); None when
+    there is no such process or it is a zombie (a dead stub stays one until tritonserver reaps it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    return None if fields[0] in ("Z", "X") else fields[19]
+
+
+_SELF = f"{os.getpid()}_{_start_time(os.getpid())}"
 
 
 def child_request_id() -> str:
-    """A fresh request id for a BLS child request."""
-    return f"bls-{uuid.uuid4().hex}"
+    """A fresh request id for a BLS child request of this process."""
+    return f"bls-{_SELF}-{uuid.uuid4().hex}"
+
+
+def owner_gone(request_id: str | None, max_age_s: float = OWNER_POLL_S) -> bool:
+    """True when `request_id` is a BLS child id whose parent process no longer runs (pid gone, a
+    zombie, or reused by a process started at another time). An answer up to `max_age_s` old may be
+    reused (0: look now, as right before a send: `decoupled.send_response`)."""
+    match = _OWNER.match(request_id or "")
+    if match is None:
+        return False
+    owner, now = match.group(0), time.monotonic()
+    checked = _owners.get(owner)
+    if checked is None or (not checked[1] and now - checked[0] >= max_age_s):
+        checked = _owners[owner] = (now, _start_time(int(match.group(1))) != match.group(2))
+    return checked[1]
 
 
 def is_child(request_id: str | None) -> bool:
@@ -31,11 +70,11 @@ def is_child(request_id: str | None) -> bool:
 
 
 def stop_requested(request_id: str | None, is_cancelled: Callable[[], bool]) -> bool:
-    """Whether a request's caller gave up: for a BLS child, its parent raised the cancel flag (Triton
-    never cancels a BLS child, so `is_cancelled()`, a round trip to the server, is not asked); for any
-    other request, `is_cancelled()` (the client cancelled its gRPC stream)."""
+    """Whether a request's caller gave up: for a BLS child, its parent raised the cancel flag or died
+    (Triton never cancels a BLS child, so `is_cancelled()`, a round trip to the server, is not asked);
+    for any other request, `is_cancelled()` (the client cancelled its gRPC stream)."""
     if is_child(request_id):
-        return cancel_requested(request_id)
+        return cancel_requested(request_id) or owner_gone(request_id)
     return is_cancelled()
 
 

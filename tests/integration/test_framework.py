@@ -18,7 +18,7 @@ import tritonclient.grpc as grpcclient
 
 from tests.conftest import MOCK_ARGS
 from tests.harness import (TEST_REPOSITORY, cancel_storm, inflight, metric_value, settle_limit_s, settle_time,
-                           start_server, wait_for)
+                           start_server, triton_stream, wait_for)
 
 pytestmark = pytest.mark.integration
 
@@ -264,6 +264,51 @@ def test_cancel_storm_leaves_every_gauge_at_zero(mock_server, model):
     assert settled is not None and settled <= settle_limit_s(), inflight(mock_server.metrics_url)
     assert _client(mock_server).chat.completions.create(
         model=model, messages=[{"role": "user", "content": "hi"}], extra_body={"repeat": 2}).choices[0]
+
+
+def test_bls_responses_are_freed_holding_the_gil(mock_server):
+    """Regression (the qwen3_omni orchestrator died with SIGSEGV inside libpython's allocator, or hung, in
+    loaded suite runs): a finished BLS response iterator must never be destroyed by the stub's clean-up
+    thread, which frees the stream's arrays without the GIL. The relay leaves each child stream before its
+    FINAL, as qwen3_omni leaves the thinker's: dropped at once after the drain, 8 such streams crashed the
+    relay's stub every time."""
+    def relay(body: dict) -> list[dict]:
+        inputs = {"REQUEST": np.array([json.dumps(body).encode()], dtype=np.object_)}
+        return [json.loads(r.as_numpy("EVENT")[0]) for r in triton_stream(mock_server.grpc_url, "mock_relay", inputs,
+                                                                          timeout_s=30)]
+
+    with ThreadPoolExecutor(8) as pool:
+        streams = list(pool.map(lambda _: relay({"repeat": 3, "probe_release": True}), range(16)))
+    assert all([e["type"] for e in events] == ["text.delta"] * 3 + ["done"] for events in streams)
+    report = wait_for(lambda: (r := relay({"action": "release_report"})[0])["freed"] == r["probed"] and r, 15, 0.2)
+    assert report, relay({"action": "release_report"})[0]
+    assert report["probed"] >= 16 * 4 and report["freed_without_gil"] == 0, report
+
+
+def test_a_killed_bls_parent_stops_its_children_at_once(mock_server):
+    """kill -9 of an orchestrator stub (mock_relay) mid-request: the child requests it had in flight in
+    mock_stream (a token a second for 100 s) stop within a few seconds, as the child sees its parent's
+    process gone (`sidechannel.owner_gone`), not when their work runs out; the reloaded relay serves."""
+    metrics, chat_url = mock_server.metrics_url, f"{mock_server.base_url}/v1/chat/completions"
+    stubs = psutil.Process(mock_server.process.pid).children(recursive=True)
+    victim = next(p for p in stubs if "mock_relay/1/model.py" in " ".join(p.cmdline()))
+    body = {"model": "relay", "messages": [{"role": "user", "content": "hi"}], "repeat": 100, "delay_ms": 1000}
+    with ThreadPoolExecutor(2) as pool:
+        in_flight = [pool.submit(httpx.post, chat_url, json=body, timeout=120) for _ in range(2)]
+        assert wait_for(lambda: metric_value(metrics, "omni_inflight_requests", model="mock_stream") == 2, 30)
+        os.kill(victim.pid, signal.SIGKILL)   # idle between tokens: not inside one of the backend's locks
+        killed = time.monotonic()
+        stopped = wait_for(lambda: metric_value(metrics, "omni_inflight_requests", model="mock_stream") == 0, 30, 0.05)
+        stopped_after = time.monotonic() - killed
+        failed = [f.result() for f in in_flight]
+    print(f"children of the killed relay stopped {stopped_after:.2f} s after the kill")
+    assert stopped and stopped_after <= settle_limit_s(3.0), inflight(metrics)
+    assert [r.status_code for r in failed] == [503, 503]
+    assert metric_value(metrics, "omni_requests_total", model="mock_stream", outcome="cancelled") >= 2
+    assert wait_for(lambda: httpx.get(f"{mock_server.base_url}/health").status_code == 200, 60, 0.1)
+    assert _client(mock_server).chat.completions.create(
+        model="relay", messages=[{"role": "user", "content": "hi"}], extra_body={"repeat": 2}
+    ).choices[0].message.content == "tok0tok1"
 
 
 def test_ctrl_c_leaves_no_process_behind(tmp_path):

@@ -10,12 +10,17 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
 import shutil
+import signal
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
 import openai
+import psutil
 import pytest
 import soundfile
 from transformers import AutoTokenizer, Qwen3OmniMoeForConditionalGeneration, WhisperFeatureExtractor
@@ -406,6 +411,47 @@ def test_qwen3_cancel_storm_leaves_every_gauge_and_sequence_at_zero(server):
     settled = settle_time(server.metrics_url, last_close)
     print(f"qwen3_omni cancel storm: gauges at 0 {settled} s after the last close")
     assert settled is not None and settled <= settle_limit_s(), inflight(server.metrics_url)
+
+
+def test_a_killed_orchestrator_stops_every_stage_within_seconds(server):
+    """kill -9 of the qwen3_omni stub while two answers stream (thinker rows, talker and code2wav
+    sequences open): every stage sees its BLS parent's process gone and ends that work within a few
+    seconds (the sequences used to live until the 120 s idle timeout and the gauges stayed up, after a
+    crash or a reload of a hung orchestrator), and the reloaded orchestrator serves the next answer."""
+    metrics = server.metrics_url
+    victim = next(p for p in psutil.Process(server.process.pid).children(recursive=True)
+                  if p.cmdline()[1:2] and p.cmdline()[1].endswith("/qwen3_omni/1/model.py"))
+    body = {"model": "qwen3_omni", "messages": _messages(PROMPTS[1]), "stream": True, "max_tokens": 250,
+            "audio": {"voice": "ethan", "format": "pcm16"}, "talker_max_frames": 1000}
+    speaking = threading.Semaphore(0)
+
+    def answer() -> list[str]:   # the stream's lines; releases `speaking` at its first audio
+        lines, spoke = [], False
+        with httpx.stream("POST", f"{server.base_url}/v1/chat/completions", json=body, timeout=120) as response:
+            for line in response.iter_lines():
+                lines.append(line)
+                if not spoke and line.startswith("data: {") and json.loads(line[6:])["choices"][0]["delta"].get("audio"):
+                    spoke = True
+                    speaking.release()
+        return lines
+
+    with ThreadPoolExecutor(2) as pool:
+        answers = [pool.submit(answer) for _ in range(2)]
+        assert speaking.acquire(timeout=60) and speaking.acquire(timeout=60)
+        assert any(inflight(metrics)[m] for m in STAGES[:3]), inflight(metrics)   # (a talker may end early)
+        os.kill(victim.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        stopped = wait_for(lambda: not any(inflight(metrics).get(m) for m in STAGES[:3]), 30, 0.05)
+        stopped_after = time.monotonic() - killed
+        streams = [a.result() for a in answers]
+    print(f"stages of the killed orchestrator stopped {stopped_after:.2f} s after the kill")
+    assert stopped and stopped_after <= settle_limit_s(3.0), inflight(metrics)
+    assert any(any("model_unavailable" in line for line in lines) for lines in streams)   # failed, not hung
+    assert wait_for(lambda: httpx.get(f"{server.base_url}/health").status_code == 200, 120, 0.2)
+    reply = _client(server).chat.completions.create(model="qwen3_omni", messages=_messages(PROMPTS[0]),
+                                                    audio={"voice": "ethan", "format": "wav"}, max_tokens=4,
+                                                    extra_body={"talker_max_frames": 5})
+    assert reply.choices[0].message.audio.data
 
 
 def test_a_colocated_deploy_is_healthy_and_sleeps_its_one_model(tmp_path):

@@ -10,7 +10,8 @@ Tensors: `omni_backends.qwen3_omni.serving.protocol`.
 
 A sequence also ends after `max_sequence_idle_microseconds` (the config's sequence-batching idle
 timeout, after which Triton frees its slot) without a request, so a turn whose ABORT was lost never
-holds its streamer state for good.
+holds its streamer state for good, and within about a second once the BLS parent that started it is
+gone (its stub crashed or was reloaded: `SequenceLeases`).
 
 Metrics (`StageMetrics`): in-flight = live sequences (START until END, ABORT or idle timeout); step
 time (phase "decode").
@@ -31,6 +32,7 @@ from omni_backends.qwen3_omni.loading import load_code2wav
 from omni_backends.qwen3_omni.serving import protocol as p
 from omni_backends.serving import model_config
 from omni_backends.serving.metrics import StageMetrics
+from omni_backends.serving.sequences import SequenceLeases
 
 
 class TritonPythonModel:
@@ -43,9 +45,8 @@ class TritonPythonModel:
         self.streamer.warmup()
         self.metrics = StageMetrics(self.model_name)
         self._sequences: set[int] = set()
-        self._last_seen: dict[int, float] = {}   # sequence -> time.monotonic() of its last request
-        self.idle_s = model_config.sequence_idle_seconds(config)
-        self._lock = threading.Lock()             # execute vs the idle sweeper
+        self.leases = SequenceLeases(model_config.sequence_idle_seconds(config))
+        self._lock = threading.Lock()             # execute vs the sweeper
         threading.Thread(target=self._sweep_idle, name=f"{self.model_name}-idle", daemon=True).start()
 
     def execute(self, requests):
@@ -54,11 +55,10 @@ class TritonPythonModel:
 
     def _sweep_idle(self) -> None:
         while True:
-            time.sleep(min(self.idle_s, 1.0))
+            time.sleep(min(self.leases.idle_s, 1.0))
             with self._lock:
-                now = time.monotonic()
-                for seq in [s for s, seen in self._last_seen.items() if now - seen > self.idle_s]:
-                    pb_utils.Logger.log_warn(f"{self.model_name}: sequence {seq} idle for {self.idle_s:.0f} s, ended")
+                for seq, why in self.leases.expired().items():
+                    pb_utils.Logger.log_warn(f"{self.model_name}: sequence {seq} ended ({why})")
                     self._forget(seq, "cancelled")
 
     def _execute(self, requests):
@@ -83,7 +83,7 @@ class TritonPythonModel:
             self.metrics.observe("decode", time.monotonic() - started)
         for seq in final:
             self._sequences.discard(seq)
-            self._last_seen.pop(seq, None)
+            self.leases.forget(seq)
             self.metrics.finished("ok")
         responses = []
         for i, request in enumerate(requests):
@@ -108,7 +108,7 @@ class TritonPythonModel:
             self._sequences.add(seq)
             self.metrics.started()
         if seq in self._sequences:
-            self._last_seen[seq] = time.monotonic()
+            self.leases.touch(seq, request.request_id())
         elif seq not in self._sequences:
             raise RequestError(f"code2wav sequence {seq} is not live (send START first)")
         codes = tensor(p.CODES)
@@ -119,7 +119,7 @@ class TritonPythonModel:
             final.append(seq)
 
     def _forget(self, seq: int, outcome: str) -> None:
-        self._last_seen.pop(seq, None)
+        self.leases.forget(seq)
         if seq in self._sequences:
             self._sequences.discard(seq)
             self.streamer.cancel(seq)

@@ -8,7 +8,8 @@ each frame to the request that fed its text, and ends that request (FINAL) as so
 needs more text — the talker waits for the thinker, it never pads. A sequence ends with codec_eos or
 max_frames after END (FINISH_REASON on its last response), on ABORT, or when its live request is
 cancelled, or after `max_sequence_idle_microseconds` (the config's sequence-batching idle timeout,
-after which Triton itself frees the sequence's slot) without a request. Tensors:
+after which Triton itself frees the sequence's slot) without a request, or within about a second once
+the BLS parent that started it is gone (its stub crashed or was reloaded: `SequenceLeases`). Tensors:
 `omni_backends.qwen3_omni.serving.protocol`.
 
 The worker is supervised: if it crashes, every live sequence ends with a 503 error on its open
@@ -33,8 +34,9 @@ from omni_backends.qwen3_omni.serving import protocol as p
 from omni_backends.qwen3_omni.serving import turn as turns
 from omni_backends.qwen3_omni.talker import Talker, TalkerPrompt
 from omni_backends.serving import events, model_config, sidechannel
-from omni_backends.serving.decoupled import send_final
+from omni_backends.serving.decoupled import send_final, send_response
 from omni_backends.serving.metrics import StageMetrics
+from omni_backends.serving.sequences import SequenceLeases
 from omni_backends.serving.tensors import from_triton, on_gpu
 from omni_backends.supervisor import Supervisor
 
@@ -76,8 +78,7 @@ class TritonPythonModel:
         self._commands: queue.Queue = queue.Queue()
         self._sequences: set[int] = set()                 # live sequences (START seen, not ended)
         self._live: dict[int, tuple[object, str]] = {}   # sequence -> (sender, request id) of its open request
-        self._last_seen: dict[int, float] = {}            # sequence -> time.monotonic() of its last request
-        self.idle_s = model_config.sequence_idle_seconds(config)
+        self.leases = SequenceLeases(model_config.sequence_idle_seconds(config))
         self._worker = Supervisor(f"{self.model_name}-worker", self._run, self._crashed,
                                   self.metrics.set_healthy).start()
 
@@ -153,16 +154,16 @@ class TritonPythonModel:
         self.talker.reset()
 
     def _sweep_idle(self) -> None:
-        """End sequences that got no request for idle_s (Triton has freed their slots by then)."""
-        now = time.monotonic()
-        for seq in [s for s in self._sequences if s not in self._live and now - self._last_seen.get(s, now) > self.idle_s]:
-            pb_utils.Logger.log_warn(f"{self.model_name}: sequence {seq} idle for {self.idle_s:.0f} s, ended")
+        """End sequences without an open request that got none for the idle timeout (Triton has freed
+        their slots by then) or whose BLS parent is gone."""
+        for seq, why in self.leases.expired(busy=self._live).items():
+            pb_utils.Logger.log_warn(f"{self.model_name}: sequence {seq} ended ({why})")
             self._end_sequence(seq, "cancelled")
 
     def _apply(self, command: _Command) -> None:
         seq = command.sequence
         self.metrics.observe("queue", time.monotonic() - command.received)
-        self._last_seen[seq] = time.monotonic()
+        self.leases.touch(seq, command.request_id)
         try:
             if command.abort:
                 self._end_sequence(seq, "cancelled")
@@ -202,7 +203,7 @@ class TritonPythonModel:
                 tensors.append(pb_utils.Tensor(p.FINISH_REASON, np.array([[out.finish_reason.encode()]],
                                                                          dtype=np.object_)))
             if not sidechannel.stop_requested(request_id, sender.is_cancelled):
-                sender.send(pb_utils.InferenceResponse(tensors))
+                send_response(sender, request_id, pb_utils.InferenceResponse(tensors))
             if out.finished:
                 self._end_sequence(seq, "ok")
         self._close_waiting()
@@ -221,7 +222,7 @@ class TritonPythonModel:
 
     def _end_sequence(self, seq: int, outcome: str, error: str | None = None) -> None:
         """Forget a sequence, count its outcome, and end its open request (if any)."""
-        self._last_seen.pop(seq, None)
+        self.leases.forget(seq)
         if seq in self._sequences:
             self._sequences.discard(seq)
             self.talker.cancel(seq)

@@ -1,14 +1,47 @@
 """Framework test model (never a pipeline): relays its REQUEST to mock_stream through a streamed
-BLS call and forwards every event, to test BLS streaming, error and cancellation propagation."""
+BLS call and forwards every event, to test BLS streaming, error and cancellation propagation.
+
+REQUEST "probe_release": true also watches every array of the child's responses (weakref callbacks) and
+leaves the child's stream at its "done" event, before its FINAL (as qwen3_omni leaves the thinker's):
+the stream is then drained and let go on a worker thread, right after the stub's clean-up thread was
+asked to drop it. Each array must still be freed by a thread holding the GIL
+(`omni_backends.serving.retire`). REQUEST {"action": "release_report"} answers one event
+{"type": "release_report", "probed", "freed", "freed_without_gil"} (counts since the stub started; the
+request's own cancellation poll first drops the iterators retired before it)."""
+import ctypes
+import weakref
 
 from omni_backends.serving import bls, events
 from omni_backends.serving.decoupled import AsyncDecoupledModel
 
+_REPORT = {"probed": 0, "freed": 0, "freed_without_gil": 0}
+_WATCHED: dict = {}   # id(weakref) -> weakref (weak references to arrays hash by the array)
+
+
+def _freed(ref) -> None:
+    _WATCHED.pop(id(ref), None)
+    _REPORT["freed"] += 1
+    if not ctypes.pythonapi.PyGILState_Check():
+        _REPORT["freed_without_gil"] += 1
+
 
 class TritonPythonModel(AsyncDecoupledModel):
     async def handle(self, ctx):
+        body = ctx.body()
+        if body.get("action") == "release_report":
+            ctx.check()
+            yield {"type": "release_report", **_REPORT}, None
+            return
+        probe = bool(body.get("probe_release"))
         inputs = {events.REQUEST: ctx.input(events.REQUEST)}
         async for out in bls.stream(ctx, "mock_stream", inputs, [events.EVENT, events.AUDIO]):
             event = events.read_json(out[events.EVENT])
+            if probe:
+                for array in out.values():
+                    ref = weakref.ref(array, _freed)
+                    _WATCHED[id(ref)] = ref
+                    _REPORT["probed"] += 1
             event["relayed"] = True
             yield event, out.get(events.AUDIO)
+            if probe and event["type"] == "done":
+                return
