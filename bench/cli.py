@@ -106,7 +106,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.model = args.model or DEFAULT_MODELS[args.workload]
     if args.baseline and args.workload == REALTIME:
         p.error("--baseline does not apply to the realtime workload")
-    if args.baseline_only and args.baseline not in KINDS:
+    if args.baseline_prompts is not None and args.baseline_prompts < 1:
+        p.error(f"--baseline-prompts must be >= 1, got {args.baseline_prompts}")
+    if args.baseline_only and args.baseline_url:
+        p.error("--baseline-only runs no served levels; --baseline-url compares served levels with a peer")
+    if args.baseline_only and args.baseline is not None and args.baseline not in KINDS:
+        p.error(f"--baseline-only runs an in-process baseline: --baseline must be "
+                f"{' or '.join(map(repr, KINDS))}, got {args.baseline!r}")
+    if args.baseline_only and args.baseline is None:
         args.baseline = INPROCESS
     if args.transport == "triton" and args.workload not in ("chat", "chat-audio"):
         p.error("--transport triton supports the chat and chat-audio workloads")
@@ -115,7 +122,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             check_supported(args.model, args.workload, args.baseline)
         except ValueError as exc:
             p.error(str(exc))
-    elif args.baseline and not Path(args.baseline).is_file():
+    elif args.baseline is not None and not Path(args.baseline).is_file():
         p.error(f"--baseline must be {' or '.join(map(repr, KINDS))} or an existing JSON file, got {args.baseline!r}")
     args.endpoint = args.endpoint or ENDPOINTS.get(args.workload, "/v1/realtime")
     return args

@@ -28,6 +28,9 @@ class Pipeline:
     stream_entry: str | None = None
 
 
+_KOKORO = "Kokoro-82M (or Piper: --tts-engine)"   # how a description names the speech engine; with_tts_engine
+_SPEAKS = {"kokoro": "Kokoro-82M", "piper": "Piper (en_US joe)"}   # ...names the one that speaks
+
 _QWEN_IMAGE_STAGES = ("qwen_image_text_encoder", "qwen_image_dit", "qwen_image_vae")
 
 REGISTRY: dict[str, Pipeline] = {p.name: p for p in (
@@ -35,10 +38,10 @@ REGISTRY: dict[str, Pipeline] = {p.name: p for p in (
              ("qwen3_omni_thinker", "qwen3_omni_talker", "qwen3_omni_code2wav", "qwen3_omni"),
              "Qwen3-Omni thinker -> talker -> code2wav, text and speech out"),
     Pipeline("voice", CHAT, "voice", ("voice_asr", "voice_llm", "voice_tts", "voice_vad", "voice"),
-             "Whisper tiny.en -> SmolLM2-135M-Instruct -> Kokoro-82M (or Piper: --tts-engine), text and speech out; "
+             f"Whisper tiny.en -> SmolLM2-135M-Instruct -> {_KOKORO}, text and speech out; "
              "/v1/realtime with Silero VAD",
              vad="voice_vad", asr="voice_asr"),
-    Pipeline("tts", SPEECH, "tts", ("voice_tts", "tts"), "Kokoro-82M (or Piper: --tts-engine) text-to-speech",
+    Pipeline("tts", SPEECH, "tts", ("voice_tts", "tts"), f"{_KOKORO} text-to-speech",
              aliases=("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "kokoro")),   # "kokoro": TTS_ENGINES
     Pipeline("asr", TRANSCRIPTION, "voice_asr", ("voice_asr", "voice_asr_stream"), "Whisper tiny.en speech recognition",
              aliases=("whisper-1", "whisper-tiny.en", "gpt-4o-transcribe", "gpt-4o-mini-transcribe"),
@@ -61,8 +64,10 @@ TTS_ENGINES = ("kokoro", "piper")   # voice_tts engines (omni_backends.voice.eng
 def with_tts_engine(pipelines: list[Pipeline], engine: str) -> list[Pipeline]:
     """The pipelines as served when voice_tts speaks with `engine` (one of TTS_ENGINES, --tts-engine): a model
     id that names an engine names the one that speaks, so with `--tts-engine piper` the `tts` pipeline answers to
-    "piper" and no longer to "kokoro" (a request naming "kokoro" gets the 404 of an unknown model)."""
-    return [dataclasses.replace(p, aliases=tuple(engine if a in TTS_ENGINES else a for a in p.aliases))
+    "piper" and no longer to "kokoro" (a request naming "kokoro" gets the 404 of an unknown model), and the
+    descriptions (GET /v1/models) name the engine that speaks."""
+    return [dataclasses.replace(p, aliases=tuple(engine if a in TTS_ENGINES else a for a in p.aliases),
+                                description=p.description.replace(_KOKORO, _SPEAKS[engine]))
             for p in pipelines]
 
 

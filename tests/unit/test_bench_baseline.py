@@ -32,6 +32,20 @@ def test_cli_accepts_both_kinds_and_baseline_only_keeps_the_chunked_one(capsys):
     assert "voice chain with the served chunking" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("extra, message", [
+    (["--baseline-prompts", "0"], "--baseline-prompts must be >= 1, got 0"),
+    (["--baseline", "inprocess", "--baseline-prompts", "-1"], "--baseline-prompts must be >= 1, got -1"),
+    (["--baseline-only", "--baseline-url", "http://127.0.0.1:9"], "--baseline-only runs no served levels"),
+    (["--baseline-only", "--baseline", "pyproject.toml"], "got 'pyproject.toml'"),
+    (["--baseline", ""], "an existing JSON file, got ''"),
+])
+def test_cli_rejects_bad_baseline_combinations(capsys, extra, message):
+    with pytest.raises(SystemExit) as exited:
+        parse_args(["--workload", "chat-audio", "--model", "voice"] + extra)
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
+
+
 def _chunks(chunker: SentenceChunker, text: str) -> list[str]:
     return chunker.feed(text) + chunker.flush()
 
