@@ -32,11 +32,12 @@ class Cancelled(Exception):
 def send_response(sender, request_id: str, response) -> bool:
     """Sends one response; a BLS child's goes through this process's outbox (`serving.outbox`: a send
     to a parent whose stub died never returns in Triton 2.51, and it must not stop the caller's loop).
-    Returns False, sending nothing, when the child's parent is already gone."""
+    Returns False, sending nothing, when the child's parent is known to be gone (the poll of
+    `sidechannel.owner_gone`; the outbox looks again right before it sends)."""
     if not sidechannel.is_child(request_id):
         sender.send(response)
         return True
-    if sidechannel.owner_gone(request_id, max_age_s=0):
+    if sidechannel.owner_gone(request_id):
         return False
     outbox.put(request_id, lambda: sender.send(response))
     return True

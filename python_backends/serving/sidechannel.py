@@ -53,7 +53,7 @@ def child_request_id() -> str:
 def owner_gone(request_id: str | None, max_age_s: float = OWNER_POLL_S) -> bool:
     """True when `request_id` is a BLS child id whose parent process no longer runs (pid gone, a
     zombie, or reused by a process started at another time). An answer up to `max_age_s` old may be
-    reused (0: look now, as right before a send: `decoupled.send_response`)."""
+    reused (0: look now, as right before a send: `serving.outbox`)."""
     match = _OWNER.match(request_id or "")
     if match is None:
         return False
