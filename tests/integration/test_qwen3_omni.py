@@ -251,14 +251,20 @@ def test_text_only_never_runs_the_audio_stages(server):
         assert metric_value(metrics, "omni_inflight_requests", model=model) == 0
 
 
+def _unending_answer(model: str) -> dict:
+    """A streamed spoken answer that only the client's leaving can end early: 250 text tokens and 1000 codec
+    frames at least (an answer free to end at end of text and codec sometimes finished, as "ok", before a
+    loaded server saw the client leave: CI stop 21)."""
+    return {"model": model, "messages": _messages(PROMPTS[1]), "stream": True, "max_tokens": 250,
+            "min_tokens": 250, "audio": {"voice": "ethan", "format": "pcm16"}, "talker_max_frames": 1000,
+            "talker_min_frames": 1000}
+
+
 def test_cancelled_stream_stops_every_stage_and_the_next_request_is_served(server):
     metrics = server.metrics_url
     before = metric_value(metrics, "omni_requests_total", model="qwen3_omni", outcome="cancelled") or 0
-    # greedy: a sampled answer sometimes ended (end of text and codec) before the client left, as "ok"
-    body = {"model": "qwen3_omni", "messages": _messages(PROMPTS[1]), "stream": True, "max_tokens": 250,
-            "audio": {"voice": "ethan", "format": "pcm16"}, "talker_max_frames": 1000, "temperature": 0,
-            "talker_do_sample": False}
-    with httpx.stream("POST", f"{server.base_url}/v1/chat/completions", json=body, timeout=60) as response:
+    with httpx.stream("POST", f"{server.base_url}/v1/chat/completions", json=_unending_answer("qwen3_omni"),
+                      timeout=60) as response:
         assert response.status_code == 200
         got_audio = False
         for line in response.iter_lines():
@@ -362,9 +368,8 @@ def test_colocated_layout_stop_string_cancellation_and_errors(server, reference)
 
     metrics = server.metrics_url
     before = metric_value(metrics, "omni_requests_total", model=COLOCATED, outcome="cancelled") or 0
-    body = {"model": "colocated", "messages": _messages(PROMPTS[1]), "stream": True, "max_tokens": 250,
-            "audio": {"voice": "ethan", "format": "pcm16"}, "talker_max_frames": 1000}
-    with httpx.stream("POST", f"{server.base_url}/v1/chat/completions", json=body, timeout=60) as response:
+    with httpx.stream("POST", f"{server.base_url}/v1/chat/completions", json=_unending_answer("colocated"),
+                      timeout=60) as response:
         assert response.status_code == 200
         for line in response.iter_lines():
             if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["delta"].get("audio"):
