@@ -1,13 +1,14 @@
-"""Prefix cache: KV caches of prompt prefixes that many requests share (a chat template's fixed system
-prompt), so a prefill computes only what follows the prefix.
+"""Prefix cache: KV caches of prompt prefixes that later prompts start with (a chat template's fixed system
+prompt; a conversation's previous turn), so a prefill computes only what follows the prefix.
 
-A request names how many of its leading prompt ids are worth keeping (`Prompt.cache_prefix`, e.g. the
-chat template up to the first user text). After its prefill the runner stores that prefix's keys and
-values here; a later prompt that starts with the same ids (and is longer) is prefilled from that cache.
-Causal attention makes a prefix's keys/values independent of what follows, so the result is the same
-computation as a full prefill (the tokens match; logits may differ in the last float bits because the
-matrix shapes differ). Entries are exact token-id sequences; the least recently used one is dropped
-beyond `max_entries`. Not thread-safe: the engine thread owns it.
+A request names which leading lengths of its prompt ids are worth keeping (`Prompt.cache_prefixes`, e.g.
+the chat template up to the first user text, and the whole prompt, which the conversation's next turn
+starts with). After its prefill the runner stores those prefixes' keys and values here; a later prompt
+that starts with the same ids (and is longer) is prefilled from the longest of them. Causal attention
+makes a prefix's keys/values independent of what follows, so the result is the same computation as a
+full prefill (the tokens match; logits may differ in the last float bits because the matrix shapes
+differ). Entries are exact token-id sequences; least recently used ones are dropped beyond `max_entries`
+or `max_tokens`. Not thread-safe: the engine thread owns it.
 """
 from __future__ import annotations
 
@@ -20,15 +21,21 @@ from omni_backends.engine.kv_batch import LayerKV
 class PrefixCache:
     """Token-id prefix -> per-layer (keys, values), each float [1, kv_heads, prefix_len, head_dim].
 
-    max_entries: most prefixes kept (each costs prefix_len * layers * 2 * kv_heads * head_dim floats;
-    SmolLM2-135M: ~46 KB per token). Counters `hits` / `misses` count `lookup` results.
-    Raises ValueError for max_entries < 1.
+    max_entries: most prefixes kept.
+    max_tokens: most prefix tokens kept in all (the memory bound: each token costs layers * 2 * kv_heads *
+        head_dim floats; SmolLM2-135M: ~46 KB, so the default 8192 is ~380 MB); the newest entry is kept
+        even when it alone is longer.
+    Counters `hits` / `misses` count `lookup` results; `tokens` is what is kept now.
+    Raises ValueError for max_entries or max_tokens < 1.
     """
 
-    def __init__(self, max_entries: int = 8) -> None:
+    def __init__(self, max_entries: int = 8, max_tokens: int = 8192) -> None:
         if max_entries < 1:
             raise ValueError(f"max_entries must be >= 1, got {max_entries}")
-        self.max_entries = max_entries
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        self.max_entries, self.max_tokens = max_entries, max_tokens
+        self.tokens = 0
         self._entries: OrderedDict[tuple[int, ...], list[LayerKV]] = OrderedDict()
         self.hits = 0
         self.misses = 0
@@ -53,11 +60,14 @@ class PrefixCache:
         return tuple(ids) in self._entries
 
     def store(self, ids: Sequence[int], layers: list[LayerKV]) -> None:
-        """Keep `layers` (copied) as the cache of prefix `ids`; drops the least recently used entry when full."""
+        """Keep `layers` (copied) as the cache of prefix `ids`; drops the least recently used entries while more
+        than `max_entries` or `max_tokens` are kept."""
         key = tuple(int(i) for i in ids)
-        if not key:
+        if key in self._entries:
+            self._entries.move_to_end(key)
+        if not key or key in self._entries:
             return
         self._entries[key] = [(k.detach().clone(), v.detach().clone()) for k, v in layers]
-        self._entries.move_to_end(key)
-        while len(self._entries) > self.max_entries:
-            self._entries.popitem(last=False)
+        self.tokens += len(key)
+        while len(self._entries) > 1 and (len(self._entries) > self.max_entries or self.tokens > self.max_tokens):
+            self.tokens -= len(self._entries.popitem(last=False)[0])

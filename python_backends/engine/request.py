@@ -26,9 +26,10 @@ class Prompt:
             when position_ids is given (the mRoPE rule).
         model_kwargs: extra forward kwargs for the prefill only (e.g. input_features,
             feature_attention_mask, pixel_values, image_grid_thw), batch 1.
-        cache_prefix: how many leading input_ids other requests are likely to share (e.g. a chat
-            template's system prompt): a runner with a PrefixCache keeps their keys/values after this
-            prefill and later prefills start after them. 0: nothing worth keeping.
+        cache_prefixes: leading lengths of input_ids that later prompts are likely to start with (e.g. a
+            chat template's system prompt, and the whole prompt, which the conversation's next turn starts
+            with), each in [1, L]: a runner with a PrefixCache keeps their keys/values after this prefill,
+            and later prefills start after the longest kept one. (): nothing worth keeping.
     A prompt with position_ids or model_kwargs is prefilled alone; plain prompts arriving together
     are prefilled in one right-padded batch.
     """
@@ -38,7 +39,7 @@ class Prompt:
     position_ids: torch.Tensor | None = None
     next_position: int | None = None
     model_kwargs: dict[str, Any] = field(default_factory=dict)
-    cache_prefix: int = 0
+    cache_prefixes: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if (self.input_ids is None) == (self.inputs_embeds is None):
@@ -49,8 +50,8 @@ class Prompt:
             raise ValueError(f"inputs_embeds must be [L, hidden], got shape {tuple(self.inputs_embeds.shape)}")
         if len(self) == 0:
             raise ValueError("Prompt is empty")
-        if not 0 <= self.cache_prefix <= len(self):
-            raise ValueError(f"cache_prefix must be in [0, {len(self)}], got {self.cache_prefix}")
+        if any(not 1 <= n <= len(self) for n in self.cache_prefixes):
+            raise ValueError(f"cache_prefixes must each be in [1, {len(self)}], got {self.cache_prefixes}")
         if self.next_position is None:
             self.next_position = len(self) if self.position_ids is None else int(self.position_ids.max()) + 1
 

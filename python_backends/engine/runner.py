@@ -82,14 +82,14 @@ class DecoderRunner:
         position_ids_fn: maps text positions int64 [B, L] to the model's position_ids layout
             (default: unchanged [B, L]; Qwen3-Omni thinker: `text_mrope_position_ids`).
         max_prefill_batch: most plain prompts prefilled together in one forward.
-        prefix_cache: keeps the keys/values of shared prompt prefixes (`Prompt.cache_prefix`); prompts
-            of input_ids that start with a kept prefix are prefilled from it. None: every prefill is full.
+        prefix_cache: keeps the keys/values of shared prompt prefixes (`Prompt.cache_prefixes`); prompts
+            of input_ids that start with a kept prefix are prefilled from it (whole or chunked). None:
+            every prefill is full.
             Not combinable with hidden_layers (a cached prefix has no hidden states to return).
         prefill_chunk: prompt tokens one `prefill` call processes (0: no limit; `EngineOptions.prefill_chunk`,
             as the static engine's). Whole prompts that fit are batched within it; a prompt that does not fit is prefilled chunk by chunk over
             several calls (chunked prefill: the loop decodes the running requests between chunks, so a
-            long prompt never stalls them for more than one chunk; chunked prompts do not use the prefix
-            cache). A prompt with explicit position_ids or model_kwargs (e.g. audio features) is never split.
+            long prompt never stalls them for more than one chunk; it starts after its longest kept prefix). A prompt with explicit position_ids or model_kwargs (e.g. audio features) is never split.
 
     Per-request caches live in one `KVBatch`; `decode` runs ONE forward for every live request.
     """
@@ -168,8 +168,10 @@ class DecoderRunner:
         """Feed the next `n` prompt tokens of one request into its own cache (kept in request.state);
         once the prompt is complete its cache joins the KV batch and its RowOutput is returned."""
         state, prompt = request.state, request.prompt
-        done = state.get(_PREFILLED, 0)
-        cache = state.setdefault(_CACHE, DynamicCache(config=self.model.config))
+        if _CACHE not in state:
+            state[_CACHE] = self._chunk_start(request)
+        cache, done = state[_CACHE], state.get(_PREFILLED, 0)
+        n = min(n, len(prompt) - done)
         if prompt.input_ids is not None:
             inputs = {"input_ids": prompt.input_ids[done : done + n][None].to(self.device)}
         else:
@@ -185,10 +187,23 @@ class DecoderRunner:
         if done + n < len(prompt):
             return None
         self.kv.add([(request.request_id, cache_layers(cache, 0, done + n))])
+        self._remember_prefixes([request], cache)
         chunks = state.pop(_HIDDEN, [])
         state.pop(_CACHE, None)
         return RowOutput(logits=row.logits,
                          hidden_states={layer: torch.cat([c[layer] for c in chunks]) for layer in self.hidden_layers})
+
+    def _chunk_start(self, request: EngineRequest) -> DynamicCache:
+        """The cache a chunked prefill starts from: the longest kept prefix of its input_ids (marked as
+        prefilled), else an empty one."""
+        found = None
+        if self.prefix_cache is not None and request.prompt.input_ids is not None:
+            found = self.prefix_cache.lookup(request.prompt.input_ids.tolist())
+        if found is None:
+            return DynamicCache(config=self.model.config)
+        request.state[_PREFILLED] = len(found[0])
+        # the forward appends to copies (DynamicLayer.update concatenates): the entry stays intact
+        return DynamicCache(ddp_cache_data=list(found[1]))
 
     def _by_cached_prefix(self, requests: list[EngineRequest]) -> list[tuple[Cached, list[EngineRequest]]]:
         """Requests grouped by the cached prefix their input_ids start with (None: no usable prefix)."""
@@ -201,12 +216,13 @@ class DecoderRunner:
         return list(groups.values())
 
     def _remember_prefixes(self, group: list[EngineRequest], cache: DynamicCache) -> None:
-        """Store the `cache_prefix` keys/values of the group's prompts that the prefix cache lacks."""
+        """Store the `cache_prefixes` keys/values of the group's prompts that the prefix cache lacks."""
         if self.prefix_cache is None:
             return
         for row, r in enumerate(group):
-            n = r.prompt.cache_prefix
-            if 0 < n < len(r.prompt) and r.prompt.input_ids is not None:
+            if r.prompt.input_ids is None:
+                continue
+            for n in r.prompt.cache_prefixes:
                 ids = r.prompt.input_ids[:n].tolist()
                 if ids not in self.prefix_cache:
                     self.prefix_cache.store(ids, cache_layers(cache, row, n))

@@ -46,13 +46,16 @@ class ChatLLM:
     warmup: generate two tokens once at load, so the first real request does not pay torch's
         first-forward initialisation (~2-4 s on a 2-core CPU); it also fills the prefix cache with the
         default system prompt.
-    prefix_cache_entries: system-prompt prefixes whose keys/values are kept across requests (0: none;
-        the answers are the same tokens either way, only the prefill is shorter).
+    prefix_cache_entries: prompt prefixes whose keys/values are kept across requests: system prompts, and
+        each prompt whole, which its conversation's next turn starts with (0: none; the answers are the same
+        tokens either way, only the prefill is shorter).
+    prefix_cache_tokens: most prefix tokens kept in all (`PrefixCache.max_tokens`: ~46 KB each).
     Call `shutdown()` when done (aborts what is in flight and joins the engine thread).
     """
 
     def __init__(self, model_dir: Path | None = None, *, threads: int | None = None, max_running: int = 8,
-                 prefill_chunk: int = 128, warmup: bool = True, prefix_cache_entries: int = 8):
+                 prefill_chunk: int = 128, warmup: bool = True, prefix_cache_entries: int = 32,
+                 prefix_cache_tokens: int = 8192):
         torch.set_num_threads(threads or int(os.environ.get(THREADS_ENV, 0)) or min(2, os.cpu_count() or 1))
         model_dir = model_dir or prepare_llm(model_home())
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -61,7 +64,7 @@ class ChatLLM:
         self.context_length: int = model.config.max_position_embeddings
         eos = model.generation_config.eos_token_id
         self.end_token_ids: tuple[int, ...] = tuple(eos if isinstance(eos, list) else [eos])
-        self.prefix_cache = PrefixCache(prefix_cache_entries) if prefix_cache_entries else None
+        self.prefix_cache = PrefixCache(prefix_cache_entries, prefix_cache_tokens) if prefix_cache_entries else None
         self.engine = EngineLoop(DecoderRunner(model, prefix_cache=self.prefix_cache, prefill_chunk=prefill_chunk),
                                  max_running=max_running,
                                  name="voice-llm")
@@ -101,7 +104,10 @@ class ChatLLM:
         ids = self.prompt_ids(messages, params.max_tokens)
         check_context_length(len(ids), params.max_tokens, self.context_length)
         params = dataclasses.replace(params, stop_token_ids=tuple(dict.fromkeys(params.stop_token_ids + self.end_token_ids)))
-        prompt = Prompt(input_ids=torch.tensor(ids), cache_prefix=self.shared_prefix_length(messages, ids))
+        # keep the system part (every conversation with these system messages starts with it) and the whole
+        # prompt (this conversation's next turn starts with it: multi-turn chats and realtime sessions)
+        head = self.shared_prefix_length(messages, ids)
+        prompt = Prompt(input_ids=torch.tensor(ids), cache_prefixes=tuple(n for n in (head, len(ids)) if n))
         return prompt, params, TextStream(self.tokenizer, len(ids), stop)
 
     def shared_prefix_length(self, messages: Sequence[Mapping[str, str]], ids: Sequence[int]) -> int:

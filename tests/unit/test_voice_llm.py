@@ -142,3 +142,29 @@ def test_prefix_cache_reuses_the_system_prompt_and_gives_the_same_tokens(llm):
     [t.start() for t in threads]
     [t.join() for t in threads]
     assert answers == expected
+
+
+def test_a_conversations_next_turn_is_prefilled_after_its_previous_prompt(llm):
+    """Each prompt is kept whole, so the next turn of its conversation prefills only the reply and the new
+    user text, also when the prompts are longer than one prefill chunk (128 tokens: chunked prefill); the
+    answers stay the tokens of transformers' generate() over the full prompt."""
+    params = SamplingParams(max_tokens=12, temperature=0.0)
+    notes = "Here are my notes. " + " ".join(f"Box {i} holds {n} red apples." for i, n in enumerate(range(3, 30)))
+    turn1 = [{"role": "user", "content": notes + " How many apples are in box 2?"}]
+    ids1 = llm.prompt_ids(turn1)
+    assert len(ids1) > llm.engine.runner.prefill_chunk   # prefilled in chunks
+    text1, _ = llm.complete(turn1, params)
+    assert text1 == _hf_greedy(llm, turn1, params.max_tokens) and ids1 in llm.prefix_cache
+    turn2 = [*turn1, {"role": "assistant", "content": text1}, {"role": "user", "content": "And in box 5?"}]
+    ids2 = llm.prompt_ids(turn2)
+    assert ids2[:len(ids1)] == ids1
+    fed = []   # tokens each forward of the engine feeds
+    hook = llm.engine.runner.model.register_forward_pre_hook(
+        lambda _m, _a, kwargs: fed.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
+    try:
+        text2, final = llm.complete(turn2, params)
+    finally:
+        hook.remove()
+    assert text2 == _hf_greedy(llm, turn2, params.max_tokens)
+    # the prefill fed what follows the first turn's prompt (plus one token per decode step), not the whole prompt
+    assert sum(fed) == len(ids2) - len(ids1) + final.usage.completion_tokens - 1 < len(ids2)
