@@ -369,3 +369,24 @@ def test_a_crashed_loop_fails_its_requests_as_unavailable_and_restarts_fresh():
         assert [[o.token_id for o in outputs[str(i)]] for i in range(len(PROMPTS))] == [reference(model, p) for p in PROMPTS]
     finally:
         engine.shutdown()
+
+
+def test_prefix_cache_drops_least_recently_used_entries_beyond_its_token_budget():
+    from omni_backends.engine import PrefixCache
+
+    def layers(n):
+        return [(torch.full((1, 1, n, 2), float(n)), torch.zeros(1, 1, n, 2))]
+
+    cache = PrefixCache(max_entries=8, max_tokens=10)
+    cache.store([1, 2, 3], layers(3))
+    cache.store([7, 8, 9, 10], layers(4))
+    assert cache.lookup([1, 2, 3, 4])[0] == (1, 2, 3)   # used: now the most recent
+    cache.store([5, 6, 7, 8], layers(4))   # 11 tokens > 10: the least recently used entry goes
+    assert [7, 8, 9, 10] not in cache and [1, 2, 3] in cache and [5, 6, 7, 8] in cache and cache.tokens == 7
+    cache.store(list(range(100, 120)), layers(20))   # alone over the budget: kept, everything older dropped
+    assert len(cache) == 1 and cache.tokens == 20
+    assert cache.lookup(list(range(100, 121)))[1][0][0].shape == (1, 1, 20, 2)
+    with pytest.raises(ValueError, match="max_tokens"):
+        PrefixCache(max_tokens=0)
+    with pytest.raises(ValueError, match=r"cache_prefixes must each be in \[1, 3\]"):
+        Prompt(input_ids=[1, 2, 3], cache_prefixes=(4,))
