@@ -72,6 +72,11 @@ class BatchStageModel:
     def setup(self) -> None:
         raise NotImplementedError
 
+    def finalize(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+        self.metrics.close()
+
     def infer_row(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         raise NotImplementedError
 

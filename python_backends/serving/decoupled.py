@@ -164,3 +164,4 @@ class AsyncDecoupledModel:
 
     def finalize(self) -> None:
         self.teardown()
+        self.metrics.close()

@@ -104,6 +104,7 @@ class EngineStageModel:
         self.loop.shutdown(timeout=10)
         self._outputs.put(_STOP)
         self._sender.join(timeout=10)
+        self.metrics.close()
 
     # -- engine thread -> sender thread ---------------------------------------------------------
     def _on_output(self, rid: str, output: StepOutput) -> None:

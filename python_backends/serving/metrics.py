@@ -90,7 +90,9 @@ class StageMetrics:
         self._first_audio: dict[str, object] = {}
         self._tensor_metrics: dict[tuple[str, str, str], object] = {}
         faulthandler.enable(all_threads=True)
-        threading.Thread(target=self._beat, name=f"{model_name}-heartbeat", daemon=True).start()
+        self._stop = threading.Event()
+        self._beating = threading.Thread(target=self._beat, name=f"{model_name}-heartbeat", daemon=True)
+        self._beating.start()
         self._inflight = inflight.Metric(labels=labels)
         self._inflight.set(0)  # a restarted stub starts from 0, whatever its dead predecessor left
         self._total = {o: total.Metric(labels={**labels, "outcome": o}) for o in _OUTCOMES}
@@ -99,12 +101,26 @@ class StageMetrics:
 
     def _beat(self) -> None:
         server = os.getppid()
-        while True:
-            time.sleep(HEARTBEAT_S)
+        while not self._stop.wait(HEARTBEAT_S):
             if os.getppid() != server:  # tritonserver died (we were re-parented): do not linger as an orphan
                 os._exit(1)
             self._heartbeat.set(time.time())
             faulthandler.dump_traceback_later(STALL_DUMP_S)   # replaces the previous beat's watchdog
+
+    def close(self) -> None:
+        """Stop the heartbeat and its stall watchdog and free the metrics and their families (metrics first);
+        every model calls this from `finalize`, and nothing may be recorded after it. After `finalize` the
+        stub tears down the shared memory that metrics live in: a beat written then, or a family freed only
+        when the interpreter exits, killed the stub with SIGSEGV at server shutdown ("Fatal Python error" in
+        the server log; the family's destructor writes to that memory)."""
+        self._stop.set()
+        self._beating.join(timeout=2 * HEARTBEAT_S)
+        faulthandler.cancel_dump_traceback_later()
+        with self._lock:
+            self._total, self._steps, self._first_audio, self._tensor_metrics = {}, {}, {}, {}
+            self._heartbeat = self._healthy = self._restarts = self._queue = self._inflight = None
+            self._queue_family = self._step_family = self._tensor_family = self._first_audio_family = None
+            self._families = ()
 
     @property
     def inflight(self) -> int:

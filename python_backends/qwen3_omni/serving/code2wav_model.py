@@ -47,15 +47,21 @@ class TritonPythonModel:
         self._sequences: set[int] = set()
         self.leases = SequenceLeases(model_config.sequence_idle_seconds(config))
         self._lock = threading.Lock()             # execute vs the sweeper
-        threading.Thread(target=self._sweep_idle, name=f"{self.model_name}-idle", daemon=True).start()
+        self._closed = threading.Event()
+        self._sweeper = threading.Thread(target=self._sweep_idle, name=f"{self.model_name}-idle", daemon=True)
+        self._sweeper.start()
+
+    def finalize(self) -> None:
+        self._closed.set()
+        self._sweeper.join(timeout=2)
+        self.metrics.close()
 
     def execute(self, requests):
         with self._lock:
             return self._execute(requests)
 
     def _sweep_idle(self) -> None:
-        while True:
-            time.sleep(min(self.leases.idle_s, 1.0))
+        while not self._closed.wait(min(self.leases.idle_s, 1.0)):
             with self._lock:
                 for seq, why in self.leases.expired().items():
                     pb_utils.Logger.log_warn(f"{self.model_name}: sequence {seq} ended ({why})")

@@ -95,6 +95,7 @@ class TritonPythonModel:
     def finalize(self) -> None:
         self._commands.put(_STOP)
         self._worker.join(timeout=10)
+        self.metrics.close()
 
     # -- request parsing (Triton thread) ----------------------------------------------------------
     def _parse(self, request, sender) -> _Command:

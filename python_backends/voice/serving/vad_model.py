@@ -43,6 +43,9 @@ class TritonPythonModel:
         self.idle_timeout_s = model_config.int_parameter(self.parameters, "idle_timeout_s", 3600)
         self.streams: dict[int, tuple[VADStream, float]] = {}  # correlation id -> (stream, last request time)
 
+    def finalize(self) -> None:
+        self.metrics.close()
+
     def execute(self, requests):
         now = time.monotonic()
         for corrid in [c for c, (_, seen) in self.streams.items() if now - seen > self.idle_timeout_s]:
