@@ -11,6 +11,9 @@ Each stage runs in its own process so its resident memory (RSS) is its own:
             pipeline chunks them) and transcribed back by Whisper: WER against the reply's words, with the
             Markdown marks dropped before speech (as served) and read aloud (as before `markup.speakable`);
             table on stdout, JSON in var/bench/voice_wer.json
+  multiturn: one 8-turn conversation (the bench prompts in turn, greedy 48-token replies kept in the history):
+            time to first token of each turn with the prefix cache (system part and each whole prompt kept)
+            against the same LLM without one, turns alternated; JSON in var/bench/voice_multiturn.json
 Usage: .venv/bin/python scripts/bench_voice.py [tts|asr|llm|pipeline ...]
 """
 from __future__ import annotations
@@ -180,7 +183,36 @@ def bench_wer() -> None:
     Path("var/bench/voice_wer.json").write_text(json.dumps(results, indent=1))
 
 
-BENCHES = {"tts": bench_tts, "asr": bench_asr, "llm": bench_llm, "pipeline": bench_pipeline, "wer": bench_wer}
+def bench_multiturn() -> None:
+    import json
+    from pathlib import Path
+
+    from omni_bench.datasets import BUILTIN_PROMPTS
+    from omni_backends.engine import SamplingParams
+    from omni_backends.voice.llm import ChatLLM
+
+    llms = {"no cache": ChatLLM(prefix_cache_entries=0), "cache": ChatLLM()}
+    params, messages, rows = SamplingParams(max_tokens=48, temperature=0.0), [], []
+    print(f"{'turn':>4}{'prompt tokens':>15}{'TTFT no cache':>15}{'TTFT cache':>12}")
+    for turn, question in enumerate(BUILTIN_PROMPTS[:8], 1):
+        messages.append({"role": "user", "content": question})
+        row = {"turn": turn, "prompt_tokens": len(llms["cache"].prompt_ids(messages))}
+        for name, llm in (reversed(llms.items()) if turn % 2 else llms.items()):   # alternate which goes first
+            start, first, text = time.perf_counter(), None, ""
+            for delta in llm.generate(messages, params):
+                first = first or time.perf_counter() - start
+                text += delta.text
+            row[name], reply = first, text   # greedy: both write the same reply
+        messages.append({"role": "assistant", "content": reply})
+        rows.append(row)
+        print(f"{turn:>4}{row['prompt_tokens']:>15}{row['no cache'] * 1e3:>13.1f}ms{row['cache'] * 1e3:>10.1f}ms")
+    for llm in llms.values():
+        llm.shutdown()
+    Path("var/bench").mkdir(parents=True, exist_ok=True)
+    Path("var/bench/voice_multiturn.json").write_text(json.dumps(rows, indent=1))
+
+
+BENCHES = {"tts": bench_tts, "asr": bench_asr, "llm": bench_llm, "pipeline": bench_pipeline, "wer": bench_wer, "multiturn": bench_multiturn}
 
 if __name__ == "__main__":
     names = sys.argv[1:] or list(BENCHES)
