@@ -87,9 +87,11 @@ class DecoderRunner:
             every prefill is full.
             Not combinable with hidden_layers (a cached prefix has no hidden states to return).
         prefill_chunk: prompt tokens one `prefill` call processes (0: no limit; `EngineOptions.prefill_chunk`,
-            as the static engine's). Whole prompts that fit are batched within it; a prompt that does not fit is prefilled chunk by chunk over
-            several calls (chunked prefill: the loop decodes the running requests between chunks, so a
-            long prompt never stalls them for more than one chunk; it starts after its longest kept prefix). A prompt with explicit position_ids or model_kwargs (e.g. audio features) is never split.
+            as the static engine's). Whole prompts that fit are batched within it; a prompt that does not
+            fit is prefilled chunk by chunk over several calls (chunked prefill: the loop decodes the running
+            requests between chunks, so a long prompt never stalls them for more than one chunk; it starts
+            after its longest kept prefix). A prompt with explicit position_ids or model_kwargs (e.g. audio
+            features) is never split.
 
     Per-request caches live in one `KVBatch`; `decode` runs ONE forward for every live request.
     """
