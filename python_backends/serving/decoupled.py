@@ -164,4 +164,5 @@ class AsyncDecoupledModel:
 
     def finalize(self) -> None:
         self.teardown()
+        retire.release()
         self.metrics.close()

@@ -14,21 +14,40 @@ through the same queue and waits for its answer. So once an `is_cancelled()` ask
 finished has returned, the stub has dropped its reference and ours is the last one: finished iterators
 are parked here (`park`) and dropped by the next `checkpoint(is_cancelled)`, which the BLS parents'
 request contexts (`decoupled.RequestContext.cancelled`) call while they poll their client's
-cancellation. Between requests a parked iterator just waits for the next request's first poll.
+cancellation. Between requests a parked iterator just waits for the next request's first poll; when the
+model is finalized, `release` drops what is left (the stub's shared memory, which an iterator's destructor
+writes to, is gone by the time the interpreter exits: freed then, they killed the stub with SIGSEGV).
 """
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 _lock = threading.Lock()
 _parked: list = []
+_last_park = 0.0   # time.monotonic() of the last park
+# no request is left to checkpoint with at `release`: the stub's clean-up of an iterator follows its FINAL by
+# milliseconds (one queued message), so iterators parked this long ago were let go by the stub
+RELEASE_SETTLE_S = 0.5
 
 
 def park(iterator) -> None:
     """Keeps a finished response iterator alive until the next checkpoint."""
+    global _last_park
     with _lock:
         _parked.append(iterator)
+        _last_park = time.monotonic()
+
+
+def release() -> None:
+    """Drops every parked iterator, on this thread, at least RELEASE_SETTLE_S after the last park; call it from
+    the model's `finalize` (no request is served any more)."""
+    time.sleep(max(0.0, _last_park + RELEASE_SETTLE_S - time.monotonic()))
+    with _lock:
+        batch = _parked[:]
+        _parked.clear()
+    batch.clear()
 
 
 def checkpoint(is_cancelled: Callable[[], bool]) -> bool:

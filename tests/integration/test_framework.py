@@ -315,10 +315,15 @@ def test_ctrl_c_leaves_no_process_behind_and_no_stub_crashes(tmp_path):
     """Every stub stops cleanly: before, a heartbeat written after the model's finalize killed stubs with
     SIGSEGV during the shutdown ("Fatal Python error: Segmentation fault" with the stack of the heartbeat
     thread in the log). The stubs beat every second and the unload takes seconds, so several of them
-    crashed at almost every Ctrl-C."""
+    crashed at almost every Ctrl-C; so did a BLS parent's finished response iterators freed only when the
+    interpreter exited (`retire.release`)."""
     server = start_server(tmp_path, *MOCK_ARGS)
     children = psutil.Process(server.process.pid).children(recursive=True)
     assert any("tritonserver" in " ".join(p.cmdline()) for p in children)
+    for _ in range(3):   # BLS streams through the relay: finished response iterators parked in its stub
+        assert _client(server).chat.completions.create(
+            model="relay", messages=[{"role": "user", "content": "hi"}], extra_body={"repeat": 2}
+        ).choices[0].message.content == "tok0tok1"
     time.sleep(3)   # past the first heartbeats of every stub
     assert server.stop(signal.SIGINT) == 130
     assert not [p for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
