@@ -214,7 +214,7 @@ async def _decode_upload(data: bytes, name: str) -> tuple[np.ndarray, np.ndarray
 
 def _body(job: _Job) -> dict:
     o = job.options
-    body = {**(o.model_extra or {}), "task": job.task, "prompt": o.prompt, "n": o.n, "partial_images": o.partial_images}
+    body = {**pipeline_stream.extension_fields(o.model_extra), "task": job.task, "prompt": o.prompt, "n": o.n, "partial_images": o.partial_images}
     if job.size is not None:
         body["width"], body["height"] = job.size
     extensions = {"seed": o.seed, "num_inference_steps": o.num_inference_steps, "negative_prompt": o.negative_prompt,

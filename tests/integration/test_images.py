@@ -232,6 +232,7 @@ GEN = {"model": "qwen_image", "prompt": "a cat", "size": "64x64"}
     ({**GEN, "output_compression": True}, 400, "output_compression"),
     ({**GEN, "stream": "true"}, 400, "stream"),
     ({**GEN, "stream": 1, "partial_images": 1}, 400, "stream"),
+    ({**GEN, "action": "describe"}, 400, "action"),              # a pipeline-protocol key, not an extension
 ])
 def test_bad_generation_input_is_a_4xx_before_any_model_work(image_server, body, status, param):
     before = _stage_requests(image_server)
