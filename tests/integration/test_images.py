@@ -251,6 +251,7 @@ def test_bad_generation_input_is_a_4xx_before_any_model_work(image_server, body,
     ({"image[]": [("a.png", _png(SOURCE), "image/png")] * 5}, {}, 400, "image"),
     ({"image": ("a.png", b"\x89PNG" + b"0" * (26 * 1024 * 1024), "image/png")}, {}, 413, "image"),
     ({}, {}, 400, "image"),
+    ({"image": ("a.png", _png(np.zeros((64, 8, 3), np.uint8)), "image/png")}, {}, 400, "image"),  # was "width"
 ])
 def test_bad_edit_input_is_a_4xx_before_any_model_work(image_server, files, data, status, param):
     before = _stage_requests(image_server)
@@ -307,7 +308,7 @@ def test_an_edit_whose_text_encoding_fails_while_its_vae_encode_runs_leaves_the_
     sliver = (np.arange(16 * 4096 * 3) % 251).astype(np.uint8).reshape(4096, 16, 3)
     response = httpx.post(f"{image_server.base_url}/v1/images/edits", files={"image": ("a.png", _png(sliver), "image/png")},
                           data={"model": "qwen_image_edit", "prompt": "blue", "num_inference_steps": "1"}, timeout=120)
-    assert response.status_code == 400, response.text
+    assert response.status_code == 400 and response.json()["error"]["param"] == "image", response.text
     metrics = image_server.metrics_url
     for model in STAGES:   # the VAE call left behind is stopped, not run to its end for nobody
         assert wait_for(lambda m=model: metric_value(metrics, "omni_inflight_requests", model=m) == 0, 30), model
