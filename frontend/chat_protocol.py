@@ -21,6 +21,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
 
 from omni_frontend import audio as audio_codec
+from omni_frontend import pipeline_stream
 from omni_frontend.config import RequestLimits
 from omni_frontend.errors import bad_request
 
@@ -224,7 +225,8 @@ def to_pipeline(req: ChatRequest, limits: RequestLimits | None = None) -> tuple[
         raise bad_request(f"audio.format {req.audio.format!r} cannot be streamed; use pcm16 or wav",
                           param="audio.format", code="unsupported_stream_format")
     # Extension fields (extra_body) pass through for pipelines that honour them; known keys win.
-    extra = {k: v for k, v in (req.model_extra or {}).items() if k not in IGNORED_FIELDS and k not in UNSUPPORTED_FIELDS}
+    extra = {k: v for k, v in pipeline_stream.extension_fields(req.model_extra).items()
+             if k not in IGNORED_FIELDS and k not in UNSUPPORTED_FIELDS}
     body = {**extra, "messages": messages, "modalities": modalities,
             "voice": req.audio.voice if req.audio else None,
             "temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k,

@@ -1,7 +1,9 @@
 """Short-lived in-memory store of generated image files, for `response_format: "url"`.
 
 Each image gets an unguessable id (128 random bits); `GET /files/images/{id}` serves it until it expires
-(`ttl_s`, default 10 minutes) or until `max_items` newer images pushed it out. Nothing is written to disk.
+(`ttl_s`, default 10 minutes) or until newer images pushed it out: the store keeps at most `max_items`
+images of at most `max_bytes` together (default 256 MiB; 512 full-size 1024x1024 PNGs of ~1.5-3 MB each
+were up to 1.5 GB of the frontend's memory). Nothing is written to disk.
 """
 from __future__ import annotations
 
@@ -12,9 +14,10 @@ from collections import OrderedDict
 
 
 class ImageStore:
-    def __init__(self, ttl_s: float = 600.0, max_items: int = 512):
-        self.ttl_s, self.max_items = ttl_s, max_items
+    def __init__(self, ttl_s: float = 600.0, max_items: int = 512, max_bytes: int = 256 * 1024 * 1024):
+        self.ttl_s, self.max_items, self.max_bytes = ttl_s, max_items, max_bytes
         self._items: OrderedDict[str, tuple[float, bytes, str]] = OrderedDict()
+        self._bytes = 0
         self._lock = threading.Lock()
 
     def put(self, data: bytes, content_type: str) -> tuple[str, int]:
@@ -23,8 +26,9 @@ class ImageStore:
         expires = time.time() + self.ttl_s
         with self._lock:
             self._items[key] = (expires, data, content_type)
-            while len(self._items) > self.max_items:
-                self._items.popitem(last=False)
+            self._bytes += len(data)
+            while len(self._items) > self.max_items or (self._bytes > self.max_bytes and len(self._items) > 1):
+                self._bytes -= len(self._items.popitem(last=False)[1][1])
         return key, int(expires)
 
     def get(self, key: str) -> tuple[bytes, str] | None:
@@ -32,6 +36,6 @@ class ImageStore:
         now = time.time()
         with self._lock:
             for old in [k for k, (expires, _, _) in self._items.items() if expires <= now]:
-                del self._items[old]
+                self._bytes -= len(self._items.pop(old)[1])
             found = self._items.get(key)
         return None if found is None else (found[1], found[2])

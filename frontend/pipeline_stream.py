@@ -15,6 +15,20 @@ from omni_frontend.observability import CLIENT_CLOSED
 from omni_frontend.triton_client import TritonClient
 
 DISCONNECT_POLL_S = 0.1
+# Keys of the pipeline REQUEST protocol that ask a pipeline for something other than serving the request
+# ({"action": "voices"}, {"action": "describe"}): a client's extension fields never carry them.
+CONTROL_FIELDS = ("action",)
+
+
+def extension_fields(extra: dict | None) -> dict:
+    """A request's extension fields (pydantic `model_extra`), to pass on in the pipeline REQUEST. Raises
+    APIError 400 (code `unsupported_parameter`) naming a CONTROL_FIELDS key: passed on, `"action": "voices"`
+    turned a speech request into a voices listing, answered 200 with no audio."""
+    extra = dict(extra or {})
+    for name in CONTROL_FIELDS:
+        if name in extra:
+            raise APIError(400, f"{name} is not a request field of this API", param=name, code="unsupported_parameter")
+    return extra
 
 
 async def events(client: TritonClient, model: str, body: dict, request_id: str,

@@ -16,6 +16,7 @@ import dataclasses
 import pydantic
 from openai.types.realtime import RealtimeSessionCreateRequest, RealtimeTranscriptionSessionCreateRequest
 
+from omni_frontend.config import RequestLimits
 from omni_frontend.realtime.protocol import ProtocolError, check
 from omni_frontend.validation import LANGUAGE_CODE
 
@@ -111,10 +112,13 @@ def _schema_copy(session: dict) -> dict:
     return checked
 
 
-def validate(session: dict, event_id: str | None = None) -> SessionSettings:
+def validate(session: dict, event_id: str | None = None,
+             max_text_chars: int = RequestLimits.max_text_chars) -> SessionSettings:
     """Effective settings of a merged session. Raises ProtocolError (param = the field, prefixed
     "session.") for anything the SDK schema (strict types, no unknown fields) or this server does not
-    accept. The voice is checked by the session against its pipeline (`RealtimeSession._check_voice`)."""
+    accept, including a transcription prompt over `max_text_chars` (--max-text-chars; every turn's
+    transcription tokenizes it whole). The voice is checked by the session against its pipeline
+    (`RealtimeSession._check_voice`)."""
     kind = session.get("type", "realtime")
     if kind not in _SCHEMAS:
         raise ProtocolError(f"session.type must be 'realtime' or 'transcription', got {kind!r}", param="session.type",
@@ -124,7 +128,7 @@ def validate(session: dict, event_id: str | None = None) -> SessionSettings:
         checked.pop(key, None)
     check(_SCHEMAS[kind], checked, event_id, prefix="session.")
     try:
-        return _settings(session, kind)
+        return _settings(session, kind, max_text_chars)
     except ProtocolError as exc:
         exc.event_id = event_id
         if exc.param and not exc.param.startswith("session."):
@@ -132,7 +136,7 @@ def validate(session: dict, event_id: str | None = None) -> SessionSettings:
         raise
 
 
-def _settings(session: dict, kind: str) -> SessionSettings:
+def _settings(session: dict, kind: str, max_text_chars: int) -> SessionSettings:
     audio = session.get("audio") or {}
     audio_in, audio_out = audio.get("input") or {}, audio.get("output") or {}
     input_format, input_rate = _format(audio_in.get("format"), INPUT_PCM_RATES, "audio.input.format")
@@ -144,6 +148,10 @@ def _settings(session: dict, kind: str) -> SessionSettings:
                         ("audio.input.transcription.languages", (transcription or {}).get("languages"))):
         if value:
             raise ProtocolError(f"{name} is not supported by this server", code="unsupported_feature", param=name)
+    prompt = (transcription or {}).get("prompt")
+    if prompt is not None and len(prompt) > max_text_chars:
+        raise ProtocolError(f"audio.input.transcription.prompt is {len(prompt)} characters; the limit is "
+                            f"{max_text_chars} (--max-text-chars)", param="audio.input.transcription.prompt")
     language = (transcription or {}).get("language")
     if language is not None and not LANGUAGE_CODE.fullmatch(language):
         raise ProtocolError(f"audio.input.transcription.language must be an ISO-639-1 code such as 'en', got {language!r}",
@@ -160,7 +168,7 @@ def _settings(session: dict, kind: str) -> SessionSettings:
         vad=vad, create_response=create and kind == "realtime", interrupt_response=interrupt and kind == "realtime",
         transcribe=transcription is not None or kind == "transcription",
         transcription_language=(transcription or {}).get("language") or "en",
-        transcription_prompt=(transcription or {}).get("prompt"),
+        transcription_prompt=prompt,
         max_tokens=_max_tokens(session.get("max_output_tokens"), None, "max_output_tokens"))
 
 

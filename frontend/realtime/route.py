@@ -63,7 +63,8 @@ async def realtime(websocket: WebSocket):
         return
     request_id = websocket.headers.get("x-request-id") or uuid.uuid4().hex
     session = RealtimeSession(websocket.app.state.triton, pipeline, model or pipeline.name, websocket.send_text,
-                              request_id, cfg.realtime_speculation_ms, websocket.app.state.metrics.speculations)
+                              request_id, cfg.realtime_speculation_ms, websocket.app.state.metrics.speculations,
+                              cfg.limits.max_text_chars)
     log.info("realtime session %s opened (model %s)", request_id, pipeline.name)
     try:
         await session.start()

@@ -21,6 +21,7 @@ import logging
 import numpy as np
 
 from omni_frontend import pipeline_stream
+from omni_frontend.config import RequestLimits
 from omni_frontend.errors import APIError
 from omni_frontend.pipelines import Pipeline
 from omni_frontend.realtime import config as session_config
@@ -71,16 +72,17 @@ class RealtimeSession:
 
     speculation_ms: with server VAD and automatic responses, start a turn's response after this many ms of
     silence (the VAD's pause_duration_ms; used when shorter than the turn's silence_duration_ms), held until
-    the turn ends; None: off. outcomes: the speculations counter (FrontendMetrics.speculations) or None."""
+    the turn ends; None: off. outcomes: the speculations counter (FrontendMetrics.speculations) or None.
+    max_text_chars: the longest transcription prompt a session may set (--max-text-chars)."""
 
     def __init__(self, triton: TritonClient, pipeline: Pipeline, model: str, send_text, request_id: str,
-                 speculation_ms: int | None = None, outcomes=None):
+                 speculation_ms: int | None = None, outcomes=None, max_text_chars: int = RequestLimits.max_text_chars):
         self.triton, self.pipeline, self.model, self._send_text = triton, pipeline, model, send_text
         self.request_id = request_id
-        self.speculation_ms, self.outcomes = speculation_ms, outcomes
+        self.speculation_ms, self.outcomes, self.max_text_chars = speculation_ms, outcomes, max_text_chars
         self.speculation: tuple[Speculation, Response] | None = None
         self.session = session_config.default_session(model, new_id("sess"))
-        self.settings = session_config.validate(self.session)
+        self.settings = session_config.validate(self.session, max_text_chars=max_text_chars)
         self.conversation = Conversation()
         self.decoder = InputDecoder(self.settings.input_format, self.settings.input_rate)
         self.buffer: list[np.ndarray] = []  # uncommitted input audio, float32 16 kHz
@@ -185,7 +187,7 @@ class RealtimeSession:
         merged = session_config.merge(base, update)
         if merged.get("type") == "realtime":
             merged["model"] = self.model  # the connection's pipeline; a session cannot switch models
-        settings = session_config.validate(merged, event.get("event_id"))
+        settings = session_config.validate(merged, event.get("event_id"), self.max_text_chars)
         if settings.kind == "realtime" and settings.voice != self.settings.voice:
             await self._check_voice(settings.voice, "session.audio.output.voice")
         old = self.settings  # nothing of the session changes before every check has passed

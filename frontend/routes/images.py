@@ -8,8 +8,9 @@ Events: {"type": "progress"}, {"type": "image.partial", "index", "partial_image_
 {"type": "image", "index"} + IMAGE, {"type": "done", "seed", "width", "height", "usage"}.
 Every bad input is a 4xx before the pipeline is called: unknown model, empty prompt, malformed size or
 more than `max_image_pixels`, n outside 1-10, non-image upload, more than 4 images or an input image over
-4096x4096 pixels, mask of another size than the first image or without alpha,
-an upload over `max_upload_bytes` (413), a JSON body to /edits (415).
+4096x4096 pixels, an edit without size of an image under 16 pixels a side, mask of another size than the
+first image or without alpha, an upload over `max_upload_bytes` (413), a JSON body to /edits (415), a
+pipeline-protocol key (`action`) among the extension fields.
 """
 from __future__ import annotations
 
@@ -96,6 +97,9 @@ def _size(request: Request, value: str | None, default: tuple[int, int] | None) 
     """(width, height) checked against the pixel limit; None leaves the choice to the pipeline."""
     limit = config(request).max_image_pixels
     if value in (None, "", "auto"):
+        if default is not None and min(default) < MULTIPLE:
+            raise bad_request(f"the image is {default[0]}x{default[1]} pixels: without a size the edit takes its size, "
+                              f"which needs at least {MULTIPLE} pixels a side", param="image", code="image_too_small")
         size = None if default is None else (default[0] // MULTIPLE * MULTIPLE, default[1] // MULTIPLE * MULTIPLE)
     else:
         match = _SIZE.match(value)
@@ -214,7 +218,7 @@ async def _decode_upload(data: bytes, name: str) -> tuple[np.ndarray, np.ndarray
 
 def _body(job: _Job) -> dict:
     o = job.options
-    body = {**(o.model_extra or {}), "task": job.task, "prompt": o.prompt, "n": o.n, "partial_images": o.partial_images}
+    body = {**pipeline_stream.extension_fields(o.model_extra), "task": job.task, "prompt": o.prompt, "n": o.n, "partial_images": o.partial_images}
     if job.size is not None:
         body["width"], body["height"] = job.size
     extensions = {"seed": o.seed, "num_inference_steps": o.num_inference_steps, "negative_prompt": o.negative_prompt,

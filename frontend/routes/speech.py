@@ -69,7 +69,7 @@ async def speech(req: SpeechRequest, request: Request):
     _validate(req, cfg.limits)
     pipeline = pipeline_for(request, req.model, SPEECH, "speech")
     ticket = admission.enter(request, pipeline)
-    body = {**(req.model_extra or {}), "input": req.input, "voice": req.voice, "speed": req.speed}
+    body = {**pipeline_stream.extension_fields(req.model_extra), "input": req.input, "voice": req.voice, "speed": req.speed}
     request_id = request.state.request_id
     timer = observability.timer(request, pipeline.name)
     stream = pipeline_stream.events(triton(request), pipeline.entry, body, request_id)

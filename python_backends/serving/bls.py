@@ -15,7 +15,7 @@ import asyncio
 import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 
 import triton_python_backend_utils as pb_utils
 
@@ -202,3 +202,17 @@ async def infer(ctx: RequestContext | None, model: str, inputs: dict, outputs: l
     sidechannel.clear(child_id)
     _raise_for(model, response)
     return _outputs(response, outputs)
+
+
+async def gather(*calls: Awaitable) -> list:
+    """Awaits BLS calls (`infer`, ...) of one request concurrently and returns their results in order, like
+    `asyncio.gather`, except that the first failure first cancels the calls still running (their children
+    are told to stop) and waits for them: no call outlives the handler that made it. With asyncio.gather
+    they ran on after the handler had raised and the request was answered, for nobody."""
+    tasks = [asyncio.ensure_future(call) for call in calls]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

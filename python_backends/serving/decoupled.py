@@ -74,6 +74,7 @@ class RequestContext:
         self.correlation_id = request.correlation_id()
         self._cancelled = False
         self._checked = 0.0
+        self._finished = False
 
     def input(self, name: str) -> np.ndarray | None:
         """Input tensor `name` as numpy, or None if the client did not send it."""
@@ -91,7 +92,12 @@ class RequestContext:
         """The client cancelled (gRPC) or the BLS parent asked this request to stop. Asked at most once
         per CANCEL_POLL_S however many tasks of the request poll it (each `is_cancelled()` is a round
         trip through one server thread shared by all requests of the model); each time, the BLS
-        response iterators finished before are dropped (`retire.checkpoint`)."""
+        response iterators finished before are dropped (`retire.checkpoint`). True for good once the
+        request was answered (`finish`): its response factory is gone, and asking it `is_cancelled()`
+        then crashed tritonserver (SIGSEGV in TRITONBACKEND_ResponseFactoryIsCancelled), so a task
+        of the request still running after its FINAL stops at its next poll instead."""
+        if self._finished:
+            return True
         if not self._cancelled and time.monotonic() - self._checked >= CANCEL_POLL_S:
             self._checked = time.monotonic()
             self._cancelled = sidechannel.stop_requested(
@@ -101,6 +107,11 @@ class RequestContext:
     def check(self) -> None:
         if self.cancelled():
             raise Cancelled()
+
+    def finish(self) -> None:
+        """Marks the request answered (call right before its FINAL): from now on `cancelled()` is True
+        without asking Triton."""
+        self._finished = True
 
 
 class AsyncDecoupledModel:
@@ -160,6 +171,7 @@ class AsyncDecoupledModel:
             await stream.aclose()  # runs the handler's cleanup (e.g. cancels its BLS children)
             sidechannel.clear(ctx.request_id)
             self.metrics.finished(outcome)
+        ctx.finish()
         send_final(sender, ctx.request_id, error)
 
     def finalize(self) -> None:

@@ -20,6 +20,7 @@ Joining the chunks with single spaces gives back the text with its whitespace ru
 """
 from __future__ import annotations
 
+import itertools
 import math
 import re
 
@@ -62,13 +63,12 @@ class SentenceChunker:
             limit = min(self.max_words, round(self.first_max_words * self.growth ** self._emitted))
         else:
             clause_min, sentence_min, limit = math.inf, self.min_words, self.max_words
-        for match in _CLAUSE_END.finditer(self._buffer, 0, len(self._buffer) if newline < 0 else newline):
-            words = _word_count(self._buffer[:match.end()])
+        for match, words, last_word in self._boundaries(len(self._buffer) if newline < 0 else newline):
             if words > limit:
                 break
             sentence = not _SENTENCE_MARKS.isdisjoint(match.group())
             if words >= (min(sentence_min, clause_min) if sentence else clause_min) \
-                    and not _ends_with_abbreviation(self._buffer[:match.end()]):
+                    and not _abbreviation(match, last_word):
                 return match.end()
         if newline >= 0:
             return newline + 1
@@ -78,11 +78,26 @@ class SentenceChunker:
 
     def _long_cut(self, limit: int) -> int:
         """Cut an over-long chunk at its last clause boundary within `limit` words (one that leaves at least
-        `first_min_words` words), else after word `limit`."""
-        for match in reversed(list(_CLAUSE_END.finditer(self._buffer))):
-            if self.first_min_words <= _word_count(self._buffer[:match.end()]) <= limit:
-                return match.end()
-        return list(_WORD.finditer(self._buffer))[limit - 1].end()
+        `first_min_words` words), else after word `limit`. Looks no further than word `limit` + 1."""
+        words = list(itertools.islice(_WORD.finditer(self._buffer), limit + 1))
+        end = words[limit].start() if len(words) > limit else len(self._buffer)
+        cut = None
+        for match, count, _ in self._boundaries(end):
+            if self.first_min_words <= count <= limit:
+                cut = match.end()
+        return words[limit - 1].end() if cut is None else cut
+
+    def _boundaries(self, endpos: int):
+        """(clause-end match, words up to its end, the last of those words or None) for each boundary before
+        `endpos`, in order; words are counted one stretch at a time (a word never spans a boundary, which is
+        followed by whitespace), so scanning is linear in the text (counting each prefix anew was quadratic:
+        seconds of a stage's event loop for one 4 KB speech input)."""
+        words, start, last_word = 0, 0, None
+        for match in _CLAUSE_END.finditer(self._buffer, 0, endpos):
+            found = _WORD.findall(self._buffer, start, match.end())
+            words, start = words + len(found), match.end()
+            last_word = found[-1] if found else last_word
+            yield match, words, last_word
 
     def _take(self, end: int) -> list[str]:
         chunk, self._buffer = self._buffer[:end].strip(), self._buffer[end:].lstrip()
@@ -96,6 +111,6 @@ def _word_count(text: str) -> int:
     return len(_WORD.findall(text))
 
 
-def _ends_with_abbreviation(text: str) -> bool:
-    words = _WORD.findall(text)
-    return bool(words) and text.rstrip().endswith(".") and words[-1].lower() in _ABBREVIATIONS
+def _abbreviation(match: re.Match, last_word: str | None) -> bool:
+    """Whether the sentence end `match`, after the word `last_word`, is the period of an abbreviation ("Mr.")."""
+    return last_word is not None and match.group().endswith(".") and last_word.lower() in _ABBREVIATIONS

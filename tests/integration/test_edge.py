@@ -101,6 +101,7 @@ def _wav(samples: np.ndarray) -> bytes:
                                          ({"known_speaker_names[]": "agent"}, "known_speaker_names"),
                                          ({"chunking_strategy": '{"type": "server_vad"}'}, "chunking_strategy"),
                                          ({"language": "english!"}, "language"),
+                                         ({"prompt": "word " * 26215}, "prompt"),   # over --max-text-chars
                                          ({"file": np.full(1600, np.nan, np.float32)}, "file")])
 def test_bad_or_unsupported_transcription_fields_are_rejected(mock_server, form, param):
     audio = _wav(form.pop("file", np.zeros(1600, np.float32)))

@@ -344,6 +344,7 @@ def test_spoken_question_gets_the_same_answer_as_the_text_one(client):
     ("speech", {"json": {"model": "tts-1", "voice": "alloy", "input": "hi", "speed": 9}}, 400, "speed"),
     ("speech", {"json": {"model": "tts-1", "voice": "alloy", "input": "x" * 5000}}, 400, "input"),
     ("speech", {"json": {"model": "tts-1", "voice": "alloy", "input": "...!!!???"}}, 400, "input"),
+    ("speech", {"json": {"model": "tts-1", "voice": "alloy", "input": "hi", "action": "voices"}}, 400, "action"),
     ("transcriptions", {"files": {"file": ("a.wav", b"this is not audio" * 50, "audio/wav")},
                         "data": {"model": "whisper-1"}}, 400, "file"),
     ("transcriptions", {"files": {"file": ("a.wav", b"\0" * (25 * 1024 * 1024 + 10), "audio/wav")},

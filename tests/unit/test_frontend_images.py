@@ -60,3 +60,12 @@ def test_store_serves_until_expiry_and_drops_the_oldest():
     expired = ImageStore(ttl_s=0)
     key, _ = expired.put(b"x", "image/png")
     assert expired.get(key) is None
+
+
+def test_store_holds_at_most_max_bytes_and_keeps_the_newest():
+    """Only the item count was bounded: 512 full-size PNGs were up to 1.5 GB of the frontend's memory."""
+    store = ImageStore(ttl_s=60, max_bytes=250)
+    keys = [store.put(bytes(100), "image/png")[0] for _ in range(5)]
+    assert [store.get(k) is not None for k in keys] == [False, False, False, True, True]
+    big, _ = store.put(bytes(1000), "image/png")   # one image over the bound is still served, alone
+    assert store.get(big) is not None and all(store.get(k) is None for k in keys)

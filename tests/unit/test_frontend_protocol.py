@@ -110,6 +110,14 @@ def test_contract_changing_fields_are_rejected_naming_the_field(field, value):
     assert (info.value.status, info.value.param, info.value.code) == (400, field, "unsupported_parameter")
 
 
+def test_a_pipeline_control_field_is_not_passed_on_as_an_extension_field():
+    """Extension fields go to the pipeline REQUEST, whose "action" key asks a pipeline for its voices instead
+    of an answer: a chat or speech request carrying it was answered 200 with no content."""
+    with pytest.raises(APIError) as info:
+        to_pipeline(ChatRequest(model="voice", messages=USER, action="voices"))
+    assert (info.value.status, info.value.param, info.value.code) == (400, "action", "unsupported_parameter")
+
+
 def test_inert_and_bookkeeping_fields_are_accepted_and_not_passed_on():
     body, _ = to_pipeline(ChatRequest(
         model="voice", messages=USER, tools=[], tool_choice="none", response_format={"type": "text"}, logprobs=False,

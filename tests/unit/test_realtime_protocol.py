@@ -74,6 +74,8 @@ def test_format_type_change_replaces_the_object_and_rates_are_checked():
     ({"audio": {"input": {"transcription": {"keywords": ["Triton"]}}}}, "session.audio.input.transcription.keywords"),
     ({"output_modalities": []}, "session.output_modalities"),
     ({"max_output_tokens": 4097}, "session.max_output_tokens"),
+    # tokenized whole by every turn's transcription (an 8 MB prompt stalled voice_asr ~17 s)
+    ({"audio": {"input": {"transcription": {"prompt": "x" * 131073}}}}, "session.audio.input.transcription.prompt"),
 ])
 def test_invalid_sessions_name_the_field(update, param):
     with pytest.raises(ProtocolError) as info:

@@ -23,7 +23,6 @@ Errors (RequestError, HTTP 400) name the field.
 """
 from __future__ import annotations
 
-import asyncio
 import random
 
 import numpy as np
@@ -135,7 +134,7 @@ class TritonPythonModel(AsyncDecoupledModel):
         if cfg:
             work.append(self._encode_text(ctx, r["negative"], r["images"]))
         work += [bls.infer(ctx, VAE, {p.IMAGE: image[None]}, [p.CONDITION]) for image in r["images"]]
-        results = await asyncio.gather(*work)
+        results = await bls.gather(*work)
         ctx.check()
         embeds = results[0]
         inputs = {p.EMBEDS: embeds}

@@ -29,5 +29,5 @@ class TritonPythonModel(BatchStageModel):
             raise RequestError(f"{p.IMAGES_IN} must be uint8 [K, H, W, 3] with {p.IMAGE_SIZES} INT32 [K, 2]")
         try:
             return {p.EMBEDS: self.encoder.encode(prompt, unpack_ragged(images, inputs[p.IMAGE_SIZES]))}
-        except ValueError as exc:
-            raise RequestError(str(exc)) from None
+        except ValueError as exc:   # an image the processor cannot take (e.g. aspect ratio over 200)
+            raise RequestError(f"image: {exc}", param="image") from None

@@ -16,7 +16,6 @@ this pipeline serves text-to-video checkpoints.
 """
 from __future__ import annotations
 
-import asyncio
 import random
 
 import numpy as np
@@ -116,8 +115,8 @@ class TritonPythonModel(AsyncDecoupledModel):
             return
         r = self._request(ctx, body)
         cfg = r["guidance_scale"] > 1.0  # WanPipeline's rule: CFG with the negative prompt ("" by default)
-        encoded = await asyncio.gather(self._encode_text(ctx, r["prompt"]),
-                                       *([self._encode_text(ctx, r["negative"])] if cfg else []))
+        encoded = await bls.gather(self._encode_text(ctx, r["prompt"]),
+                                    *([self._encode_text(ctx, r["negative"])] if cfg else []))
         ctx.check()
         inputs = {p.EMBEDS: encoded[0]}
         if cfg:
