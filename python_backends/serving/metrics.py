@@ -35,6 +35,7 @@ writes every thread's stack to the log first, so the log shows where it hung.
 from __future__ import annotations
 
 import faulthandler
+import gc
 import os
 import threading
 import time
@@ -112,7 +113,9 @@ class StageMetrics:
         every model calls this from `finalize`, and nothing may be recorded after it. After `finalize` the
         stub tears down the shared memory that metrics live in: a beat written then, or a family freed only
         when the interpreter exits, killed the stub with SIGSEGV at server shutdown ("Fatal Python error" in
-        the server log; the family's destructor writes to that memory)."""
+        the server log; the family's destructor writes to that memory). For the same reason it collects the
+        process's cyclic garbage last: requests kept in reference cycles (e.g. by a failed row's traceback) were
+        freed by the interpreter's exit-time collection, and their destructors crashed the stub the same way."""
         self._stop.set()
         self._beating.join(timeout=2 * HEARTBEAT_S)
         faulthandler.cancel_dump_traceback_later()
@@ -121,6 +124,7 @@ class StageMetrics:
             self._heartbeat = self._healthy = self._restarts = self._queue = self._inflight = None
             self._queue_family = self._step_family = self._tensor_family = self._first_audio_family = None
             self._families = ()
+        gc.collect()
 
     @property
     def inflight(self) -> int:

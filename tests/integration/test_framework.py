@@ -3,6 +3,7 @@ driven with real clients (openai SDK, httpx, tritonclient). Uses the framework t
 tests/model_repository (never pipelines)."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -14,6 +15,7 @@ import numpy as np
 import openai
 import psutil
 import pytest
+import soundfile
 import tritonclient.grpc as grpcclient
 
 from tests.conftest import MOCK_ARGS
@@ -316,7 +318,8 @@ def test_ctrl_c_leaves_no_process_behind_and_no_stub_crashes(tmp_path):
     SIGSEGV during the shutdown ("Fatal Python error: Segmentation fault" with the stack of the heartbeat
     thread in the log). The stubs beat every second and the unload takes seconds, so several of them
     crashed at almost every Ctrl-C; so did a BLS parent's finished response iterators freed only when the
-    interpreter exited (`retire.release`)."""
+    interpreter exited (`retire.release`), and requests that a failed batch row's traceback kept in a reference
+    cycle (collected at finalize now)."""
     server = start_server(tmp_path, *MOCK_ARGS)
     children = psutil.Process(server.process.pid).children(recursive=True)
     assert any("tritonserver" in " ".join(p.cmdline()) for p in children)
@@ -324,6 +327,13 @@ def test_ctrl_c_leaves_no_process_behind_and_no_stub_crashes(tmp_path):
         assert _client(server).chat.completions.create(
             model="relay", messages=[{"role": "user", "content": "hi"}], extra_body={"repeat": 2}
         ).choices[0].message.content == "tok0tok1"
+    wav = io.BytesIO()
+    soundfile.write(wav, np.zeros(1600, np.float32), 16000, format="WAV")
+    with ThreadPoolExecutor(3) as pool:   # a batch of mock_asr (BatchStageModel) in which one row fails
+        codes = list(pool.map(lambda prompt: httpx.post(
+            f"{server.base_url}/v1/audio/transcriptions", timeout=30, data={"model": "mock-asr", "prompt": prompt},
+            files={"file": ("a.wav", wav.getvalue(), "audio/wav")}).status_code, ["sleep 0.4", "sleep 0.1", "fail"]))
+    assert sorted(codes) == [200, 200, 400]
     time.sleep(3)   # past the first heartbeats of every stub
     assert server.stop(signal.SIGINT) == 130
     assert not [p for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
