@@ -63,9 +63,10 @@ class PrefixCache:
         """Keep `layers` (copied) as the cache of prefix `ids`; drops the least recently used entries while more
         than `max_entries` or `max_tokens` are kept."""
         key = tuple(int(i) for i in ids)
+        if not key:
+            return
         if key in self._entries:
             self._entries.move_to_end(key)
-        if not key or key in self._entries:
             return
         self._entries[key] = [(k.detach().clone(), v.detach().clone()) for k, v in layers]
         self.tokens += len(key)

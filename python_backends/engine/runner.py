@@ -72,6 +72,12 @@ def text_mrope_position_ids(positions: torch.Tensor, sections: int = 4) -> torch
     return positions.unsqueeze(0).expand(sections, *positions.shape)
 
 
+def _from_prefix(prefix: Cached, rows: int) -> DynamicCache:
+    """A cache of `rows` rows that starts with a kept prefix (`PrefixCache.lookup`'s result). The forward
+    appends to copies (DynamicLayer.update concatenates), so the kept entry stays intact."""
+    return DynamicCache(ddp_cache_data=[(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in prefix[1]])
+
+
 class DecoderRunner:
     """Runner for a transformers causal LM with a full-attention DynamicCache.
 
@@ -204,8 +210,7 @@ class DecoderRunner:
         if found is None:
             return DynamicCache(config=self.model.config)
         request.state[_PREFILLED] = len(found[0])
-        # the forward appends to copies (DynamicLayer.update concatenates): the entry stays intact
-        return DynamicCache(ddp_cache_data=list(found[1]))
+        return _from_prefix(found, 1)
 
     def _by_cached_prefix(self, requests: list[EngineRequest]) -> list[tuple[Cached, list[EngineRequest]]]:
         """Requests grouped by the cached prefix their input_ids start with (None: no usable prefix)."""
@@ -282,11 +287,7 @@ class DecoderRunner:
         else:
             positions = torch.arange(skip, skip + width, device=self.device).expand(len(group), width)
             position_ids = self.position_ids_fn(positions)
-        if prefix:  # the forward appends to copies (DynamicLayer.update concatenates): the entry stays intact
-            cache = DynamicCache(ddp_cache_data=[(k.expand(len(group), -1, -1, -1), v.expand(len(group), -1, -1, -1))
-                                                 for k, v in prefix[1]])
-        else:
-            cache = DynamicCache(config=self.model.config)
+        cache = _from_prefix(prefix, len(group)) if prefix else DynamicCache(config=self.model.config)
         out = self.model(
             **inputs,
             **first.model_kwargs,
