@@ -654,6 +654,20 @@ def bench_pipeline(path, config, device, args) -> dict:
     return result
 
 
+def checkpoint_path(name: str) -> Path | None:
+    """A checkpoint directory from a path or a preset name (prepared into the model home first, e.g. the full-size
+    random `qwen3_omni_30b_a3b_random`); None when preparing the preset failed."""
+    from omni_backends import prepare
+    from omni_backends.paths import model_home
+
+    path = Path(name)
+    if path.is_absolute():
+        return path
+    if name in prepare.PREPARERS and prepare.main([name]) != 0:
+        return None
+    return model_home() / path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", default="qwen3_omni_30b_a3b_random", help="preset name or directory")
@@ -685,15 +699,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     global _tuned_tables
     _tuned_tables = load_tables(args.tables) if args.tables else None
-    from omni_backends import prepare
-    from omni_backends.paths import model_home
     from omni_backends.qwen3_omni.loading import load_config
 
-    path = Path(args.checkpoint)
-    if not path.is_absolute():
-        if args.checkpoint in prepare.PREPARERS and prepare.main([args.checkpoint]) != 0:
-            return 1
-        path = model_home() / path
+    path = checkpoint_path(args.checkpoint)
+    if path is None:
+        return 1
     config = load_config(path)
     bw = bandwidth(args.device)
     results = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",

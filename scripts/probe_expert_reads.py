@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_engine import active_bytes, bandwidth, head_dim, kv_bytes  # noqa: E402
+from bench_engine import active_bytes, bandwidth, checkpoint_path, head_dim, kv_bytes  # noqa: E402
 
 FRAME_SECONDS = 0.08   # one codec frame at 12.5 Hz
 
@@ -168,15 +168,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if max(args.batches) > args.requests:
         parser.error("--batches may not exceed --requests")
-    from omni_backends import prepare
-    from omni_backends.paths import model_home
     from omni_backends.qwen3_omni.loading import load_config, load_thinker
 
-    path = Path(args.checkpoint)
-    if not path.is_absolute():
-        if args.checkpoint in prepare.PREPARERS and prepare.main([args.checkpoint]) != 0:
-            return 1
-        path = model_home() / path
+    path = checkpoint_path(args.checkpoint)
+    if path is None:
+        return 1
     config = load_config(path)
     bandwidths = {"peak": args.peak_tbs * 1e12}
     if args.device.startswith("cuda"):
