@@ -1,5 +1,6 @@
 """The frontend's edge machinery without Triton: admission gates, the catch-all 500 and the body
-limit, served by a real uvicorn over real sockets (keep-alive behaviour is the point)."""
+limit, served by a real uvicorn over real sockets (keep-alive behaviour is the point); requests the
+routes refuse before any pipeline work, through the in-process ASGI client."""
 from __future__ import annotations
 
 import asyncio
@@ -13,6 +14,7 @@ import httpx
 import pytest
 import uvicorn
 import websockets.sync.client
+from fastapi.testclient import TestClient
 
 from omni_frontend.admission import Gate
 from omni_frontend.app import create_app
@@ -211,3 +213,43 @@ def test_a_queued_sse_speech_request_gets_the_queue_error_as_an_sse_error_event(
     events = [json.loads(line[len("data:"):]) for line in reply.text.splitlines() if line.startswith("data:")]
     assert [e["type"] for e in events] == ["error"], reply.text
     assert events[0]["error"]["code"] == "queue_timeout" and set(events[0]["error"]) == {"message", "type", "param", "code"}
+
+
+@pytest.fixture(scope="module")
+def routes_client(tmp_path_factory):
+    """The app of an asr + image edit + voice (realtime) + wan server whose Triton is unreachable, through the
+    in-process ASGI client (startup and shutdown run): requests refused at the edge never need Triton;
+    --max-text-chars is 100."""
+    config = FrontendConfig(triton_url="127.0.0.1:1", recover_stages=False, limits=RequestLimits(max_text_chars=100),
+                            pipelines=[REGISTRY[name] for name in ("asr", "qwen_image_edit", "voice", "wan")],
+                            data_dir=tmp_path_factory.mktemp("data"))
+    with TestClient(create_app(config)) as client:
+        yield client
+
+
+def _error(response, status: int = 400) -> dict:
+    """The OpenAI envelope's `error` of a refused request."""
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+    return error
+
+
+@pytest.mark.parametrize("fmt", ["srt", "vtt", "verbose_json"])
+def test_a_streamed_transcription_refuses_formats_its_events_cannot_carry(routes_client, fmt):
+    """The SSE events carry text only, as OpenAI's: srt / vtt / verbose_json with stream=true are a 400 naming
+    response_format before the audio is even decoded (they used to stream plain text events, the format
+    ignored; the file here is not audio, so the old code answered about the file)."""
+    error = _error(routes_client.post("/v1/audio/transcriptions", files={"file": ("a.wav", b"not audio" * 50)},
+                                      data={"model": "whisper-1", "stream": "true", "response_format": fmt}))
+    assert (error["param"], error["code"]) == ("response_format", "unsupported_value") and fmt in error["message"]
+    # not streamed, the format is served: the request goes on to decode the file
+    assert _error(routes_client.post("/v1/audio/transcriptions", files={"file": ("a.wav", b"not audio" * 50)},
+                                     data={"model": "whisper-1", "response_format": fmt}))["param"] == "file"
+
+
+@pytest.mark.parametrize("fmt", ["json", "text"])
+def test_a_streamed_transcription_takes_json_and_text(routes_client, fmt):
+    error = _error(routes_client.post("/v1/audio/transcriptions", files={"file": ("a.wav", b"not audio" * 50)},
+                                      data={"model": "whisper-1", "stream": "true", "response_format": fmt}))
+    assert (error["param"], error["code"]) == ("file", "invalid_audio")   # past the format check, at the decode
