@@ -30,7 +30,7 @@ from omni_frontend import pipeline_stream
 from omni_frontend.errors import APIError, bad_request
 from omni_frontend.pipeline_stream import until_disconnect
 from omni_frontend.pipelines import TRANSCRIPTION, Pipeline
-from omni_frontend.routes.common import config, form_bool, pipeline_for, triton
+from omni_frontend.routes.common import config, form_bool, pipeline_for, single_part, triton
 from omni_frontend.validation import LANGUAGE_CODE
 
 router = APIRouter()
@@ -105,11 +105,12 @@ async def transcriptions(request: Request):
     verbose_json): the events carry text, not the segments, language or duration those formats need, so
     `stream=true` with srt, vtt or verbose_json is a 400 naming `response_format` (code `unsupported_value`)
     before the audio is read. json and text stream the same events. Every bad field is a 400 (413 for a
-    file over the upload limit) naming it, before any pipeline work."""
+    file over the upload limit) naming it, before any pipeline work; so is a second `file` part (one file per
+    request, as OpenAI's)."""
     cfg = config(request)
     limits = cfg.limits
     form = await request.form(max_part_size=limits.max_upload_bytes + 1)
-    upload = form.get("file")
+    upload = single_part(form, "file")
     if not isinstance(upload, UploadFile):
         raise bad_request("multipart field 'file' is required", param="file")
     for name, why in _UNSUPPORTED.items():

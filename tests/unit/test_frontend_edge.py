@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import logging
 import threading
 import time
 
 import httpx
+import numpy as np
 import pytest
+import soundfile as sf
 import uvicorn
 import websockets.sync.client
 from fastapi.testclient import TestClient
+from PIL import Image
 
 from omni_frontend.admission import Gate
 from omni_frontend.app import create_app
@@ -253,3 +257,37 @@ def test_a_streamed_transcription_takes_json_and_text(routes_client, fmt):
     error = _error(routes_client.post("/v1/audio/transcriptions", files={"file": ("a.wav", b"not audio" * 50)},
                                       data={"model": "whisper-1", "stream": "true", "response_format": fmt}))
     assert (error["param"], error["code"]) == ("file", "invalid_audio")   # past the format check, at the decode
+
+
+def _wav() -> bytes:
+    buf = io.BytesIO()
+    sf.write(buf, np.zeros(1600, np.float32), 16000, format="WAV")
+    return buf.getvalue()
+
+
+def _png(alpha: bool = False) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGBA" if alpha else "RGB", (32, 32)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("route, files, data, param", [
+    ("/v1/audio/transcriptions", [("file", ("a.wav", _wav())), ("file", ("b.wav", _wav()))], {"model": "whisper-1"},
+     "file"),
+    ("/v1/images/edits", [("image", ("a.png", _png())), ("mask", ("m.png", _png(True))), ("mask", ("n.png", _png(True)))],
+     {"model": "qwen_image_edit", "prompt": "blue"}, "mask"),
+    ("/v1/videos", [("input_reference", ("a.png", _png())), ("input_reference", ("b.png", _png()))],
+     {"model": "wan", "prompt": "a cat"}, "input_reference"),
+])
+def test_a_single_file_field_sent_twice_is_a_400(routes_client, route, files, data, param):
+    """One of the two parts used to be dropped silently (the request then ran on the other)."""
+    error = _error(routes_client.post(route, files=files, data=data))
+    assert (error["param"], error["code"]) == (param, "too_many_files") and "exactly one file" in error["message"]
+
+
+def test_an_edit_takes_several_images_and_one_mask(routes_client):
+    """`image` / `image[]` is OpenAI's repeatable field: two images and one mask pass the edge (and reach
+    the pipeline, here an unreachable Triton)."""
+    response = routes_client.post("/v1/images/edits", data={"model": "qwen_image_edit", "prompt": "blue"}, files=[
+        ("image[]", ("a.png", _png())), ("image[]", ("b.png", _png())), ("mask", ("m.png", _png(True)))])
+    assert (response.status_code, response.json()["error"]["code"]) == (503, "triton_unavailable"), response.text
