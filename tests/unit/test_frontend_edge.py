@@ -291,3 +291,28 @@ def test_an_edit_takes_several_images_and_one_mask(routes_client):
     response = routes_client.post("/v1/images/edits", data={"model": "qwen_image_edit", "prompt": "blue"}, files=[
         ("image[]", ("a.png", _png())), ("image[]", ("b.png", _png())), ("mask", ("m.png", _png(True)))])
     assert (response.status_code, response.json()["error"]["code"]) == (503, "triton_unavailable"), response.text
+
+
+def test_realtime_instructions_over_max_text_chars_are_refused_by_the_event_that_sets_them(routes_client):
+    """session.update / response.create instructions over --max-text-chars (100 here) get an `error` naming
+    them at the event (they used to be accepted and refused by the LLM stage when a response ran); the
+    session keeps its previous config and goes on."""
+    with routes_client.websocket_connect("/v1/realtime?model=voice") as ws:
+        assert ws.receive_json()["type"] == "session.created"
+        ws.send_json({"type": "session.update", "session": {"type": "realtime", "instructions": "Be brief."}})
+        assert ws.receive_json()["session"]["instructions"] == "Be brief."
+        for event, param in [({"type": "session.update", "session": {"type": "realtime", "instructions": "x" * 101}},
+                              "session.instructions"),
+                             ({"type": "response.create", "response": {"instructions": "x" * 101}},
+                              "response.instructions")]:
+            ws.send_json({**event, "event_id": "evt_1"})
+            error = ws.receive_json()
+            assert error["type"] == "error", error
+            assert (error["error"]["param"], error["error"]["event_id"]) == (param, "evt_1")
+            assert "101 characters; the limit is 100" in error["error"]["message"]
+            # nothing changed or started: the next update is answered, with the previous instructions
+            ws.send_json({"type": "session.update", "session": {"type": "realtime", "output_modalities": ["text"]}})
+            updated = ws.receive_json()
+            assert updated["type"] == "session.updated" and updated["session"]["instructions"] == "Be brief.", updated
+        ws.send_json({"type": "session.update", "session": {"type": "realtime", "instructions": "x" * 100}})
+        assert ws.receive_json()["session"]["instructions"] == "x" * 100   # the limit itself is accepted
