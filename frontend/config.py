@@ -14,7 +14,8 @@ class RequestLimits:
     max_body_bytes: request body in bytes, multipart overhead included; larger bodies get 413 before
         they are parsed (--max-body-bytes).
     max_text_chars: characters of all chat message texts and stop strings of one request, and of a
-        transcription's `prompt` (/v1/audio/transcriptions, a realtime session's transcription) (--max-text-chars).
+        transcription's `prompt` (/v1/audio/transcriptions, a realtime session's transcription), and of a realtime
+        session's or response's `instructions` (--max-text-chars).
     max_messages: chat messages per request (--max-messages).
     max_audio_seconds: seconds of input audio per request: a transcription file, or all input_audio
         parts of one chat request together (--max-audio-seconds).

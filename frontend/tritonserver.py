@@ -39,6 +39,15 @@ _PR_SET_CHILD_SUBREAPER = 36
 # children waiting (e.g. in an engine's queue) could then not even send the FINAL of a cancelled
 # request, stalling its event loop until the children were served.
 PYTHON_BACKEND_THREADS = 256
+# Seconds tritonserver gives its models to unload after SIGTERM/SIGINT (--exit-timeout-secs) before it exits
+# at once, killing the stubs still finalizing. 5 s was too short for voice,tts,asr,qwen3_omni on a slow
+# machine: 6 of 11 models were still live when it expired, and a stub killed mid-finalize crashed. On 2 busy
+# cores (load ~2.6) their unload took 17.3 s (voice_llm last), so 30 s leaves room for a slower host.
+EXIT_TIMEOUT_S = 30
+# Seconds `TritonServer.stop` waits for tritonserver to exit after SIGTERM before it SIGKILLs the process
+# group: the exit timeout plus a margin for the server's own teardown after the last unload, so a server
+# that unloads within its exit timeout is never killed.
+STOP_WAIT_S = EXIT_TIMEOUT_S + 10
 
 
 class LaunchError(RuntimeError):
@@ -159,7 +168,7 @@ class TritonServer:
                 f"--grpc-address={self.host}", f"--metrics-address={self.host}",
                 f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}",
                 f"--metrics-port={self.metrics_port}", "--allow-metrics=true", "--allow-gpu-metrics=false",
-                "--metrics-config=histogram_latencies=true", "--exit-timeout-secs=5",
+                "--metrics-config=histogram_latencies=true", f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
                 "--strict-readiness=true", "--log-verbose=0",
                 f"--backend-config=python,shm-region-prefix-name={self.shm_name}-region-",
                 f"--backend-config=python,thread-pool-size={PYTHON_BACKEND_THREADS}"]
@@ -256,9 +265,10 @@ class TritonServer:
                 continue
         return dead
 
-    def stop(self, timeout_s: float = 20.0) -> None:
-        """SIGTERM the server's process group, SIGKILL after timeout_s; leaves no stub process (alive or
-        defunct) and no /dev/shm file of this server behind."""
+    def stop(self, timeout_s: float = STOP_WAIT_S) -> None:
+        """SIGTERM the server's process group, SIGKILL after timeout_s (default STOP_WAIT_S, longer than the
+        server's EXIT_TIMEOUT_S); leaves no stub process (alive or defunct) and no /dev/shm file of this
+        server behind. Takes at most timeout_s + 10 s."""
         if self.process is None:
             return
         pgid = self.process.pid

@@ -14,11 +14,14 @@ from pathlib import Path
 
 import httpx
 
-from omni_frontend.tritonserver import SHM_ROOT, free_port, shm_name
+from omni_frontend.tritonserver import SHM_ROOT, STOP_WAIT_S, free_port, shm_name
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_REPOSITORY = ROOT / "tests" / "model_repository"
 MAIN_REPOSITORY = ROOT / "model_repository"
+# How long a stopped launcher may take: uvicorn's graceful shutdown (5 s), TritonServer.stop (STOP_WAIT_S,
+# then 10 s at most of SIGKILL and reaping) and a margin; killing it sooner cuts its cleanup short.
+LAUNCHER_STOP_S = 5 + STOP_WAIT_S + 10 + 10
 
 
 @dataclasses.dataclass
@@ -54,8 +57,9 @@ class ServerProcess:
     def sidechannel_dir(self) -> Path:
         return SHM_ROOT / f"{shm_name(self.process.pid, self.grpc_port)}-sidechannel"
 
-    def stop(self, sig: int = signal.SIGINT, timeout_s: float = 30.0) -> int:
-        """SIGINT (Ctrl-C) by default, then wait; returns the exit code (130 after Ctrl-C, 143 after SIGTERM)."""
+    def stop(self, sig: int = signal.SIGINT, timeout_s: float = LAUNCHER_STOP_S) -> int:
+        """SIGINT (Ctrl-C) by default, then wait (SIGKILL after timeout_s); returns the exit code (130 after
+        Ctrl-C, 143 after SIGTERM)."""
         if self.process.poll() is None:
             self.process.send_signal(sig)
             try:

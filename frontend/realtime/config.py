@@ -116,9 +116,8 @@ def validate(session: dict, event_id: str | None = None,
              max_text_chars: int = RequestLimits.max_text_chars) -> SessionSettings:
     """Effective settings of a merged session. Raises ProtocolError (param = the field, prefixed
     "session.") for anything the SDK schema (strict types, no unknown fields) or this server does not
-    accept, including a transcription prompt over `max_text_chars` (--max-text-chars; every turn's
-    transcription tokenizes it whole). The voice is checked by the session against its pipeline
-    (`RealtimeSession._check_voice`)."""
+    accept, including a transcription prompt over `max_text_chars` (--max-text-chars). The voice is checked
+    by the session against its pipeline (`RealtimeSession._check_voice`)."""
     kind = session.get("type", "realtime")
     if kind not in _SCHEMAS:
         raise ProtocolError(f"session.type must be 'realtime' or 'transcription', got {kind!r}", param="session.type",
@@ -149,9 +148,7 @@ def _settings(session: dict, kind: str, max_text_chars: int) -> SessionSettings:
         if value:
             raise ProtocolError(f"{name} is not supported by this server", code="unsupported_feature", param=name)
     prompt = (transcription or {}).get("prompt")
-    if prompt is not None and len(prompt) > max_text_chars:
-        raise ProtocolError(f"audio.input.transcription.prompt is {len(prompt)} characters; the limit is "
-                            f"{max_text_chars} (--max-text-chars)", param="audio.input.transcription.prompt")
+    check_length(prompt, "audio.input.transcription.prompt", max_text_chars)
     language = (transcription or {}).get("language")
     if language is not None and not LANGUAGE_CODE.fullmatch(language):
         raise ProtocolError(f"audio.input.transcription.language must be an ISO-639-1 code such as 'en', got {language!r}",
@@ -170,6 +167,17 @@ def _settings(session: dict, kind: str, max_text_chars: int) -> SessionSettings:
         transcription_language=(transcription or {}).get("language") or "en",
         transcription_prompt=prompt,
         max_tokens=_max_tokens(session.get("max_output_tokens"), None, "max_output_tokens"))
+
+
+def check_length(text: str | None, param: str, max_text_chars: int) -> None:
+    """Raises ProtocolError (`param`) for a client's text over `max_text_chars` (--max-text-chars): a
+    transcription prompt (every turn's transcription tokenizes it whole) or instructions (the LLM stage's
+    system message, refused there only when a response runs). The server's DEFAULT_INSTRUCTIONS are not
+    the client's, so `session.update` checks the instructions it sets (RealtimeSession, once `validate` has
+    checked their type), not `validate`."""
+    if text is not None and len(text) > max_text_chars:
+        raise ProtocolError(f"{param} is {len(text)} characters; the limit is {max_text_chars} (--max-text-chars)",
+                            param=param)
 
 
 def voice_name(voice: str | dict | None, param: str) -> str | None:
@@ -214,15 +222,18 @@ class ResponseSettings:
     output_rate: int
 
 
-def response_settings(spec: dict, session: SessionSettings) -> ResponseSettings:
+def response_settings(spec: dict, session: SessionSettings,
+                      max_text_chars: int = RequestLimits.max_text_chars) -> ResponseSettings:
     """Settings of a `response.create` event's `response` (already checked against the SDK's
     RealtimeResponseCreateParams: strict types, no unknown fields). Raises ProtocolError (param
-    "response.<field>") for a value this server does not accept, before anything runs."""
+    "response.<field>") for a value this server does not accept, before anything runs, including
+    `instructions` over `max_text_chars` (--max-text-chars)."""
     for name, given in (("input", spec.get("input") is not None), ("tools", bool(spec.get("tools"))),
                         ("prompt", spec.get("prompt") is not None)):
         if given:
             raise ProtocolError(f"response.{name} is not supported by this server", code="unsupported_feature",
                                 param=f"response.{name}")
+    check_length(spec.get("instructions"), "response.instructions", max_text_chars)
     conversation = spec.get("conversation")
     if conversation not in (None, "auto", "none"):
         raise ProtocolError(f"response.conversation must be 'auto' or 'none', got {conversation!r}",

@@ -73,7 +73,8 @@ class RealtimeSession:
     speculation_ms: with server VAD and automatic responses, start a turn's response after this many ms of
     silence (the VAD's pause_duration_ms; used when shorter than the turn's silence_duration_ms), held until
     the turn ends; None: off. outcomes: the speculations counter (FrontendMetrics.speculations) or None.
-    max_text_chars: the longest transcription prompt a session may set (--max-text-chars)."""
+    max_text_chars: the longest instructions (session or response) and transcription prompt a session may set
+    (--max-text-chars)."""
 
     def __init__(self, triton: TritonClient, pipeline: Pipeline, model: str, send_text, request_id: str,
                  speculation_ms: int | None = None, outcomes=None, max_text_chars: int = RequestLimits.max_text_chars):
@@ -188,6 +189,7 @@ class RealtimeSession:
         if merged.get("type") == "realtime":
             merged["model"] = self.model  # the connection's pipeline; a session cannot switch models
         settings = session_config.validate(merged, event.get("event_id"), self.max_text_chars)
+        session_config.check_length(update.get("instructions"), "session.instructions", self.max_text_chars)
         if settings.kind == "realtime" and settings.voice != self.settings.voice:
             await self._check_voice(settings.voice, "session.audio.output.voice")
         old = self.settings  # nothing of the session changes before every check has passed
@@ -258,7 +260,7 @@ class RealtimeSession:
             raise ProtocolError(f"conversation already has an active response {self.response.id}",
                                 code="conversation_already_has_active_response")
         spec = event.get("response") or {}
-        settings = session_config.response_settings(spec, self.settings)
+        settings = session_config.response_settings(spec, self.settings, self.max_text_chars)
         if settings.audio_out and settings.voice != self.settings.voice:
             await self._check_voice(settings.voice, "response.audio.output.voice")
         self._start_response(spec, settings)

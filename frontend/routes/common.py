@@ -33,6 +33,17 @@ def form_bool(value, name: str) -> bool:
                           code="invalid_value") from None
 
 
+def single_part(form, name: str):
+    """The value of multipart field `name` (an UploadFile or a string), None when absent. A field that takes one
+    file (a transcription's `file`, an edit's `mask`, a video's `input_reference`) sent more than once is a 400
+    naming it (code `too_many_files`): one of the parts used to be dropped silently."""
+    parts = form.getlist(name)
+    if len(parts) > 1:
+        raise bad_request(f"multipart field '{name}' was sent {len(parts)} times; exactly one file is allowed",
+                          param=name, code="too_many_files")
+    return parts[0] if parts else None
+
+
 def pipeline_for(request: Request, model: str | None, kind: str, route: str) -> Pipeline:
     """The loaded pipeline of `kind` named by `model`; 404 if none is loaded, 400 if it serves another route,
     503 `pipeline_sleeping` if it sleeps.

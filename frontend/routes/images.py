@@ -9,8 +9,9 @@ Events: {"type": "progress"}, {"type": "image.partial", "index", "partial_image_
 Every bad input is a 4xx before the pipeline is called: unknown model, empty prompt, malformed size or
 more than `max_image_pixels`, n outside 1-10, non-image upload, more than 4 images or an input image over
 4096x4096 pixels, an edit without size of an image under 16 pixels a side, mask of another size than the
-first image or without alpha, an upload over `max_upload_bytes` (413), a JSON body to /edits (415), a
-pipeline-protocol key (`action`) among the extension fields.
+first image or without alpha, a second `mask` part (`image` / `image[]` take 1-4 files, `mask` one), an
+upload over `max_upload_bytes` (413), a JSON body to /edits (415), a pipeline-protocol key (`action`) among
+the extension fields.
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ from omni_frontend import images as codec
 from omni_frontend import pipeline_stream
 from omni_frontend.errors import APIError, bad_request
 from omni_frontend.pipelines import IMAGE, Pipeline
-from omni_frontend.routes.common import config, form_bool, pipeline_for, triton
+from omni_frontend.routes.common import config, form_bool, pipeline_for, single_part, triton
 
 router = APIRouter()
 FILES_PATH = "/files/images/"
@@ -156,13 +157,13 @@ async def edits(request: Request):
         raise bad_request("multipart field 'image' is required", param="image")
     if len(uploads) > MAX_EDIT_IMAGES:
         raise bad_request(f"got {len(uploads)} images; at most {MAX_EDIT_IMAGES}", param="image")
+    mask = single_part(form, "mask")
     pipeline = _pipeline(request, options.model, "edit")
     pictures = [(await _decode_upload(await _read(upload, cfg.limits.max_upload_bytes, "image"), "image"))[0]
                 for upload in uploads]
     padded, sizes = codec.stack(pictures)
     inputs = {"INPUT_IMAGES": padded, "INPUT_IMAGE_SIZES": sizes}
     pixels = pictures[0]
-    mask = form.get("mask")
     if isinstance(mask, UploadFile):
         mask_pixels, alpha = await _decode_upload(await _read(mask, cfg.limits.max_upload_bytes, "mask"), "mask")
         if mask_pixels.shape[:2] != pixels.shape[:2]:

@@ -9,7 +9,9 @@ Triton contract of the ASR model (stateless, dynamic batching, max_batch_size > 
 `stream=true` goes to the pipeline's decoupled `stream_entry` (voice_asr_stream: REQUEST = the OPTIONS
 JSON, INPUT_AUDIO FP32 [samples]; events `transcript.delta` per segment as it is decoded, then `done`
 with the RESULT fields) and becomes SSE: `transcript.text.delta` events whose deltas concatenate to the
-text, one `transcript.text.done` with the text and usage, then `data: [DONE]`.
+text, one `transcript.text.done` with the text and usage, then `data: [DONE]`. Those events carry text only,
+so a streamed request takes `response_format` json or text (the same events for both) and any other format
+is a 400 (see `transcriptions`).
 """
 from __future__ import annotations
 
@@ -28,11 +30,14 @@ from omni_frontend import pipeline_stream
 from omni_frontend.errors import APIError, bad_request
 from omni_frontend.pipeline_stream import until_disconnect
 from omni_frontend.pipelines import TRANSCRIPTION, Pipeline
-from omni_frontend.routes.common import config, form_bool, pipeline_for, triton
+from omni_frontend.routes.common import config, form_bool, pipeline_for, single_part, triton
 from omni_frontend.validation import LANGUAGE_CODE
 
 router = APIRouter()
 _FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
+# Formats a streamed answer can carry: its events (TranscriptionTextDeltaEvent / TranscriptionTextDoneEvent)
+# hold text and usage, no segment timings, language or words.
+_STREAMED_FORMATS = ("json", "text")
 
 
 def _timestamp(seconds: float, sep: str) -> str:
@@ -90,10 +95,22 @@ def _form_values(form, name: str) -> list:
 @router.post("/v1/audio/transcriptions", openapi_extra={"requestBody": {"required": True, "content": {
     "multipart/form-data": {"schema": _FORM_SCHEMA}}}})
 async def transcriptions(request: Request):
+    """Transcribes the multipart `file` (fields in _FORM_SCHEMA) with a transcription pipeline.
+
+    Not streamed: `json` -> {"text", "usage"}; `text` -> the text (text/plain); `srt` / `vtt` -> subtitles
+    (text/plain) of the segments; `verbose_json` -> {"task", "language", "duration" (s), "text", "segments",
+    "usage"} plus "words" when `timestamp_granularities[]` has "word". `stream=true` -> SSE (`_streamed`).
+    Streaming takes `response_format` json or text only, as OpenAI's streaming transcription models do
+    (gpt-4o-transcribe: json; gpt-4o-transcribe-diarize: json, text, diarized_json; none streams srt, vtt or
+    verbose_json): the events carry text, not the segments, language or duration those formats need, so
+    `stream=true` with srt, vtt or verbose_json is a 400 naming `response_format` (code `unsupported_value`)
+    before the audio is read. json and text stream the same events. Every bad field is a 400 (413 for a
+    file over the upload limit) naming it, before any pipeline work; so is a second `file` part (one file per
+    request, as OpenAI's)."""
     cfg = config(request)
     limits = cfg.limits
     form = await request.form(max_part_size=limits.max_upload_bytes + 1)
-    upload = form.get("file")
+    upload = single_part(form, "file")
     if not isinstance(upload, UploadFile):
         raise bad_request("multipart field 'file' is required", param="file")
     for name, why in _UNSUPPORTED.items():
@@ -102,12 +119,17 @@ async def transcriptions(request: Request):
     if form.get("chunking_strategy") not in (None, "", "auto"):
         raise bad_request("chunking_strategy: only 'auto' is supported (the audio is transcribed whole, "
                           "segmented by the model)", param="chunking_strategy", code="unsupported_parameter")
-    data = await upload.read(limits.max_upload_bytes + 1)
-    if len(data) > limits.max_upload_bytes:
-        raise APIError(413, f"file exceeds the {limits.max_upload_bytes} byte limit", param="file", code="file_too_large")
     fmt = form.get("response_format") or "json"
     if fmt not in _FORMATS:
         raise bad_request(f"response_format must be one of {', '.join(_FORMATS)}", param="response_format")
+    stream = form_bool(form.get("stream"), "stream")
+    if stream and fmt not in _STREAMED_FORMATS:
+        raise bad_request(f"response_format '{fmt}' cannot be streamed: the stream's events carry text only; "
+                          f"use {' or '.join(_STREAMED_FORMATS)} with stream=true, or stream=false",
+                          param="response_format", code="unsupported_value")
+    data = await upload.read(limits.max_upload_bytes + 1)
+    if len(data) > limits.max_upload_bytes:
+        raise APIError(413, f"file exceeds the {limits.max_upload_bytes} byte limit", param="file", code="file_too_large")
     temperature = _float(form.get("temperature"), "temperature", 0.0)
     if not 0.0 <= temperature <= 1.0:
         raise bad_request("temperature must be in [0, 1]", param="temperature")
@@ -121,7 +143,6 @@ async def transcriptions(request: Request):
     if prompt is not None and len(prompt) > limits.max_text_chars:   # tokenized whole by the stage: 8 MB took it ~17 s
         raise bad_request(f"prompt is {len(prompt)} characters; the limit is {limits.max_text_chars} (--max-text-chars)",
                           param="prompt", code="text_too_long")
-    stream = form_bool(form.get("stream"), "stream")
     pipeline = pipeline_for(request, form.get("model"), TRANSCRIPTION, "transcriptions")
     ticket = admission.enter(request, pipeline)
     try:

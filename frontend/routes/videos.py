@@ -6,7 +6,7 @@
     GET    /v1/videos/{id}/content?variant=video|thumbnail|spritesheet   MP4 | WebP | JPEG
     DELETE /v1/videos/{id}                 cancels a running job, removes its files -> video.deleted
 
-Create fields: `prompt` (required), `model`, `seconds`, `size` ("WxH"), `input_reference` (an image file,
+Create fields: `prompt` (required), `model`, `seconds`, `size` ("WxH"), `input_reference` (one image file,
 or {"image_url": data URL} in JSON), and the extensions `seed`, `num_inference_steps`, `fps`,
 `num_frames` (4k+1; overrides `seconds`), `guidance_scale`, `guidance_scale_2` (Wan2.2's low-noise expert),
 `negative_prompt`. Defaults and limits
@@ -32,7 +32,7 @@ from starlette.datastructures import UploadFile
 from omni_frontend.config import FrontendConfig
 from omni_frontend.errors import APIError, bad_request
 from omni_frontend.pipelines import VIDEO
-from omni_frontend.routes.common import config, pipeline_for
+from omni_frontend.routes.common import config, pipeline_for, single_part
 from omni_frontend.videos import encoding
 from omni_frontend.videos.runner import VideoRunner, save_reference
 from omni_frontend.videos.store import COMPLETED, VideoStore
@@ -106,6 +106,7 @@ async def _fields(request: Request, max_bytes: int) -> tuple[dict, bytes | None,
     content_type = request.headers.get("content-type", "")
     if content_type.startswith(("multipart/form-data", "application/x-www-form-urlencoded")):
         form = await request.form(max_part_size=max_bytes + 1)
+        single_part(form, "input_reference")   # one reference image: a second part is a 400
         fields, image = {}, None
         for key, value in form.multi_items():
             if key == "input_reference" and isinstance(value, UploadFile):

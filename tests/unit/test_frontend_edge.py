@@ -1,18 +1,24 @@
 """The frontend's edge machinery without Triton: admission gates, the catch-all 500 and the body
-limit, served by a real uvicorn over real sockets (keep-alive behaviour is the point)."""
+limit, served by a real uvicorn over real sockets (keep-alive behaviour is the point); requests the
+routes refuse before any pipeline work, through the in-process ASGI client."""
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import logging
 import threading
 import time
 
 import httpx
+import numpy as np
 import pytest
+import soundfile as sf
 import uvicorn
 import websockets.sync.client
+from fastapi.testclient import TestClient
+from PIL import Image
 
 from omni_frontend.admission import Gate
 from omni_frontend.app import create_app
@@ -211,3 +217,102 @@ def test_a_queued_sse_speech_request_gets_the_queue_error_as_an_sse_error_event(
     events = [json.loads(line[len("data:"):]) for line in reply.text.splitlines() if line.startswith("data:")]
     assert [e["type"] for e in events] == ["error"], reply.text
     assert events[0]["error"]["code"] == "queue_timeout" and set(events[0]["error"]) == {"message", "type", "param", "code"}
+
+
+@pytest.fixture(scope="module")
+def routes_client(tmp_path_factory):
+    """The app of an asr + image edit + voice (realtime) + wan server whose Triton is unreachable, through the
+    in-process ASGI client (startup and shutdown run): requests refused at the edge never need Triton;
+    --max-text-chars is 100."""
+    config = FrontendConfig(triton_url="127.0.0.1:1", recover_stages=False, limits=RequestLimits(max_text_chars=100),
+                            pipelines=[REGISTRY[name] for name in ("asr", "qwen_image_edit", "voice", "wan")],
+                            data_dir=tmp_path_factory.mktemp("data"))
+    with TestClient(create_app(config)) as client:
+        yield client
+
+
+def _error(response, status: int = 400) -> dict:
+    """The OpenAI envelope's `error` of a refused request."""
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+    return error
+
+
+@pytest.mark.parametrize("fmt", ["srt", "vtt", "verbose_json"])
+def test_a_streamed_transcription_refuses_formats_its_events_cannot_carry(routes_client, fmt):
+    """The SSE events carry text only, as OpenAI's: srt / vtt / verbose_json with stream=true are a 400 naming
+    response_format before the audio is even decoded (they used to stream plain text events, the format
+    ignored; the file here is not audio, so the old code answered about the file)."""
+    error = _error(routes_client.post("/v1/audio/transcriptions", files={"file": ("a.wav", b"not audio" * 50)},
+                                      data={"model": "whisper-1", "stream": "true", "response_format": fmt}))
+    assert (error["param"], error["code"]) == ("response_format", "unsupported_value") and fmt in error["message"]
+    # not streamed, the format is served: the request goes on to decode the file
+    assert _error(routes_client.post("/v1/audio/transcriptions", files={"file": ("a.wav", b"not audio" * 50)},
+                                     data={"model": "whisper-1", "response_format": fmt}))["param"] == "file"
+
+
+@pytest.mark.parametrize("fmt", ["json", "text"])
+def test_a_streamed_transcription_takes_json_and_text(routes_client, fmt):
+    error = _error(routes_client.post("/v1/audio/transcriptions", files={"file": ("a.wav", b"not audio" * 50)},
+                                      data={"model": "whisper-1", "stream": "true", "response_format": fmt}))
+    assert (error["param"], error["code"]) == ("file", "invalid_audio")   # past the format check, at the decode
+
+
+def _wav() -> bytes:
+    buf = io.BytesIO()
+    sf.write(buf, np.zeros(1600, np.float32), 16000, format="WAV")
+    return buf.getvalue()
+
+
+def _png(alpha: bool = False) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGBA" if alpha else "RGB", (32, 32)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("route, files, data, param", [
+    ("/v1/audio/transcriptions", [("file", ("a.wav", _wav())), ("file", ("b.wav", _wav()))], {"model": "whisper-1"},
+     "file"),
+    ("/v1/images/edits", [("image", ("a.png", _png())), ("mask", ("m.png", _png(True))), ("mask", ("n.png", _png(True)))],
+     {"model": "qwen_image_edit", "prompt": "blue"}, "mask"),
+    ("/v1/videos", [("input_reference", ("a.png", _png())), ("input_reference", ("b.png", _png()))],
+     {"model": "wan", "prompt": "a cat"}, "input_reference"),
+])
+def test_a_single_file_field_sent_twice_is_a_400(routes_client, route, files, data, param):
+    """One of the two parts used to be dropped silently (the request then ran on the other)."""
+    error = _error(routes_client.post(route, files=files, data=data))
+    assert (error["param"], error["code"]) == (param, "too_many_files") and "exactly one file" in error["message"]
+
+
+def test_an_edit_takes_several_images_and_one_mask(routes_client):
+    """`image` / `image[]` is OpenAI's repeatable field: two images and one mask pass the edge (and reach
+    the pipeline, here an unreachable Triton)."""
+    response = routes_client.post("/v1/images/edits", data={"model": "qwen_image_edit", "prompt": "blue"}, files=[
+        ("image[]", ("a.png", _png())), ("image[]", ("b.png", _png())), ("mask", ("m.png", _png(True)))])
+    assert (response.status_code, response.json()["error"]["code"]) == (503, "triton_unavailable"), response.text
+
+
+def test_realtime_instructions_over_max_text_chars_are_refused_by_the_event_that_sets_them(routes_client):
+    """session.update / response.create instructions over --max-text-chars (100 here) get an `error` naming
+    them at the event (they used to be accepted and refused by the LLM stage when a response ran); the
+    session keeps its previous config and goes on."""
+    with routes_client.websocket_connect("/v1/realtime?model=voice") as ws:
+        assert ws.receive_json()["type"] == "session.created"
+        ws.send_json({"type": "session.update", "session": {"type": "realtime", "instructions": "Be brief."}})
+        assert ws.receive_json()["session"]["instructions"] == "Be brief."
+        for event, param in [({"type": "session.update", "session": {"type": "realtime", "instructions": "x" * 101}},
+                              "session.instructions"),
+                             ({"type": "response.create", "response": {"instructions": "x" * 101}},
+                              "response.instructions")]:
+            ws.send_json({**event, "event_id": "evt_1"})
+            error = ws.receive_json()
+            assert error["type"] == "error", error
+            assert (error["error"]["param"], error["error"]["event_id"]) == (param, "evt_1")
+            assert "101 characters; the limit is 100" in error["error"]["message"]
+            # nothing changed or started: the next update is answered, with the previous instructions
+            ws.send_json({"type": "session.update", "session": {"type": "realtime", "output_modalities": ["text"]}})
+            updated = ws.receive_json()
+            assert updated["type"] == "session.updated" and updated["session"]["instructions"] == "Be brief.", updated
+        ws.send_json({"type": "session.update", "session": {"type": "realtime", "instructions": "x" * 100}})
+        assert ws.receive_json()["session"]["instructions"] == "x" * 100   # the limit itself is accepted

@@ -205,3 +205,21 @@ def test_launcher_flags_set_limits_and_per_pipeline_admission():
     assert args.max_text_chars == 99
     with pytest.raises(SystemExit):
         parse_args(["--max-inflight", "0"])
+
+
+def test_the_launcher_waits_for_tritonserver_longer_than_its_exit_timeout():
+    """tritonserver runs with --exit-timeout-secs of at least 20 s (5 s left 6 of the 11 models of
+    voice,tts,asr,qwen3_omni live on a slow machine, and a stub killed mid-finalize crashed; they took 17.3 s
+    on 2 busy cores), and
+    TritonServer.stop waits longer than that before its SIGKILL, so a server unloading in time is never killed."""
+    import inspect
+    from pathlib import Path
+
+    from omni_frontend.tritonserver import TritonInstallation, TritonServer
+
+    server = TritonServer(repositories=[Path("repo")], models=["voice"], grpc_port=1, http_port=2, metrics_port=3,
+                          log_path=Path("tritonserver.log"))
+    command = server.command(TritonInstallation(Path("tritonserver"), Path("backends"), ()))
+    exit_timeout = int(next(a for a in command if a.startswith("--exit-timeout-secs=")).split("=", 1)[1])
+    stop_wait = inspect.signature(TritonServer.stop).parameters["timeout_s"].default
+    assert exit_timeout >= 20 and stop_wait >= exit_timeout + 5, (exit_timeout, stop_wait)

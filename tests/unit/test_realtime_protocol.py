@@ -129,7 +129,8 @@ def test_response_settings_refuse_what_the_response_cannot_honour():
                         ({"input": []}, "response.input"), ({"conversation": "conv_2"}, "response.conversation"),
                         ({"output_modalities": []}, "response.output_modalities"),
                         ({"max_output_tokens": 0}, "response.max_output_tokens"),
-                        ({"audio": {"output": {"voice": ""}}}, "response.audio.output.voice")]:
+                        ({"audio": {"output": {"voice": ""}}}, "response.audio.output.voice"),
+                        ({"instructions": "x" * 131073}, "response.instructions")]:   # over --max-text-chars
         with pytest.raises(ProtocolError) as info:
             config.response_settings(spec, session)
         assert info.value.param == param, spec
