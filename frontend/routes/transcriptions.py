@@ -144,6 +144,8 @@ async def transcriptions(request: Request):
         raise bad_request(f"prompt is {len(prompt)} characters; the limit is {limits.max_text_chars} (--max-text-chars)",
                           param="prompt", code="text_too_long")
     pipeline = pipeline_for(request, form.get("model"), TRANSCRIPTION, "transcriptions")
+    if stream and pipeline.stream_entry is None:
+        raise bad_request(f"model '{pipeline.name}' cannot stream transcriptions", param="stream")
     ticket = admission.enter(request, pipeline)
     try:
         pcm = await run_in_threadpool(audio_codec.decode, data, 16000, limits.max_audio_seconds)
@@ -181,9 +183,8 @@ def _usage(result: dict, pcm: np.ndarray) -> dict:
 
 
 async def _streamed(request: Request, pipeline: Pipeline, pcm: np.ndarray, options: dict) -> EventSourceResponse:
-    """SSE of the pipeline's streaming model: a delta per segment as Whisper finishes it, done, [DONE]."""
-    if pipeline.stream_entry is None:
-        raise bad_request(f"model '{pipeline.name}' cannot stream transcriptions", param="stream")
+    """SSE of the pipeline's streaming model (`pipeline.stream_entry`, checked by `transcriptions`): a delta per
+    segment as Whisper finishes it, done, [DONE]."""
     request_id = request.state.request_id
     events = pipeline_stream.events(triton(request), pipeline.stream_entry, options, request_id,
                                     {"INPUT_AUDIO": pcm})

@@ -25,7 +25,7 @@ from omni_frontend.app import create_app
 from omni_frontend.config import AdmissionLimits, FrontendConfig, RequestLimits
 from omni_frontend.errors import APIError
 from omni_frontend.observability import FrontendMetrics
-from omni_frontend.pipelines import REGISTRY
+from omni_frontend.pipelines import REGISTRY, parse_extra
 from omni_frontend.tritonserver import free_port
 
 pytestmark = pytest.mark.unit
@@ -257,6 +257,18 @@ def test_a_streamed_transcription_takes_json_and_text(routes_client, fmt):
     error = _error(routes_client.post("/v1/audio/transcriptions", files={"file": ("a.wav", b"not audio" * 50)},
                                       data={"model": "whisper-1", "stream": "true", "response_format": fmt}))
     assert (error["param"], error["code"]) == ("file", "invalid_audio")   # past the format check, at the decode
+
+
+def test_streaming_a_pipeline_without_a_streaming_model_is_refused_before_the_audio_is_read(tmp_path):
+    """An --extra-pipeline transcription model has no streamed twin: stream=true is a 400 naming `stream` at
+    once (it used to be admitted and the audio decoded first; the file here is not audio, so the old code
+    answered about the file)."""
+    config = FrontendConfig(triton_url="127.0.0.1:1", recover_stages=False, data_dir=tmp_path,
+                            pipelines=[parse_extra("plain_asr=transcription:voice_asr")])
+    with TestClient(create_app(config)) as client:
+        error = _error(client.post("/v1/audio/transcriptions", files={"file": ("a.wav", b"not audio" * 50)},
+                                   data={"model": "plain_asr", "stream": "true"}))
+    assert error["param"] == "stream" and "cannot stream" in error["message"]
 
 
 def _wav() -> bytes:
