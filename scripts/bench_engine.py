@@ -80,12 +80,17 @@ def head_dim(text_config) -> int:
     return getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads
 
 
+def attention_params(config) -> int:
+    """Parameters of one decoder layer's attention: the q/k/v/o projections and the q/k norms."""
+    h, d = config.hidden_size, head_dim(config)
+    return 2 * h * config.num_attention_heads * d + 2 * h * config.num_key_value_heads * d + 2 * d
+
+
 def active_bytes(text_config, element_size: int = 2) -> int:
     """Weight bytes one decode token reads: embedding row, per layer attention + norms + router + top-k
     experts, final norm, lm_head."""
-    h, d = text_config.hidden_size, head_dim(text_config)
-    heads, kv = text_config.num_attention_heads, text_config.num_key_value_heads
-    attn = h * heads * d + 2 * h * kv * d + heads * d * h + 2 * d
+    h = text_config.hidden_size
+    attn = attention_params(text_config)
     moe = text_config.num_experts * h + text_config.num_experts_per_tok * 3 * h * text_config.moe_intermediate_size
     per_layer = attn + moe + 2 * h
     return element_size * (h + text_config.num_hidden_layers * per_layer + h + text_config.vocab_size * h)

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_engine import active_bytes, bandwidth, checkpoint_path, head_dim, kv_bytes  # noqa: E402
+from bench_engine import active_bytes, attention_params, bandwidth, checkpoint_path, kv_bytes  # noqa: E402
 
 FRAME_SECONDS = 0.08   # one codec frame at 12.5 Hz
 
@@ -101,9 +101,7 @@ def thinker_step_bytes(text, distinct: list[int], contexts: list[int], element_s
 
 def dense_layer_params(cfg) -> int:
     """Parameters of one dense decoder layer (attention, gated MLP, two norms)."""
-    h, d = cfg.hidden_size, head_dim(cfg)
-    attn = h * cfg.num_attention_heads * d * 2 + 2 * h * cfg.num_key_value_heads * d + 2 * d
-    return attn + 3 * h * cfg.intermediate_size + 2 * h
+    return attention_params(cfg) + 3 * cfg.hidden_size * cfg.intermediate_size + 2 * cfg.hidden_size
 
 
 def talker_frame_bytes(talker_config, element_size: int = 2) -> int:
