@@ -102,7 +102,9 @@ def _wav(samples: np.ndarray) -> bytes:
                                          ({"chunking_strategy": '{"type": "server_vad"}'}, "chunking_strategy"),
                                          ({"language": "english!"}, "language"),
                                          ({"prompt": "word " * 26215}, "prompt"),   # over --max-text-chars
-                                         ({"file": np.full(1600, np.nan, np.float32)}, "file")])
+                                         ({"file": np.full(1600, np.nan, np.float32)}, "file"),
+                                         ({"stream": "true", "response_format": "srt"}, "response_format"),
+                                         ({"stream": "true"}, "stream")])   # mock-asr has no streaming model
 def test_bad_or_unsupported_transcription_fields_are_rejected(mock_server, form, param):
     audio = _wav(form.pop("file", np.zeros(1600, np.float32)))
     response = httpx.post(f"{mock_server.base_url}/v1/audio/transcriptions", timeout=30,
@@ -111,6 +113,18 @@ def test_bad_or_unsupported_transcription_fields_are_rejected(mock_server, form,
     ok = httpx.post(f"{mock_server.base_url}/v1/audio/transcriptions", timeout=30, data={"model": "mock-asr"},
                     files={"file": ("a.wav", _wav(np.zeros(1600, np.float32)), "audio/wav")})
     assert ok.status_code == 200 and ok.json()["text"] == "1600 samples"
+
+
+def test_a_second_file_part_is_a_400_and_the_server_keeps_transcribing(mock_server):
+    """One of two `file` parts used to be dropped silently and the other transcribed."""
+    response = httpx.post(f"{mock_server.base_url}/v1/audio/transcriptions", timeout=30, data={"model": "mock-asr"},
+                          files=[("file", ("a.wav", _wav(np.zeros(1600, np.float32)), "audio/wav")),
+                                 ("file", ("b.wav", _wav(np.zeros(3200, np.float32)), "audio/wav"))])
+    error = response.json()["error"]
+    assert response.status_code == 400 and (error["param"], error["code"]) == ("file", "too_many_files"), error
+    ok = httpx.post(f"{mock_server.base_url}/v1/audio/transcriptions", timeout=30, data={"model": "mock-asr"},
+                    files={"file": ("b.wav", _wav(np.zeros(3200, np.float32)), "audio/wav")})
+    assert ok.status_code == 200 and ok.json()["text"] == "3200 samples"
 
 
 def test_a_batch_of_transcriptions_runs_two_at_a_time_and_each_gets_its_own_answer(mock_server):

@@ -389,6 +389,9 @@ VOICE_PART = base64.b64encode(b"\0\1\2").decode()  # 3 bytes: not whole PCM16 sa
     ({"type": "response.create", "response": {"audio": {"output": {"voice": "nope"}}}}, "invalid_value",
      "response.audio.output.voice"),
     ({"type": "response.create", "response": {"voice": "echo"}}, "unknown_parameter", "response.voice"),
+    ({"type": "session.update", "session": {"type": "realtime", "instructions": "x" * 131073}}, "invalid_value",
+     "session.instructions"),   # over --max-text-chars
+    ({"type": "response.create", "response": {"instructions": "x" * 131073}}, "invalid_value", "response.instructions"),
 ])
 def test_error_events_name_the_wrong_field_of_the_client_event(voice_server, event, code, param):
     """Every refused event gets an `error` whose param is the wrong field in the event's own notation
