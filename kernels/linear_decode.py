@@ -24,9 +24,8 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from .activation import silu_and_mul_reference
-from .backend import (DOT_IN_FP32, dot_step, grid_dependency, kernel, pdl_for, prefetch, prefetch_l2, round_to, rounded,
-                      select, tl, triton)
+from .backend import (DOT_IN_FP32, dot_step, grid_dependency, kernel, pdl_for, prefetch, prefetch_l2, round_to, select,
+                      tl, triton)
 from .norm import rms_norm_reference
 from .splitk import SplitKWorkspace, _finish_rows, finish_block, finish_outputs, finish_rows, norm_args, workspace_for
 
@@ -87,12 +86,9 @@ def decode_linear_faster(n: int, k: int, with_norm: bool) -> bool:
 
 
 def decode_linear_reference(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None,
-                            norm_weight: torch.Tensor | None = None, eps: float = 1e-6, glu: bool = False):
-    """PyTorch reference of `decode_linear`: `F.linear`, then `silu_and_mul_reference` (glu) or `rms_norm_reference`
-    (norm_weight given)."""
+                            norm_weight: torch.Tensor | None = None, eps: float = 1e-6):
+    """PyTorch reference of `decode_linear`: `F.linear`, then `rms_norm_reference` when norm_weight is given."""
     out = F.linear(x, weight)
-    if glu:
-        return silu_and_mul_reference(out)
     return out if norm_weight is None else rms_norm_reference(out, norm_weight, eps, residual)
 
 
@@ -101,7 +97,7 @@ def _decode_linear_kernel(x_ptr, w_ptr, out_ptr, acc_ptr, count_ptr, res_ptr, su
                           x_stride, w_stride, k_split, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                           EVEN_K: tl.constexpr, DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr,
                           NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_W: tl.constexpr,
-                          BLOCK_T: tl.constexpr, DIRECT: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr,
+                          BLOCK_T: tl.constexpr, DIRECT: tl.constexpr, PDL: tl.constexpr,
                           PREFETCH_LINES: tl.constexpr, LINE: tl.constexpr):
     pid = tl.program_id(0)
     n_blocks = tl.cdiv(N, BLOCK_N)
@@ -119,21 +115,15 @@ def _decode_linear_kernel(x_ptr, w_ptr, out_ptr, acc_ptr, count_ptr, res_ptr, su
     a_ptrs = x_ptr + m[:, None] * x_stride + k_start + k[None, :]
     w_ptrs = w_ptr + n[None, :].to(tl.int64) * w_stride + k_start + k[:, None]
     acc = tl.zeros([16, BLOCK_N], tl.float32)
-    acc_up = tl.zeros([16, BLOCK_N], tl.float32)   # GLU: the up half's columns n (weight rows N + n)
     for k0 in range(k_start, k_end, BLOCK_K):
         k_ok = (k < k_end - k0) | EVEN_K
         a = tl.load(a_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         acc = dot_step(a, w_ptrs, k_ok[:, None] & n_ok[None, :], acc, DOT_F32, DOT_PRECISION)
-        if GLU:
-            acc_up = dot_step(a, w_ptrs + N * w_stride, k_ok[:, None] & n_ok[None, :], acc_up, DOT_F32, DOT_PRECISION)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
-    dt = out_ptr.dtype.element_ty
-    if GLU:   # silu_and_mul's roundings: both halves as the linear's output, silu(gate), the product
-        gate = rounded(acc, dt)
-        acc = rounded(gate * tl.sigmoid(gate), dt) * rounded(acc_up, dt)
     if DIRECT:
-        tl.store(out_ptr + m[:, None] * N + n[None, :], round_to(acc, dt), mask=m_ok[:, None] & n_ok[None, :])
+        tl.store(out_ptr + m[:, None] * N + n[None, :], round_to(acc, out_ptr.dtype.element_ty),
+                 mask=m_ok[:, None] & n_ok[None, :])
     else:
         tl.atomic_add(acc_ptr + m[:, None] * N + n[None, :], acc, mask=m_ok[:, None] & n_ok[None, :], sem="relaxed")
         _finish_rows(acc_ptr, count_ptr, out_ptr, res_ptr, sum_ptr, norm_ptr, T, N, eps, tl.num_programs(0), NORM,
@@ -142,44 +132,35 @@ def _decode_linear_kernel(x_ptr, w_ptr, out_ptr, acc_ptr, count_ptr, res_ptr, su
 
 def decode_linear(x: torch.Tensor, weight: torch.Tensor, workspace: SplitKWorkspace | None = None,
                   residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
-                  config: LinearConfig | None = None, glu: bool = False):
-    """`F.linear(x, weight)` for a few rows, optionally followed by the residual add and RMSNorm, or by SiLU-and-mul.
+                  config: LinearConfig | None = None):
+    """`F.linear(x, weight)` for a few rows, optionally followed by the residual add and RMSNorm.
 
     x: [T, K] with T <= 16 (bf16/fp16/fp32); weight: [N, K] in x's dtype (a bias-free linear's weight), N <= 16384
     unless the config is direct-store (SPLIT_K 1 and no norm: e.g. an lm_head). workspace: `SplitKWorkspace(max_rows
     >= T, N, device)`, reused call after call on one stream (default: a new one per call; the direct store needs
     none). norm_weight [N] (x's dtype), eps, residual [T, N] (optional): return
     what `rms_norm(out, norm_weight, eps, residual)` returns (`(normed, out + residual)` with a residual).
-    glu: weight is a fused [gate | up] projection [2D, K]; return `silu_and_mul(F.linear(x, weight))` [T, D] from
-    the same launch (direct store only: no norm, one K slice; `BLOCK_N` of the config counts the weight rows of a
-    program, gate and up together, so the program count and bytes per program are the plain linear's).
-    config: tile and K split (default `linear_config(N, K)` of the weight's shape). Returns [T, N] in x's dtype (or
-    that norm's result). Raises ValueError on mismatched shapes/dtypes, more than 16 rows, more than 16384 outputs
-    with a K split or the norm, glu with an odd weight height, a norm or a K split, or a workspace that does not fit.
-    Source: torch.nn.Linear, the decoder layer's residual add, transformers Qwen3OmniMoeThinkerTextRMSNorm,
-    Qwen3OmniMoe's gated MLPs (`act_fn(gate_proj(x)) * up_proj(x)`).
+    config: tile and K split (default `linear_config(N, K)`). Returns [T, N] in x's dtype (or that norm's result).
+    Raises ValueError on mismatched shapes/dtypes, more than 16 rows, more than 16384 outputs with a K split or the
+    norm, or a workspace that does not fit.
+    Source: torch.nn.Linear, the decoder layer's residual add, transformers Qwen3OmniMoeThinkerTextRMSNorm.
     """
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1] or x.dtype != weight.dtype \
             or not 0 < x.shape[0] <= MAX_ROWS:
         raise ValueError(f"decode_linear: x {tuple(x.shape)} {x.dtype}, weight {tuple(weight.shape)} {weight.dtype} "
                          f"(1..{MAX_ROWS} rows)")
     (T, K), N = x.shape, weight.shape[0]
+    residual, norm_weight = norm_args("decode_linear", T, N, x.dtype, residual, norm_weight)
     config = config or linear_config(N, K)
     k_split = triton.cdiv(triton.cdiv(K, config.SPLIT_K), config.BLOCK_K) * config.BLOCK_K
     splits = triton.cdiv(K, k_split)
     direct = splits == 1 and norm_weight is None
-    if glu:
-        if N % 2 or not direct or config.BLOCK_N < 32:
-            raise ValueError(f"decode_linear: glu needs an even weight height, no norm, one K slice and BLOCK_N >= 32 "
-                             f"(weight {tuple(weight.shape)}, norm {norm_weight is not None}, config {config})")
-        N, config = N // 2, dataclasses.replace(config, BLOCK_N=config.BLOCK_N // 2)
-    residual, norm_weight = norm_args("decode_linear", T, N, x.dtype, residual, norm_weight)
     if not direct and N > MAX_OUT:
         raise ValueError(f"decode_linear: weight {tuple(weight.shape)}: more than {MAX_OUT} outputs need the "
                          f"direct store (SPLIT_K 1, no norm; config {config})")
     backend = select("decode_linear", x, weight)
     if backend == "reference":
-        return decode_linear_reference(x, weight, residual, norm_weight, eps, glu)
+        return decode_linear_reference(x, weight, residual, norm_weight, eps)
     x = x if x.stride(-1) == 1 else x.contiguous()
     weight = weight if weight.stride(-1) == 1 else weight.contiguous()
     if direct:   # no accumulator (a given workspace is checked, not touched)
@@ -198,7 +179,7 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor, workspace: SplitKWorksp
                                 EVEN_K=K % config.BLOCK_K == 0, DOT_F32=DOT_IN_FP32,
                                 DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
                                 NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None,
-                                BLOCK_W=finish_block(N), BLOCK_T=finish_rows(T, N), DIRECT=direct, GLU=glu, PDL=pdl,
-                                PREFETCH_LINES=prefetch_lines, LINE=128 // x.element_size(), launch_pdl=pdl,
+                                BLOCK_W=finish_block(N), BLOCK_T=finish_rows(T, N), DIRECT=direct, PDL=pdl, PREFETCH_LINES=prefetch_lines,
+                                LINE=128 // x.element_size(), launch_pdl=pdl,
                                 num_warps=config.num_warps, num_stages=config.num_stages)
     return out if residual is None else (out, summed)

@@ -11,8 +11,7 @@
              `bench_kernels --tune-decode` JSON given as --tables, with the lm_head's tile / torch's,
              on_full_inputs = the step's host work as before run 16, on_full_frame = the talker frame graph's per-step
              tables as before run 23, on_pdl16 / on_rows16_pdl16 = PDL launches up to 16 rows, with decode_linear
-             too, on_no_glu / on_rows16_pdl16_no_glu = gate/up's SiLU-and-mul as its own launch,
-             on_rows16_pdl16_row_finish = the split-K finish one row at a time, both as before run 29); with --rounds N
+             too, on_rows16_pdl16_row_finish = the split-K finish one row at a time as before run 29); with --rounds N
              every mode is timed N times, modes interleaved (the machine's speed drifts), medians reported; the
              floor = (active weight bytes + KV bytes of the step) / measured bandwidth; greedy tokens of a fixed
              (seeded) prompt per mode, and each mode's logits over the same 32
@@ -107,7 +106,7 @@ def kv_bytes(text_config, length: int, element_size: int = 2) -> int:
 # The A/B modes of the thinker and talker parts: each the default engine ("on") with some switches changed.
 DEFAULT_MODE = {"kernels": True, "fused_attention": True, "step_fusion": True, "pdl": True, "prefetch": False,
                 "direct_decode_linear": True, "linear_rows": 1, "tables": "checked_in", "decode_head": True,
-                "lean_inputs": True, "lean_frame": True, "pdl_rows": 1, "glu": True, "finish_tile": 4096}
+                "lean_inputs": True, "lean_frame": True, "pdl_rows": 1, "finish_tile": 4096}
 MODES = {
     "off": {"kernels": False},                                  # transformers' modules (grouped_mm MoE)
     "on": {},
@@ -125,8 +124,6 @@ MODES = {
     "on_full_frame": {"lean_frame": False},                     # the frame graph builds positions / RoPE rows per step
     "on_pdl16": {"pdl_rows": 16},                               # PDL launches up to 16 rows (attention, norms, silu)
     "on_rows16_pdl16": {"linear_rows": 16, "pdl_rows": 16},     # and decode_linear up to 16 rows: Triton + PDL chains
-    "on_no_glu": {"glu": False},                                # gate/up's SiLU-and-mul as its own launch (before run 29)
-    "on_rows16_pdl16_no_glu": {"linear_rows": 16, "pdl_rows": 16, "glu": False},
     "on_rows16_pdl16_row_finish": {"linear_rows": 16, "pdl_rows": 16, "finish_tile": 0},   # split-K finish row by row
 }
 
@@ -143,7 +140,6 @@ def set_mode(name: str) -> None:
     talker_static.set_lean_frame(mode["lean_frame"])
     omni_kernels.backend.PDL_MAX_ROWS = mode["pdl_rows"]
     omni_kernels.splitk.FINISH_TILE = mode["finish_tile"]
-    fused.set_glu(mode["glu"])
     use_tables(_tuned_tables if mode["tables"] == "tuned" else None, mode["decode_head"])
     fused.set_enabled(mode["kernels"])
     fused.set_fused_attention(mode["fused_attention"])

@@ -75,17 +75,6 @@ def set_direct_decode_linear(flag: bool) -> None:
     _direct_decode_linear = bool(flag)
 
 
-_glu = True
-
-
-def set_glu(flag: bool) -> None:
-    """Run a gated MLP's fused gate/up linear and its SiLU-and-mul as one `decode_linear` launch (its GLU epilogue)
-    wherever that linear runs as a direct-store `decode_linear` (default); False keeps the separate `silu_and_mul`
-    launch (benchmark A/B)."""
-    global _glu
-    _glu = bool(flag)
-
-
 def set_linear_rows(rows: int) -> None:
     """Rows up to which `decode_linear` replaces torch's linear (default LINEAR_ROWS, measured at one row; at most
     DECODE_ROWS; benchmark A/B)."""
@@ -185,7 +174,7 @@ def dense_mlp(mlp: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
     fused = getattr(mlp, FUSED, None)
     if fused is None or not active(h):
         return mlp(h)
-    return mlp.down_proj(gate_up(mlp, h, fused))
+    return mlp.down_proj(omni_kernels.silu_and_mul(linear(mlp, h, fused)))
 
 
 def _fused_moe(mlp: torch.nn.Module, h: torch.Tensor, **norm):
@@ -237,16 +226,6 @@ def linear(owner: torch.nn.Module, x: torch.Tensor, weight: torch.Tensor) -> tor
     return torch.nn.functional.linear(x, weight)
 
 
-def gate_up(mlp: torch.nn.Module, h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """`silu_and_mul(F.linear(h, weight))` for a gated MLP's fused [gate | up] weight [2I, H] (owned by `mlp`) on
-    h [T, H] -> [T, I]: one `decode_linear` launch with its SiLU-and-mul epilogue where the linear runs as a
-    direct-store `decode_linear` (`set_glu`), else the linear (`linear`) and `silu_and_mul`. Kernels active only."""
-    if _glu and _decode_linear_for(weight, h, with_norm=False) \
-            and omni_kernels.linear_decode.linear_config(*weight.shape).SPLIT_K == 1:
-        return omni_kernels.decode_linear(h, weight, glu=True)
-    return omni_kernels.silu_and_mul(linear(mlp, h, weight))
-
-
 def lm_head(head: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """`head(x)` for a decoder's output projection [vocab, hidden] on x [T, hidden] -> [T, vocab] logits in x's
     dtype: `decode_linear` (direct store, a PDL launch in the step's chain) where the tuning table has a tile for the
@@ -274,5 +253,6 @@ def mlp_norm(mlp: torch.nn.Module, h: torch.Tensor, norm: torch.nn.Module, resid
             return _fused_moe(mlp, h, residual=residual, norm_weight=norm.weight, eps=norm.variance_epsilon)
         fused_gate_up = getattr(mlp, FUSED, None)
         if getattr(mlp, "experts", None) is None and fused_gate_up is not None:
-            return linear_norm(mlp.down_proj, gate_up(mlp, h, fused_gate_up), norm, residual)
+            inter = omni_kernels.silu_and_mul(linear(mlp, h, fused_gate_up))
+            return linear_norm(mlp.down_proj, inter, norm, residual)
     return rms_norm(norm, moe(mlp, h), residual)

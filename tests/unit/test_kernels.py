@@ -467,37 +467,6 @@ def test_decode_linear_finish_tiles(monkeypatch, finish_tile, rows):
     assert workspace.is_clean()
 
 
-# gate/up with SiLU-and-mul in one launch: (rows, K, 2I, config); CUDA: the code predictor's gate/up (1024 -> 6144)
-GLU_CASES = [(1, 1024, 6144, None), (16, 1024, 6144, None), (5, 2048, 1536, LinearConfig(32, 128, 1, 4, 3))] if CUDA \
-    else [(1, 64, 64, LinearConfig(32, 32, 1)), (5, 80, 96, LinearConfig(64, 32, 1)), (16, 64, 48, None)]
-
-
-@needs_triton
-@pytest.mark.parametrize("case", GLU_CASES, ids=lambda c: f"T{c[0]}-K{c[1]}-N{c[2]}")
-@pytest.mark.parametrize("dtype", [BF16, FP32], ids=["bf16", "fp32"])
-def test_decode_linear_glu_matches_silu_and_mul(case, dtype):
-    """`decode_linear(glu=True)` on a fused [gate | up] weight equals silu_and_mul of the linear (its reference and
-    the separate kernels' result: silu_and_mul's roundings), for 1..16 rows and column tails."""
-    T, K, N, config = case
-    x, weight = randn(T, K, dtype=dtype), randn(N, K, dtype=dtype, scale=K ** -0.5)
-    ref = ok.decode_linear_reference(x, weight, glu=True)
-    assert_close("silu_and_mul", ref, ok.silu_and_mul_reference(F.linear(x, weight)))
-    out = run_kernel("decode_linear", ok.decode_linear, x, weight, config=config, glu=True)
-    assert out.shape == (T, N // 2)
-    assert_close("decode_linear", out, ref)
-
-
-def test_decode_linear_glu_rejects_what_it_cannot_fuse():
-    """glu needs the direct store (no norm, one K slice), an even weight height and a tile it can halve."""
-    x, weight = torch.randn(2, 64, device=DEVICE), torch.randn(32, 64, device=DEVICE)
-    for kwargs in ({"norm_weight": torch.ones(16, device=DEVICE)}, {"config": LinearConfig(32, 32, 2)},
-                   {"config": LinearConfig(16, 32, 1)}):
-        with pytest.raises(ValueError, match="glu"):
-            ok.decode_linear(x, weight, glu=True, **kwargs)
-    with pytest.raises(ValueError, match="glu"):
-        ok.decode_linear(x, weight[:31], glu=True, config=LinearConfig(32, 32, 1))
-
-
 def test_decode_linear_rejects_bad_inputs():
     x, weight = torch.randn(2, 8, device=DEVICE), torch.randn(4, 8, device=DEVICE)
     with pytest.raises(ValueError, match="decode_linear"):

@@ -302,8 +302,8 @@ def test_lean_frame_graph_gives_the_same_frames(qwen3_omni_stages, monkeypatch):
 @pytest.mark.parametrize("stage", ["thinker", "talker", "code_predictor"])
 def test_decode_step_kernels_equal_the_module_path(qwen3_omni_stages, monkeypatch, stage, linear_rows):
     """The decode step with the kernels (fused attention, o_proj/down_proj with the residual add + norm in one
-    launch, the one-launch MoE with the next norm, the router / q/k/v as decode_linear, gate+up with its
-    SiLU-and-mul as one decode_linear: `fused.linear`, `gate_up`, `linear_norm`, `mlp_norm`), run by Triton's
+    launch, the one-launch MoE with the next norm, the router / q/k/v / gate+up as decode_linear:
+    `fused.linear`, `linear_norm`, `mlp_norm`), run by Triton's
     interpreter on CPU, gives the module path's outputs (fp32: summation order only), at 1 row (one-launch MoE)
     and 2 rows (grouped MoE + its norm; decode_linear with linear_rows 16, torch's linear with 1), and leaves every
     split-K workspace zeroed. Thinker: sparse MoE; talker: MoE with a shared expert (unfused norm); code predictor:
