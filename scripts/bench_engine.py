@@ -11,7 +11,8 @@
              `bench_kernels --tune-decode` JSON given as --tables, with the lm_head's tile / torch's,
              on_full_inputs = the step's host work as before run 16, on_full_frame = the talker frame graph's per-step
              tables as before run 23, on_pdl16 / on_rows16_pdl16 = PDL launches up to 16 rows, with decode_linear
-             too, on_rows16_pdl16_row_finish = the split-K finish one row at a time as before run 29); with --rounds N
+             too, on_rows16_pdl16_row_finish = the split-K finish one row at a time, on_full_steps = the frame graph's
+             first predictor step whole and its picks as arg-max + embedding, both as before run 29); with --rounds N
              every mode is timed N times, modes interleaved (the machine's speed drifts), medians reported; the
              floor = (active weight bytes + KV bytes of the step) / measured bandwidth; greedy tokens of a fixed
              (seeded) prompt per mode, and each mode's logits over the same 32
@@ -106,7 +107,7 @@ def kv_bytes(text_config, length: int, element_size: int = 2) -> int:
 # The A/B modes of the thinker and talker parts: each the default engine ("on") with some switches changed.
 DEFAULT_MODE = {"kernels": True, "fused_attention": True, "step_fusion": True, "pdl": True, "prefetch": False,
                 "direct_decode_linear": True, "linear_rows": 1, "tables": "checked_in", "decode_head": True,
-                "lean_inputs": True, "lean_frame": True, "pdl_rows": 1, "finish_tile": 4096}
+                "lean_inputs": True, "lean_frame": True, "lean_steps": True, "pdl_rows": 1, "finish_tile": 4096}
 MODES = {
     "off": {"kernels": False},                                  # transformers' modules (grouped_mm MoE)
     "on": {},
@@ -124,6 +125,7 @@ MODES = {
     "on_full_frame": {"lean_frame": False},                     # the frame graph builds positions / RoPE rows per step
     "on_pdl16": {"pdl_rows": 16},                               # PDL launches up to 16 rows (attention, norms, silu)
     "on_rows16_pdl16": {"linear_rows": 16, "pdl_rows": 16},     # and decode_linear up to 16 rows: Triton + PDL chains
+    "on_full_steps": {"lean_steps": False},                     # the frame's step 0 whole, arg-max + embedding apart
     "on_rows16_pdl16_row_finish": {"linear_rows": 16, "pdl_rows": 16, "finish_tile": 0},   # split-K finish row by row
 }
 
@@ -138,6 +140,7 @@ def set_mode(name: str) -> None:
     mode = {**DEFAULT_MODE, **MODES[name]}
     decoder.set_lean_inputs(mode["lean_inputs"])
     talker_static.set_lean_frame(mode["lean_frame"])
+    talker_static.set_lean_steps(mode["lean_steps"])
     omni_kernels.backend.PDL_MAX_ROWS = mode["pdl_rows"]
     omni_kernels.splitk.FINISH_TILE = mode["finish_tile"]
     use_tables(_tuned_tables if mode["tables"] == "tuned" else None, mode["decode_head"])

@@ -287,15 +287,20 @@ def test_lean_frame_graph_gives_the_same_frames(qwen3_omni_stages, monkeypatch):
     hidden = torch.randn(3, tc.text_config.hidden_size, generator=torch.Generator().manual_seed(1))
     logits = torch.randn(3, tc.text_config.vocab_size, generator=torch.Generator().manual_seed(2))
 
-    def run(lean: bool):
+    def run(lean: bool, steps: bool = True, greedy=(True, True, False)):
         monkeypatch.setattr(talker_static, "_lean_frame", lean)
-        codes, sums = frames(hidden, logits, [-1, 7, -1], [True, False, False], [True, True, False],
+        monkeypatch.setattr(talker_static, "_lean_steps", steps)
+        codes, sums = frames(hidden, logits, [-1, 7, -1], [True, False, False], list(greedy),
                              [None, None, make_generator(11)])
         return codes.clone(), sums.clone()
 
     (lean_codes, lean_sums), (full_codes, full_sums) = run(True), run(False)
     assert torch.equal(lean_codes, full_codes) and torch.equal(lean_sums, full_sums)
     assert lean_codes[1, 0] == 7 and lean_codes.shape == (3, tc.num_code_groups)
+    # the KV-only first step and the one-launch greedy pick (`set_lean_steps`): the same frames, greedy or mixed
+    for greedy in ((True, True, False), (True, True, True)):
+        (codes, sums), (before_codes, before_sums) = run(True, True, greedy), run(True, False, greedy)
+        assert torch.equal(codes, before_codes) and torch.equal(sums, before_sums)
 
 
 @pytest.mark.parametrize("linear_rows", [1, 16])
