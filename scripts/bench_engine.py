@@ -107,8 +107,8 @@ def kv_bytes(text_config, length: int, element_size: int = 2) -> int:
 
 # The A/B modes of the thinker and talker parts: each the default engine ("on") with some switches changed.
 DEFAULT_MODE = {"kernels": True, "fused_attention": True, "step_fusion": True, "pdl": True, "prefetch": False,
-                "direct_decode_linear": True, "linear_rows": 1, "tables": "checked_in", "decode_head": True,
-                "lean_inputs": True, "lean_frame": True, "lean_steps": True, "pdl_rows": 1, "finish_tile": 4096}
+                "direct_decode_linear": True, "linear_rows": 4, "tables": "checked_in", "decode_head": True,
+                "lean_inputs": True, "lean_frame": True, "lean_steps": True, "pdl_rows": 4, "finish_tile": 4096}
 MODES = {
     "off": {"kernels": False},                                  # transformers' modules (grouped_mm MoE)
     "on": {},
@@ -117,6 +117,7 @@ MODES = {
     "on_prefetch_linear": {"prefetch": "decode_linear"},        # the MoE its W2 columns; or decode_linear only
     "on_torch_linears": {"direct_decode_linear": False},        # q/k/v, gate/up through torch's linear
     "on_main": {"pdl": False, "direct_decode_linear": False},   # the kernels as before PDL and direct stores
+    "on_rows1": {"linear_rows": 1, "pdl_rows": 1},              # decode_linear and PDL at one row only (before run 30)
     "on_rows16": {"linear_rows": 16},                           # decode_linear (+ norm epilogues) up to 16 rows
     "on_unfused_step": {"step_fusion": False},                  # separate norms, torch router, four-launch MoE
     "on_unfused_attention": {"fused_attention": False},         # norms + RoPE + cache writes + SDPA

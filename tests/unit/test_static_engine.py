@@ -394,7 +394,7 @@ def test_direct_decode_linear_switch(monkeypatch):
 def test_lm_head_through_decode_linear_where_the_table_has_its_tile(monkeypatch):
     """`fused.lm_head`: a head wider than the split-K finish runs as `decode_linear` (direct store, no workspace) at
     one row when the table has a tile for its shape, equal to the module's output (fp32: summation order only);
-    without the entry, or at two rows, the module runs."""
+    without the entry, or past `fused.LINEAR_ROWS` rows, the module runs."""
     from omni_backends.engine import fused
 
     ok = pytest.importorskip("omni_kernels")
@@ -404,7 +404,7 @@ def test_lm_head_through_decode_linear_where_the_table_has_its_tile(monkeypatch)
 
     torch.manual_seed(0)
     head = torch.nn.Linear(32, ok.linear_decode.MAX_OUT + 64, bias=False)
-    x = torch.randn(2, 32)
+    x = torch.randn(fused.LINEAR_ROWS + 1, 32)
     monkeypatch.setattr(fused, "active", lambda x: True)
     monkeypatch.setenv("OMNI_KERNELS_INTERPRET", "1")
     calls = []
@@ -416,7 +416,7 @@ def test_lm_head_through_decode_linear_where_the_table_has_its_tile(monkeypatch)
         out = fused.lm_head(head, x[:1])
         assert calls == [None] and ok.last_backend("decode_linear") == "interpreter"   # no workspace
         assert ((out - head(x[:1])).norm() / head(x[:1]).norm()).item() < 1e-5
-        assert torch.equal(fused.lm_head(head, x), head(x)) and len(calls) == 1   # two rows: the module
+        assert torch.equal(fused.lm_head(head, x), head(x)) and len(calls) == 1   # past LINEAR_ROWS: the module
     assert not hasattr(head, fused.WORKSPACE)
 
 
