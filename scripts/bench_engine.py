@@ -12,7 +12,8 @@
              on_full_inputs = the step's host work as before run 16, on_full_frame = the talker frame graph's per-step
              tables as before run 23, on_pdl16 / on_rows16_pdl16 = PDL launches up to 16 rows, with decode_linear
              too, on_rows16_pdl16_tile16k = the split-K finish in tiles of 16384 elements,
-             on_rows16_pdl16_row_finish = the split-K finish one row at a time, on_full_steps = the frame graph's
+             on_rows16_pdl16_row_finish = the split-K finish one row at a time, on_rows16_pdl16_tuned = --tables' tiles
+             (e.g. `bench_kernels --tune-decode --linear-rows 16`) with decode_linear to 16 rows, on_full_steps = the frame graph's
              first predictor step whole and its picks as arg-max + embedding, both as before run 29); with --rounds N
              every mode is timed N times, modes interleaved (the machine's speed drifts), medians reported; the
              floor = (active weight bytes + KV bytes of the step) / measured bandwidth; greedy tokens of a fixed
@@ -129,6 +130,7 @@ MODES = {
     "on_rows16_pdl16": {"linear_rows": 16, "pdl_rows": 16},     # and decode_linear up to 16 rows: Triton + PDL chains
     "on_full_steps": {"lean_steps": False},                     # the frame's step 0 whole, arg-max + embedding apart
     "on_rows16_pdl16_tile16k": {"linear_rows": 16, "pdl_rows": 16, "finish_tile": 16384},   # 16 rows of 1024 at once
+    "on_rows16_pdl16_tuned": {"linear_rows": 16, "pdl_rows": 16, "tables": "tuned"},   # with --tables' tiles (e.g. 16 rows)
     "on_rows16_pdl16_row_finish": {"linear_rows": 16, "pdl_rows": 16, "finish_tile": 0},   # split-K finish row by row
 }
 
