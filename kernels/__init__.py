@@ -10,6 +10,7 @@ interpreter for CPU tensors under `OMNI_KERNELS_INTERPRET=1`; otherwise the op's
   decode_linear(x, weight, workspace=None, residual=None, norm_weight=None, eps=1e-6) -> [T, N] | rms_norm's
                                                  result on it (T <= 16 rows; one launch)
   SplitKWorkspace(max_rows, width, device): the zeroed fp32 accumulator of the decode-sized split-K kernels
+  greedy_embedding(logits, table)                -> (logits.argmax(-1), table rows of those ids)   (one launch)
   decode_attention(q, k, v, q_weight, k_weight, eps, cos, sin, key_cache, value_cache, written, columns,
                    scale) -> [B, Hq, D]   (q/k norm + RoPE + cache write + grouped-query attention)
 Switch: `set_enabled(flag)` / `enabled()`; `last_backend(op)` names the backend of the last call.
@@ -24,12 +25,13 @@ from .linear_decode import decode_linear, decode_linear_reference
 from .moe import fused_moe, fused_moe_reference
 from .moe_routing import moe_topk_reference
 from .norm import rms_norm, rms_norm_reference
+from .pick import greedy_embedding, greedy_embedding_reference
 from .rotary import apply_mrope, apply_mrope_reference, rotary_cos_sin
 from .splitk import SplitKWorkspace
 
 __all__ = [
     "HAVE_TRITON", "SplitKWorkspace", "apply_mrope", "apply_mrope_reference", "decode_attention",
     "decode_attention_reference", "decode_linear", "decode_linear_reference", "enabled", "fused_moe",
-    "fused_moe_reference", "last_backend", "moe_topk_reference", "pdl", "prefetch", "rms_norm", "rms_norm_reference",
+    "fused_moe_reference", "greedy_embedding", "greedy_embedding_reference", "last_backend", "moe_topk_reference", "pdl", "prefetch", "rms_norm", "rms_norm_reference",
     "rotary_cos_sin", "set_enabled", "set_pdl", "set_prefetch", "silu_and_mul", "silu_and_mul_reference",
 ]

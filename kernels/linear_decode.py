@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from .backend import (DOT_IN_FP32, dot_step, grid_dependency, kernel, pdl_for, prefetch, prefetch_l2, round_to, select,
                       tl, triton)
 from .norm import rms_norm_reference
-from .splitk import SplitKWorkspace, _finish_rows, finish_block, finish_outputs, norm_args, workspace_for
+from .splitk import SplitKWorkspace, _finish_rows, finish_block, finish_outputs, finish_rows, norm_args, workspace_for
 
 MAX_ROWS = 16   # one MMA row tile
 MAX_OUT = 16384  # with a finish (K split or norm), the last program holds one output row in registers
@@ -97,8 +97,8 @@ def _decode_linear_kernel(x_ptr, w_ptr, out_ptr, acc_ptr, count_ptr, res_ptr, su
                           x_stride, w_stride, k_split, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                           EVEN_K: tl.constexpr, DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr,
                           NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_W: tl.constexpr,
-                          DIRECT: tl.constexpr, PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr,
-                          LINE: tl.constexpr):
+                          BLOCK_T: tl.constexpr, DIRECT: tl.constexpr, PDL: tl.constexpr,
+                          PREFETCH_LINES: tl.constexpr, LINE: tl.constexpr):
     pid = tl.program_id(0)
     n_blocks = tl.cdiv(N, BLOCK_N)
     n = (pid % n_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -127,7 +127,7 @@ def _decode_linear_kernel(x_ptr, w_ptr, out_ptr, acc_ptr, count_ptr, res_ptr, su
     else:
         tl.atomic_add(acc_ptr + m[:, None] * N + n[None, :], acc, mask=m_ok[:, None] & n_ok[None, :], sem="relaxed")
         _finish_rows(acc_ptr, count_ptr, out_ptr, res_ptr, sum_ptr, norm_ptr, T, N, eps, tl.num_programs(0), NORM,
-                     HAS_RESIDUAL, BLOCK_W)
+                     HAS_RESIDUAL, BLOCK_W, BLOCK_T)
 
 
 def decode_linear(x: torch.Tensor, weight: torch.Tensor, workspace: SplitKWorkspace | None = None,
@@ -179,7 +179,7 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor, workspace: SplitKWorksp
                                 EVEN_K=K % config.BLOCK_K == 0, DOT_F32=DOT_IN_FP32,
                                 DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
                                 NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None,
-                                BLOCK_W=finish_block(N), DIRECT=direct, PDL=pdl, PREFETCH_LINES=prefetch_lines,
+                                BLOCK_W=finish_block(N), BLOCK_T=finish_rows(T, N), DIRECT=direct, PDL=pdl, PREFETCH_LINES=prefetch_lines,
                                 LINE=128 // x.element_size(), launch_pdl=pdl,
                                 num_warps=config.num_warps, num_stages=config.num_stages)
     return out if residual is None else (out, summed)

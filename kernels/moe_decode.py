@@ -37,7 +37,7 @@ import torch
 from .backend import (DOT_IN_FP32, dot_step, grid_dependency, helper, kernel, pdl_for, prefetch, prefetch_l2, rounded,
                       tl, triton)
 from .moe_configs import DecodeConfig
-from .splitk import SplitKWorkspace, _finish_rows, finish_block, finish_outputs, norm_args, workspace_for
+from .splitk import SplitKWorkspace, _finish_rows, finish_block, finish_outputs, finish_rows, norm_args, workspace_for
 
 @helper
 def _slot_route(logits_ptr, t, logits_stride, E, j, TOP_K: tl.constexpr, TOP_K_POW2: tl.constexpr,
@@ -69,8 +69,8 @@ def _moe_decode_kernel(x_ptr, logits_ptr, w13_ptr, w2_ptr, out_ptr, acc_ptr, cou
                        TOP_K: tl.constexpr, TOP_K_POW2: tl.constexpr, RENORM: tl.constexpr, BLOCK_E: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
                        EVEN_K: tl.constexpr, EVEN_H: tl.constexpr, DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                       NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_W: tl.constexpr, PDL: tl.constexpr,
-                       PREFETCH: tl.constexpr):
+                       NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr,
+                       PDL: tl.constexpr, PREFETCH: tl.constexpr):
     dt = out_ptr.dtype.element_ty
     grid_dependency(PDL)   # the logits and hidden rows come from the launches before
     pid = tl.program_id(0)
@@ -122,7 +122,7 @@ def _moe_decode_kernel(x_ptr, logits_ptr, w13_ptr, w2_ptr, out_ptr, acc_ptr, cou
         acc_row += BLOCK_H
     # 4. the last program out: rounding (and the residual add + RMSNorm epilogue), workspace zeroed
     _finish_rows(acc_ptr, count_ptr, out_ptr, res_ptr, sum_ptr, norm_ptr, T, H, eps, tl.num_programs(0), NORM,
-                 HAS_RESIDUAL, BLOCK_W)
+                 HAS_RESIDUAL, BLOCK_W, BLOCK_T)
 
 
 def fused_moe_decode(hidden: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
@@ -152,7 +152,7 @@ def fused_moe_decode(hidden: torch.Tensor, router_logits: torch.Tensor, w13: tor
                              EVEN_H=H % config.BLOCK_H == 0, DOT_F32=DOT_IN_FP32,
                              DOT_PRECISION="ieee" if hidden.dtype == torch.float32 else "tf32",
                              NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None, BLOCK_W=finish_block(H),
-                             PDL=pdl, PREFETCH=pdl and prefetch("fused_moe"), launch_pdl=pdl,
+                             BLOCK_T=finish_rows(T, H), PDL=pdl, PREFETCH=pdl and prefetch("fused_moe"), launch_pdl=pdl,
                              num_warps=config.num_warps, num_stages=config.num_stages)
     return out if residual is None else (out, summed)
 

@@ -68,11 +68,12 @@ def _fence_every_thread():
 
 @helper
 def _finish_rows(acc_ptr, count_ptr, out_ptr, res_ptr, sum_ptr, norm_ptr, T, W, eps, programs,
-                 NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_W: tl.constexpr):
+                 NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr):
     # Called by each of the `programs` adding programs after its atomic adds. The last one out: out[t] = rounded
     # acc[t] (NORM False), or sum[t] = rounded(acc[t]) + res[t] (rounded; HAS_RESIDUAL) and out[t] =
     # RMSNorm(sum[t]) * norm weight with `rms_norm`'s roundings; then the accumulator and the counter are zeroed.
-    # Rows are contiguous [T, W]; BLOCK_W >= W.
+    # Rows are contiguous [T, W]; BLOCK_W >= W; BLOCK_T rows at a time (`finish_rows`: one tile's loads in flight
+    # together instead of one row's L2 round trip after another).
     _fence_every_thread()
     tl.debug_barrier()   # every thread's adds are performed before the counter's release
     if tl.atomic_add(count_ptr, 1, sem="acq_rel") == programs - 1:
@@ -81,23 +82,27 @@ def _finish_rows(acc_ptr, count_ptr, out_ptr, res_ptr, sum_ptr, norm_ptr, T, W, 
         ok = cols < W
         dt = out_ptr.dtype.element_ty
         if NORM:
-            weight = tl.load(norm_ptr + cols, mask=ok, other=0.0).to(tl.float32)
-        for t in range(T):
-            row = t * W + cols
+            weight = tl.load(norm_ptr + cols, mask=ok, other=0.0).to(tl.float32)[None, :]
+        for t0 in range(0, T, BLOCK_T):
+            t = t0 + tl.arange(0, BLOCK_T)
+            tile = (t < T)[:, None] & ok[None, :]
+            rows = t[:, None] * W + cols[None, :]
             # volatile: read at L2 where the other programs' atomics landed, and never moved past the zeroing
             # below (a plain load is side-effect free for the compiler; multi-row outputs read zeros on the H200)
-            y = tl.load(acc_ptr + row, mask=ok, other=0.0, volatile=True)
+            y = tl.load(acc_ptr + rows, mask=tile, other=0.0, volatile=True)
             if NORM:
                 y = rounded(y, dt)
                 if HAS_RESIDUAL:
-                    y = rounded(y + tl.load(res_ptr + row, mask=ok, other=0.0).to(tl.float32), dt)
-                    tl.store(sum_ptr + row, y.to(dt), mask=ok)
-                rstd = 1.0 / tl.sqrt_rn(tl.sum(y * y, axis=0) / W + eps)
-                y = rounded(y * rstd, dt) * weight
-            tl.store(out_ptr + row, round_to(y, dt), mask=ok)
+                    y = rounded(y + tl.load(res_ptr + rows, mask=tile, other=0.0).to(tl.float32), dt)
+                    tl.store(sum_ptr + rows, y.to(dt), mask=tile)
+                rstd = 1.0 / tl.sqrt_rn(tl.sum(y * y, axis=1) / W + eps)
+                y = rounded(y * rstd[:, None], dt) * weight
+            tl.store(out_ptr + rows, round_to(y, dt), mask=tile)
         tl.debug_barrier()   # every row is read (and written out) before any is zeroed
-        for t in range(T):
-            tl.store(acc_ptr + t * W + cols, tl.zeros([BLOCK_W], tl.float32), mask=ok)
+        for t0 in range(0, T, BLOCK_T):
+            t = t0 + tl.arange(0, BLOCK_T)
+            tl.store(acc_ptr + t[:, None] * W + cols[None, :], tl.zeros([BLOCK_T, BLOCK_W], tl.float32),
+                     mask=(t < T)[:, None] & ok[None, :])
         tl.store(count_ptr, 0)
 
 
@@ -125,3 +130,13 @@ def norm_args(op: str, rows: int, width: int, dtype: torch.dtype, residual: torc
 def finish_block(width: int) -> int:
     """BLOCK_W of `_finish_rows`: the whole output row in one tile."""
     return triton.next_power_of_2(width)
+
+
+FINISH_TILE = 4096   # most elements of one `_finish_rows` tile (fp32 values held by the last program at once)
+
+
+def finish_rows(rows: int, width: int) -> int:
+    """BLOCK_T of `_finish_rows` for `rows` rows of `width`: as many rows per tile as FINISH_TILE elements hold (at
+    least one; a power of two, at most rows rounded up). FINISH_TILE 0 finishes one row at a time (as before run
+    29; benchmark A/B)."""
+    return max(1, min(triton.next_power_of_2(rows), FINISH_TILE // finish_block(width)))

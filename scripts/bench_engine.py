@@ -11,7 +11,10 @@
              `bench_kernels --tune-decode` JSON given as --tables, with the lm_head's tile / torch's,
              on_full_inputs = the step's host work as before run 16, on_full_frame = the talker frame graph's per-step
              tables as before run 23, on_pdl16 / on_rows16_pdl16 = PDL launches up to 16 rows, with decode_linear
-             too); with --rounds N
+             too, on_rows16_pdl16_tile16k = the split-K finish in tiles of 16384 elements,
+             on_rows16_pdl16_row_finish = the split-K finish one row at a time, on_rows16_pdl16_tuned = --tables' tiles
+             (e.g. `bench_kernels --tune-decode --linear-rows 16`) with decode_linear to 16 rows, on_full_steps = the frame graph's
+             first predictor step whole and its picks as arg-max + embedding, both as before run 29); with --rounds N
              every mode is timed N times, modes interleaved (the machine's speed drifts), medians reported; the
              floor = (active weight bytes + KV bytes of the step) / measured bandwidth; greedy tokens of a fixed
              (seeded) prompt per mode, and each mode's logits over the same 32
@@ -20,7 +23,9 @@
              batch 1 (torch.profiler over 20 replays: us per step by kernel, and the time between kernels)
   talker     frame time = talker decode step + the frame graph (code 0, the 15-step code predictor), static engine
              (graphs) vs transformers' forward with a DynamicCache (the "dynamic" engine), batch 1 and 16
-             (--distinct-rows: each row its own input, so the MoE reads each row's experts)
+             (--distinct-rows: each row its own input, so the MoE reads each row's experts); per mode and batch the
+             codes of 4 greedy frames from the same state and their agreement with the first mode's; --profile
+             breaks the frame down by kernel at --profile-batches
   overlap    thinker steps and talker frames at once on two threads / CUDA streams (the co-located
              layout) vs one after the other on one stream, batch 1 and 16 (CUDA only); per --sm-splits setting
              (`engine.sm_split`, e.g. thinker:96,talker:36: each engine's stream and graphs in a green context of
@@ -103,8 +108,8 @@ def kv_bytes(text_config, length: int, element_size: int = 2) -> int:
 
 # The A/B modes of the thinker and talker parts: each the default engine ("on") with some switches changed.
 DEFAULT_MODE = {"kernels": True, "fused_attention": True, "step_fusion": True, "pdl": True, "prefetch": False,
-                "direct_decode_linear": True, "linear_rows": 1, "tables": "checked_in", "decode_head": True,
-                "lean_inputs": True, "lean_frame": True, "pdl_rows": 1}
+                "direct_decode_linear": True, "linear_rows": 4, "tables": "checked_in", "decode_head": True,
+                "lean_inputs": True, "lean_frame": True, "lean_steps": True, "pdl_rows": 4, "finish_tile": 4096}
 MODES = {
     "off": {"kernels": False},                                  # transformers' modules (grouped_mm MoE)
     "on": {},
@@ -113,6 +118,7 @@ MODES = {
     "on_prefetch_linear": {"prefetch": "decode_linear"},        # the MoE its W2 columns; or decode_linear only
     "on_torch_linears": {"direct_decode_linear": False},        # q/k/v, gate/up through torch's linear
     "on_main": {"pdl": False, "direct_decode_linear": False},   # the kernels as before PDL and direct stores
+    "on_rows1": {"linear_rows": 1, "pdl_rows": 1},              # decode_linear and PDL at one row only (before run 30)
     "on_rows16": {"linear_rows": 16},                           # decode_linear (+ norm epilogues) up to 16 rows
     "on_unfused_step": {"step_fusion": False},                  # separate norms, torch router, four-launch MoE
     "on_unfused_attention": {"fused_attention": False},         # norms + RoPE + cache writes + SDPA
@@ -122,6 +128,10 @@ MODES = {
     "on_full_frame": {"lean_frame": False},                     # the frame graph builds positions / RoPE rows per step
     "on_pdl16": {"pdl_rows": 16},                               # PDL launches up to 16 rows (attention, norms, silu)
     "on_rows16_pdl16": {"linear_rows": 16, "pdl_rows": 16},     # and decode_linear up to 16 rows: Triton + PDL chains
+    "on_full_steps": {"lean_steps": False},                     # the frame's step 0 whole, arg-max + embedding apart
+    "on_rows16_pdl16_tile16k": {"linear_rows": 16, "pdl_rows": 16, "finish_tile": 16384},   # 16 rows of 1024 at once
+    "on_rows16_pdl16_tuned": {"linear_rows": 16, "pdl_rows": 16, "tables": "tuned"},   # with --tables' tiles (e.g. 16 rows)
+    "on_rows16_pdl16_row_finish": {"linear_rows": 16, "pdl_rows": 16, "finish_tile": 0},   # split-K finish row by row
 }
 
 
@@ -135,7 +145,9 @@ def set_mode(name: str) -> None:
     mode = {**DEFAULT_MODE, **MODES[name]}
     decoder.set_lean_inputs(mode["lean_inputs"])
     talker_static.set_lean_frame(mode["lean_frame"])
+    talker_static.set_lean_steps(mode["lean_steps"])
     omni_kernels.backend.PDL_MAX_ROWS = mode["pdl_rows"]
+    omni_kernels.splitk.FINISH_TILE = mode["finish_tile"]
     use_tables(_tuned_tables if mode["tables"] == "tuned" else None, mode["decode_head"])
     fused.set_enabled(mode["kernels"])
     fused.set_fused_attention(mode["fused_attention"])
@@ -399,7 +411,7 @@ def bench_talker(path, config, device, args) -> dict:
                       generation_step=0, **cache_kwargs(talker, cache))
 
     result = {"rounds": args.rounds, "modes": {}}
-    runs = {}
+    runs, codes = {}, {}
     for name in selected_modes(args):
         set_mode(name)
         runs[name] = (TalkerDecode(talker, slots=max(args.batches), max_len=40 + args.steps + 16),
@@ -422,11 +434,15 @@ def bench_talker(path, config, device, args) -> dict:
                 ms = timed_ms(one, min(args.steps, 8 + 16), warmup=3)
                 predictor = timed_ms(lambda: frames(embeds, logits, *rows), 16)
                 times.setdefault((name, batch), []).append((ms, predictor))
-                if args.profile and round_ == 0 and batch == 1 and device.startswith("cuda"):
-                    result["modes"].setdefault(f"static_kernels_{name}", {})["profile_batch_1"] = \
+                if args.profile and round_ == 0 and batch in args.profile_batches and device.startswith("cuda"):
+                    result["modes"].setdefault(f"static_kernels_{name}", {})[f"profile_batch_{batch}"] = prof = \
                         profile_steps(one, steps=8)
-                    print_profile(f"talker {name} batch 1", result["modes"][f"static_kernels_{name}"]["profile_batch_1"])
+                    print_profile(f"talker {name} batch {batch}", prof, top=args.profile_top)
                 decode.decoder.remove([f"r{i}" for i in range(batch)])
+                if round_ == 0:   # from the prefill's state, the same in every mode
+                    fill_slots(decode.decoder, forward, prompt, batch, tc.text_config)
+                    codes[(name, batch)] = greedy_frames(decode, frames, embeds, 40, rows)
+                    decode.decoder.remove([f"r{i}" for i in range(batch)])
     for name, (decode, frames) in runs.items():
         entry = result["modes"].setdefault(f"static_kernels_{name}", {})
         for batch in args.batches:
@@ -434,7 +450,10 @@ def bench_talker(path, config, device, args) -> dict:
             predictor_ms = [t[1] for t in times[(name, batch)]]
             entry[f"batch_{batch}"] = {"frame_ms": statistics.median(frame_ms), "rounds_frame_ms": frame_ms,
                                        "code_predictor_ms": statistics.median(predictor_ms),
-                                       "frames_per_s": batch * 1e3 / statistics.median(frame_ms)}
+                                       "frames_per_s": batch * 1e3 / statistics.median(frame_ms),
+                                       "greedy_codes": codes[(name, batch)]}
+            first = codes[(next(iter(runs)), batch)]
+            entry[f"batch_{batch}"]["codes_equal_first_mode"] = codes_agreement(codes[(name, batch)], first)
         entry["graphs"] = {"talker": decode.decoder.graphs.stats().__dict__, "predictor": frames.graphs.stats().__dict__}
         print(f"talker static kernels {name}: " + ", ".join(
             f"{k} {v['frame_ms']:.2f} ms/frame (predictor {v['code_predictor_ms']:.2f})"
@@ -467,6 +486,28 @@ def bench_talker(path, config, device, args) -> dict:
     print(f"talker dynamic (transformers forward): batch_1 {entry['batch_1']['frame_ms']:.2f} ms/frame", flush=True)
     del talker
     return result
+
+
+def greedy_frames(decode, frames, embeds: torch.Tensor, position: int, rows: tuple, count: int = 4) -> list:
+    """`count` greedy frames of the slots now in `decode` (talker step, then the frame graph; each frame's codec sum
+    + `embeds` is the next step's input, as served): codes as nested lists [count][batch][16]."""
+    out = []
+    for i in range(count):
+        hidden, logits = decode.decoder.step(embeds, [position + i] * embeds.shape[0])
+        step_codes, next_embeds = frames(hidden, logits, *rows)
+        out.append(step_codes.tolist())
+        embeds = next_embeds + embeds
+    return out
+
+
+def codes_agreement(codes: list, reference: list) -> dict:
+    """How far two modes' `greedy_frames` agree: equal codes / all, and the first frame that differs (None: all
+    equal). A differing code changes every later frame's input, so later frames differ wholesale after one flip."""
+    import numpy as np
+
+    a, b = np.array(codes), np.array(reference)
+    differs = [i for i in range(len(a)) if not np.array_equal(a[i], b[i])]
+    return {"equal": int((a == b).sum()), "of": int(a.size), "first_differing_frame": differs[0] if differs else None}
 
 
 def bench_overlap(path, config, device, args) -> dict:
@@ -693,6 +734,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eager", action=argparse.BooleanOptionalAction, default=True,
                         help="also time the thinker without CUDA graphs (modes off and on)")
     parser.add_argument("--profile", action="store_true", help="kernel breakdown of each graph mode at batch 1")
+    parser.add_argument("--profile-batches", type=int, nargs="+", default=[1],
+                        help="talker part: the batch sizes --profile breaks down (default 1)")
+    parser.add_argument("--profile-top", type=int, default=14, help="kernels listed per profile")
     parser.add_argument("--distinct-rows", action="store_true",
                         help="talker and overlap parts: each row its own random input (routed to its own experts, as "
                              "served requests are) instead of identical rows")

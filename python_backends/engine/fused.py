@@ -27,11 +27,11 @@ except ImportError:  # pragma: no cover - the package is part of this repository
     omni_kernels = None
 
 _KERNELS = ("rms_norm", "fused_moe", "silu_and_mul", "apply_mrope", "decode_attention", "decode_linear",
-            "SplitKWorkspace", "enabled")
+            "greedy_embedding", "SplitKWorkspace", "enabled")
 FUSED = "omni_fused_weight"   # attribute holding the concatenated weight of fused projections
 WORKSPACE = "omni_splitk_workspace"   # attribute holding a module's split-K workspace (decode-step fusions)
 DECODE_ROWS = 16   # rows up to which the MoE norm epilogue runs (decode_linear's limit; the workspaces' rows)
-LINEAR_ROWS = 1    # rows up to which decode_linear replaces torch's linear (measured and checked at one row)
+LINEAR_ROWS = 4    # rows up to which decode_linear replaces torch's linear (run 30: faster at 1 and 4 rows, slower at 16)
 
 
 def available() -> bool:
@@ -76,7 +76,7 @@ def set_direct_decode_linear(flag: bool) -> None:
 
 
 def set_linear_rows(rows: int) -> None:
-    """Rows up to which `decode_linear` replaces torch's linear (default LINEAR_ROWS, measured at one row; at most
+    """Rows up to which `decode_linear` replaces torch's linear (default LINEAR_ROWS, measured at 1, 4 and 16 rows; at most
     DECODE_ROWS; benchmark A/B)."""
     global _linear_rows
     _linear_rows = max(0, min(int(rows), DECODE_ROWS))
@@ -224,6 +224,16 @@ def linear(owner: torch.nn.Module, x: torch.Tensor, weight: torch.Tensor) -> tor
         split = omni_kernels.linear_decode.linear_config(*weight.shape).SPLIT_K > 1   # the direct store needs none
         return omni_kernels.decode_linear(x, weight, _workspace(owner, weight.shape[0], x.device) if split else None)
     return torch.nn.functional.linear(x, weight)
+
+
+def greedy_embedding(logits: torch.Tensor, embedding: torch.nn.Embedding) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(codes, embedding(codes))` with codes = logits.argmax(-1), for logits [B, V] and a plain embedding module
+    (no max_norm): one `omni_kernels.greedy_embedding` launch while the kernels are active, else the two ops.
+    Returns int64 [B] and [B, H] in the table's dtype."""
+    if active(logits):
+        return omni_kernels.greedy_embedding(logits, embedding.weight)
+    codes = logits.argmax(-1)
+    return codes, embedding(codes)
 
 
 def lm_head(head: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:

@@ -163,9 +163,11 @@ class StaticDecoder:
         return tuple(out[:n].clone() if copy else out[:n] for out in outputs)
 
     def _step(self, x: torch.Tensor, meta: torch.Tensor, columns: torch.Tensor,
-              rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, ...]:
+              rope: tuple[torch.Tensor, torch.Tensor] | None = None, kv_only: bool = False) -> tuple[torch.Tensor, ...]:
         """The captured step: x [B, H] embeddings, meta int64 [2, B] (RoPE position, cache column), columns [C];
-        rope: the rows' (cos, sin) [B, D/2] when the caller has them (else gathered from the table by position)."""
+        rope: the rows' (cos, sin) [B, D/2] when the caller has them (else gathered from the table by position).
+        kv_only: only write the step's keys and values into the cache (the last layer stops after its attention) and
+        return () (a step whose output is not used, e.g. the code predictor's first)."""
         positions, written = meta[0], meta[1]
         # the fused attention kernel masks by `written` itself; the module path needs the boolean mask and row ids
         mask = rows = None
@@ -181,6 +183,8 @@ class StaticDecoder:
         for index, (layer, next_norm) in enumerate(zip(self.layers, norms)):
             attn = layer.self_attn
             out = self._attention(attn, h, index, rows, written, cos, sin, mask, len(columns))
+            if kv_only and index == len(self.layers) - 1:
+                return ()
             h, residual = fused.linear_norm(attn.o_proj, out, layer.post_attention_layernorm, residual)
             h, residual = fused.mlp_norm(layer.mlp, h, next_norm, residual)
         return self.head(h)

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 import torch
 
+from omni_backends.engine import fused
 from omni_backends.engine.graphs import StepGraphs, batch_bucket, power_of_two_buckets
 from omni_backends.engine.sampling import greedy_pick
 from omni_backends.engine.static_kv import LayerKV
@@ -41,6 +42,18 @@ def set_lean_frame(flag: bool) -> None:
     global _lean_frame
     _lean_frame = bool(flag)
 
+
+_lean_steps = True
+
+
+def set_lean_steps(flag: bool) -> None:
+    """Let the frame graph's first predictor step (whose output is discarded: it only writes the talker hidden
+    state's K/V) stop after the last layer's attention, and a greedy graph pick each code and look up its embedding in
+    one launch (`fused.greedy_embedding`): ~20 launches fewer per frame, the same codes (default; with `set_lean_frame`).
+    False runs every step whole and the pick as arg-max + embedding (as before run 29; benchmark A/B; read at graph
+    capture)."""
+    global _lean_steps
+    _lean_steps = bool(flag)
 
 
 def nucleus_race(logits: torch.Tensor, noise: torch.Tensor, top_k: int = PREDICTOR_TOP_K,
@@ -157,23 +170,28 @@ class CodePredictorFrames:
         code0 = torch.where(picks[0] >= 0, picks[0], greedy_pick(logits, self._suppress, self._stop, picks[1] > 0))
         x, codes = hidden.to(self.decoder.dtype), [code0]
         embeds = [self.talker_embed(code0)]
+        lean = _lean_frame and _lean_steps
         for step in range(self.groups):
             if _lean_frame:
                 rope = (self._ropes[0][step, :batch], self._ropes[1][step, :batch])
-                (out,) = self.decoder._step(x, self._metas[step, :, :batch], self._columns, rope)
+                outs = self.decoder._step(x, self._metas[step, :, :batch], self._columns, rope,
+                                          kv_only=lean and step == 0)
             else:
                 meta = torch.full((2, batch), step, dtype=torch.long, device=hidden.device)
-                (out,) = self.decoder._step(x, meta, self._columns)
+                outs = self.decoder._step(x, meta, self._columns)
             if step == 0:
                 x = embeds[0]
                 continue
-            logits = self.predictor.lm_head[step - 1](out)
-            code = (logits if _lean_frame else logits.float()).argmax(-1)
-            if noise is not None:
-                code = torch.where(greedy, code, nucleus_race(logits, noise[:, step - 1]))
+            logits = self.predictor.lm_head[step - 1](outs[0])
+            if lean and noise is None:
+                code, x = fused.greedy_embedding(logits, tables[step - 1])
+            else:
+                code = (logits if _lean_frame else logits.float()).argmax(-1)
+                if noise is not None:
+                    code = torch.where(greedy, code, nucleus_race(logits, noise[:, step - 1]))
+                x = tables[step - 1](code)
             codes.append(code)
-            embeds.append(tables[step - 1](code))
-            x = embeds[-1]
+            embeds.append(x)
         return torch.stack(codes, 1), torch.stack(embeds).sum(0)
 
 

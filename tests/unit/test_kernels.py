@@ -446,6 +446,62 @@ def test_decode_linear_direct_store_wider_than_the_finish(rows):
         ok.decode_linear(x, weight, norm_weight=randn(N), config=config)
 
 
+# finish tiles: rows per tile from the fp32 elements the last program holds (`splitk.finish_rows`); 0 = row by row
+@needs_triton
+@pytest.mark.parametrize("finish_tile", [0, 64, 4096])
+@pytest.mark.parametrize("rows", [5, 16])
+def test_decode_linear_finish_tiles(monkeypatch, finish_tile, rows):
+    """The split-K finish (residual add + norm) gives the reference's rows whether it takes them one at a time, in
+    tiles of a few rows with a masked tail, or all at once; the workspace is left zeroed."""
+    K, N = (3072, 1024) if CUDA else (64, 32)   # the code predictor's down_proj
+    config = LinearConfig(64, 128, 8, 4, 3) if CUDA else LinearConfig(16, 32, 2)
+    monkeypatch.setattr(ok.splitk, "FINISH_TILE", finish_tile)
+    x, weight = randn(rows, K), randn(N, K, scale=K ** -0.5)
+    norm_weight, residual = randn(N), randn(rows, N)
+    workspace = ok.SplitKWorkspace(16, N, DEVICE)
+    ref = ok.decode_linear_reference(x, weight, residual, norm_weight)
+    for _ in range(REPEATS):
+        out = run_kernel("decode_linear", ok.decode_linear, x, weight, workspace, residual, norm_weight, config=config)
+        for got, want in zip(out, ref):
+            assert_close("decode_linear", got, want)
+    assert workspace.is_clean()
+
+
+# ---------------------------------------------------------------- greedy_embedding
+
+# (rows, vocab, table rows, hidden): CUDA the code predictor's heads (2048 codes, 1024 wide) at 1 and 16 rows
+PICK_CASES = [(1, 2048, 2048, 1024), (16, 2048, 2048, 1024), (5, 3000, 3072, 2500)] if CUDA else \
+    [(1, 64, 64, 32), (6, 300, 320, 70), (3, 50, 50, 1100)]
+
+
+@needs_triton
+@pytest.mark.parametrize("case", PICK_CASES, ids=lambda c: f"B{c[0]}-V{c[1]}-H{c[3]}")
+@pytest.mark.parametrize("dtype", [BF16, FP32], ids=["bf16", "fp32"])
+def test_greedy_embedding_equals_argmax_and_embedding(case, dtype):
+    """Codes and rows equal `argmax` + `F.embedding` exactly: ties to the lowest id (a row of one value, repeated
+    maxima), the first NaN as the largest, -inf entries, a vocab and a width that are not powers of two, a width over
+    one tile."""
+    B, V, N, H = case
+    logits, table = randn(B, V, dtype=dtype), randn(N, H, dtype=dtype)
+    logits[0, V // 3] = logits[0, V // 2] = logits[0].max() + 1   # two maxima: the first wins
+    if B > 2:
+        logits[1] = 0.25                                          # all tied: id 0
+        logits[2, 5], logits[2, 9], logits[2, 1] = float("nan"), float("nan"), float("inf")   # the first NaN: 5
+    codes, rows = run_kernel("greedy_embedding", ok.greedy_embedding, logits, table)
+    want = logits.argmax(-1)
+    assert torch.equal(codes, want) and codes.dtype == torch.long
+    assert torch.equal(rows, F.embedding(want, table))
+    ref_codes, ref_rows = ok.greedy_embedding_reference(logits, table)
+    assert torch.equal(codes, ref_codes) and torch.equal(rows, ref_rows)
+
+
+def test_greedy_embedding_rejects_bad_shapes():
+    with pytest.raises(ValueError, match="greedy_embedding"):
+        ok.greedy_embedding(torch.randn(2, 8, device=DEVICE), torch.randn(7, 4, device=DEVICE))   # fewer rows than V
+    with pytest.raises(ValueError, match="greedy_embedding"):
+        ok.greedy_embedding(torch.randn(8, device=DEVICE), torch.randn(8, 4, device=DEVICE))
+
+
 def test_decode_linear_rejects_bad_inputs():
     x, weight = torch.randn(2, 8, device=DEVICE), torch.randn(4, 8, device=DEVICE)
     with pytest.raises(ValueError, match="decode_linear"):

@@ -287,25 +287,32 @@ def test_lean_frame_graph_gives_the_same_frames(qwen3_omni_stages, monkeypatch):
     hidden = torch.randn(3, tc.text_config.hidden_size, generator=torch.Generator().manual_seed(1))
     logits = torch.randn(3, tc.text_config.vocab_size, generator=torch.Generator().manual_seed(2))
 
-    def run(lean: bool):
+    def run(lean: bool, steps: bool = True, greedy=(True, True, False)):
         monkeypatch.setattr(talker_static, "_lean_frame", lean)
-        codes, sums = frames(hidden, logits, [-1, 7, -1], [True, False, False], [True, True, False],
+        monkeypatch.setattr(talker_static, "_lean_steps", steps)
+        codes, sums = frames(hidden, logits, [-1, 7, -1], [True, False, False], list(greedy),
                              [None, None, make_generator(11)])
         return codes.clone(), sums.clone()
 
     (lean_codes, lean_sums), (full_codes, full_sums) = run(True), run(False)
     assert torch.equal(lean_codes, full_codes) and torch.equal(lean_sums, full_sums)
     assert lean_codes[1, 0] == 7 and lean_codes.shape == (3, tc.num_code_groups)
+    # the KV-only first step and the one-launch greedy pick (`set_lean_steps`): the same frames, greedy or mixed
+    for greedy in ((True, True, False), (True, True, True)):
+        (codes, sums), (before_codes, before_sums) = run(True, True, greedy), run(True, False, greedy)
+        assert torch.equal(codes, before_codes) and torch.equal(sums, before_sums)
 
 
+@pytest.mark.parametrize("linear_rows", [1, 16])
 @pytest.mark.parametrize("stage", ["thinker", "talker", "code_predictor"])
-def test_decode_step_kernels_equal_the_module_path(qwen3_omni_stages, monkeypatch, stage):
+def test_decode_step_kernels_equal_the_module_path(qwen3_omni_stages, monkeypatch, stage, linear_rows):
     """The decode step with the kernels (fused attention, o_proj/down_proj with the residual add + norm in one
     launch, the one-launch MoE with the next norm, the router / q/k/v / gate+up as decode_linear:
     `fused.linear`, `linear_norm`, `mlp_norm`), run by Triton's
     interpreter on CPU, gives the module path's outputs (fp32: summation order only), at 1 row (one-launch MoE)
-    and 2 rows (grouped MoE + its norm), and leaves every split-K workspace zeroed. Thinker: sparse MoE; talker:
-    MoE with a shared expert (unfused norm); code predictor: dense MLP (down_proj with the norm)."""
+    and 2 rows (grouped MoE + its norm; decode_linear with linear_rows 16, torch's linear with 1), and leaves every
+    split-K workspace zeroed. Thinker: sparse MoE; talker: MoE with a shared expert (unfused norm); code predictor:
+    dense MLP (down_proj with the norm)."""
     from transformers.cache_utils import DynamicCache
 
     from omni_backends.engine import fused
@@ -348,11 +355,13 @@ def test_decode_step_kernels_equal_the_module_path(qwen3_omni_stages, monkeypatc
     monkeypatch.setattr(ok.linear_decode, "decode_linear_faster", lambda n, k, with_norm: True)
     was = ok.enabled()
     ok.set_enabled(True)
+    fused.set_linear_rows(linear_rows)
     try:
         with torch.inference_mode():
             expected, got = steps(False), steps(True)
     finally:
         ok.set_enabled(was)
+        fused.set_linear_rows(fused.LINEAR_ROWS)
     assert ok.last_backend("decode_linear") == "interpreter" and ok.last_backend("decode_attention") == "interpreter"
     for out, ref in zip(got, expected):
         assert torch.isfinite(out).all()
@@ -385,7 +394,7 @@ def test_direct_decode_linear_switch(monkeypatch):
 def test_lm_head_through_decode_linear_where_the_table_has_its_tile(monkeypatch):
     """`fused.lm_head`: a head wider than the split-K finish runs as `decode_linear` (direct store, no workspace) at
     one row when the table has a tile for its shape, equal to the module's output (fp32: summation order only);
-    without the entry, or at two rows, the module runs."""
+    without the entry, or past `fused.LINEAR_ROWS` rows, the module runs."""
     from omni_backends.engine import fused
 
     ok = pytest.importorskip("omni_kernels")
@@ -395,7 +404,7 @@ def test_lm_head_through_decode_linear_where_the_table_has_its_tile(monkeypatch)
 
     torch.manual_seed(0)
     head = torch.nn.Linear(32, ok.linear_decode.MAX_OUT + 64, bias=False)
-    x = torch.randn(2, 32)
+    x = torch.randn(fused.LINEAR_ROWS + 1, 32)
     monkeypatch.setattr(fused, "active", lambda x: True)
     monkeypatch.setenv("OMNI_KERNELS_INTERPRET", "1")
     calls = []
@@ -407,7 +416,7 @@ def test_lm_head_through_decode_linear_where_the_table_has_its_tile(monkeypatch)
         out = fused.lm_head(head, x[:1])
         assert calls == [None] and ok.last_backend("decode_linear") == "interpreter"   # no workspace
         assert ((out - head(x[:1])).norm() / head(x[:1]).norm()).item() < 1e-5
-        assert torch.equal(fused.lm_head(head, x), head(x)) and len(calls) == 1   # two rows: the module
+        assert torch.equal(fused.lm_head(head, x), head(x)) and len(calls) == 1   # past LINEAR_ROWS: the module
     assert not hasattr(head, fused.WORKSPACE)
 
 
