@@ -48,6 +48,16 @@ EXIT_TIMEOUT_S = 30
 # group: the exit timeout plus a margin for the server's own teardown after the last unload, so a server
 # that unloads within its exit timeout is never killed.
 STOP_WAIT_S = EXIT_TIMEOUT_S + 10
+# gRPC channel options of the launcher's own Triton client. It is made before tritonserver listens (the models load
+# first), and with gRPC's default reconnect backoff (1 s, growing 1.6x per failed attempt up to 120 s) its channel
+# tried again only ~25 s after the server came up (qwen3_omni on 2 cores: models loaded at 48 s, seen at 72.6 s).
+CONTROL_CHANNEL_ARGS = (("grpc.initial_reconnect_backoff_ms", 200), ("grpc.min_reconnect_backoff_ms", 200),
+                        ("grpc.max_reconnect_backoff_ms", 500))
+# Seconds `TritonServer.stop` waits, after a stub died, for the models still unloading to make progress before it
+# kills the server: a stub killed or crashed mid-request leaves requests that never end (its model version, and a
+# BLS parent still reading a stream from it, can never unload), so tritonserver's own exit sat out its whole exit
+# timeout and then killed every stub, also the healthy ones that were never finalized.
+STUCK_UNLOAD_S = 5.0
 
 
 class LaunchError(RuntimeError):
@@ -199,7 +209,7 @@ class TritonServer:
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.ready_timeout_s
-        client = grpcclient.InferenceServerClient(self.grpc_url)
+        client = self.control_client()
         try:
             while time.monotonic() < deadline:
                 if self.process.poll() is not None:
@@ -221,6 +231,10 @@ class TritonServer:
                                             f"model(s) {', '.join(pending)}"))
         finally:
             client.close()
+
+    def control_client(self) -> grpcclient.InferenceServerClient:
+        """A gRPC client of this server that reconnects within 0.5 s (CONTROL_CHANNEL_ARGS)."""
+        return grpcclient.InferenceServerClient(self.grpc_url, channel_args=list(CONTROL_CHANNEL_ARGS))
 
     def model_states(self, client: grpcclient.InferenceServerClient) -> dict[str, str]:
         index = client.get_model_repository_index(as_json=True).get("models", [])
@@ -268,17 +282,26 @@ class TritonServer:
     def stop(self, timeout_s: float = STOP_WAIT_S) -> None:
         """SIGTERM the server's process group, SIGKILL after timeout_s (default STOP_WAIT_S, longer than the
         server's EXIT_TIMEOUT_S); leaves no stub process (alive or defunct) and no /dev/shm file of this
-        server behind. Takes at most timeout_s + 10 s."""
+        server behind. Takes at most timeout_s + 10 s.
+
+        After a stub died under the server (a zombie child), the models are unloaded through gRPC first, so
+        every healthy stub finalizes, and the server is killed once the rest stop making progress for
+        STUCK_UNLOAD_S (see there) instead of its exit timeout."""
         if self.process is None:
             return
         pgid = self.process.pid
         if self.process.poll() is None:
-            _signal_group(pgid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
+            if self._dead_stubs():
+                self._unload_models(timeout_s)
                 _signal_group(pgid, signal.SIGKILL)
                 self.process.wait(timeout=5)
+            else:
+                _signal_group(pgid, signal.SIGTERM)
+                try:
+                    self.process.wait(timeout=timeout_s)
+                except subprocess.TimeoutExpired:
+                    _signal_group(pgid, signal.SIGKILL)
+                    self.process.wait(timeout=5)
         # Stubs may outlive the server for a moment: reap the whole group.
         deadline = time.monotonic() + 5
         while _group_alive(pgid) and time.monotonic() < deadline:
@@ -289,6 +312,39 @@ class TritonServer:
         _reap_children()
         self.remove_shm()
         self.process = None
+
+    def _dead_stubs(self) -> int:
+        """Stub processes that died under the running server (zombies: tritonserver never reaps them)."""
+        try:
+            return sum(child.status() == psutil.STATUS_ZOMBIE for child in psutil.Process(self.process.pid).children())
+        except psutil.Error:
+            return 0
+
+    def _unload_models(self, timeout_s: float) -> None:
+        """Unloads every model over gRPC and waits (at most timeout_s) until none is loading, loaded or
+        unloading, or until that set has not changed for STUCK_UNLOAD_S; logs the models left."""
+        busy_states = ("READY", "UNLOADING", "LOADING")
+        deadline = time.monotonic() + timeout_s
+        try:
+            client = self.control_client()
+            for model, state in self.model_states(client).items():
+                if state == "READY":
+                    client.unload_model(model)
+            busy, changed = None, time.monotonic()
+            while time.monotonic() < deadline:
+                now_busy = sorted(m for m, state in self.model_states(client).items() if state in busy_states)
+                if not now_busy:
+                    return
+                if now_busy != busy:
+                    busy, changed = now_busy, time.monotonic()
+                elif time.monotonic() - changed >= STUCK_UNLOAD_S:
+                    break
+                time.sleep(0.2)
+        except Exception as exc:   # the server may already be going down: kill it as before
+            log.warning("unloading the models before the stop failed: %s", exc)
+            return
+        log.warning("a stub died while serving: models %s cannot unload (requests of the dead stub never end); "
+                    "stopping tritonserver without them", ", ".join(busy or []))
 
     def remove_shm(self) -> list[Path]:
         """Deletes this server's /dev/shm entries (call only once the server is stopped); returns them."""

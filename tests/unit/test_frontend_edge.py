@@ -10,12 +10,15 @@ import json
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
+import grpc
 import httpx
 import numpy as np
 import pytest
 import soundfile as sf
 import uvicorn
+from tritonclient.utils import InferenceServerException
 import websockets.sync.client
 from fastapi.testclient import TestClient
 from PIL import Image
@@ -26,7 +29,7 @@ from omni_frontend.config import AdmissionLimits, FrontendConfig, RequestLimits
 from omni_frontend.errors import APIError
 from omni_frontend.observability import FrontendMetrics
 from omni_frontend.pipelines import REGISTRY, parse_extra
-from omni_frontend.tritonserver import free_port
+from omni_frontend.tritonserver import TritonServer, free_port
 
 pytestmark = pytest.mark.unit
 
@@ -328,3 +331,37 @@ def test_realtime_instructions_over_max_text_chars_are_refused_by_the_event_that
             assert updated["type"] == "session.updated" and updated["session"]["instructions"] == "Be brief.", updated
         ws.send_json({"type": "session.update", "session": {"type": "realtime", "instructions": "x" * 100}})
         assert ws.receive_json()["session"]["instructions"] == "x" * 100   # the limit itself is accepted
+
+
+def test_the_launchers_triton_client_reaches_a_server_soon_after_it_listens(tmp_path):
+    """The launcher's client exists before tritonserver listens (its models load first). With gRPC's default
+    reconnect backoff (1 s growing 1.6x) a channel refused for 6 s tried again ~3.4 s after the server came up
+    (~25 s after a 48 s load); `control_client` retries within 0.5 s. The server here is a bare gRPC server
+    (no Triton service: the call answers UNIMPLEMENTED once connected)."""
+    port = free_port()
+    client = TritonServer([tmp_path], [], grpc_port=port, http_port=0, metrics_port=0,
+                          log_path=tmp_path / "log").control_client()
+
+    def status() -> str:
+        try:
+            client.is_server_live()
+        except InferenceServerException as exc:
+            return str(exc.status())
+        return "OK"
+
+    refused_until = time.monotonic() + 6
+    while time.monotonic() < refused_until:
+        assert "UNAVAILABLE" in status()
+        time.sleep(0.2)
+    server = grpc.server(ThreadPoolExecutor(1))
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    try:
+        listening = time.monotonic()
+        while "UNAVAILABLE" in status() and time.monotonic() - listening < 10:
+            time.sleep(0.05)
+        reached_after = time.monotonic() - listening
+        assert "UNIMPLEMENTED" in status() and reached_after < 1.5, reached_after
+    finally:
+        server.stop(0)
+        client.close()
