@@ -8,6 +8,9 @@ from pathlib import Path
 MODEL_HOME_ENV = "OMNI_MODEL_HOME"
 QWEN3_OMNI_TINY = "qwen3_omni_tiny"
 QWEN3_OMNI_30B_RANDOM = "qwen3_omni_30b_a3b_random"   # full-size config, random weights built at load
+# Written last into a finished tiny checkpoint (qwen3_omni, qwen_image): `prepare` checks it before importing
+# the libraries that build one (~10 s at every launch before).
+TINY_COMPLETE_MARKER = ".omni_tiny_complete"
 
 
 def model_home(override: str | os.PathLike | None = None) -> Path:

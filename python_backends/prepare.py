@@ -14,7 +14,12 @@ from __future__ import annotations
 
 import sys
 
-from omni_backends.paths import QWEN3_OMNI_30B_RANDOM, QWEN3_OMNI_TINY, model_home
+from omni_backends.paths import QWEN3_OMNI_30B_RANDOM, QWEN3_OMNI_TINY, TINY_COMPLETE_MARKER, model_home
+
+
+def _complete(name: str) -> bool:
+    """A finished tiny checkpoint `name` in the model home (checked before the heavy imports)."""
+    return (model_home() / name / TINY_COMPLETE_MARKER).exists()
 
 
 def _voice() -> None:
@@ -24,6 +29,8 @@ def _voice() -> None:
 
 
 def _qwen3_omni() -> None:
+    if _complete(QWEN3_OMNI_TINY):
+        return
     from omni_backends.qwen3_omni.checkpoint import write_checkpoint
 
     write_checkpoint(model_home() / QWEN3_OMNI_TINY)
@@ -36,8 +43,11 @@ def _qwen3_omni_30b_random() -> None:
 
 
 def _qwen_image() -> None:
-    from omni_backends.qwen_image.checkpoint import write_checkpoint
     from omni_backends.qwen_image.serving.protocol import TINY
+
+    if _complete(TINY):
+        return
+    from omni_backends.qwen_image.checkpoint import write_checkpoint
 
     write_checkpoint(model_home() / TINY)
 

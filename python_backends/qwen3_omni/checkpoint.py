@@ -15,10 +15,12 @@ import torch
 from transformers import GenerationConfig, Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneration, \
     WhisperFeatureExtractor
 
+from omni_backends.paths import TINY_COMPLETE_MARKER
+
 from .tiny_tokenizer import build_tokenizer
 
 SEED = 20240917
-COMPLETE_MARKER = ".omni_tiny_complete"
+COMPLETE_MARKER = TINY_COMPLETE_MARKER
 CODEBOOK = 64          # codec codebook size (real: 2048)
 CODE_GROUPS = 16       # codes per 12.5 Hz frame (real: 16)
 THINKER_HIDDEN = 64

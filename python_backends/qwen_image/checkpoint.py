@@ -17,8 +17,10 @@ from pathlib import Path
 
 import torch
 
+from omni_backends.paths import TINY_COMPLETE_MARKER
+
 SEED = 20251201
-COMPLETE_MARKER = ".omni_tiny_complete"
+COMPLETE_MARKER = TINY_COMPLETE_MARKER
 TEXT_HIDDEN = 32
 # Qwen/Qwen-Image's scheduler_config.json (dynamic shifting, exponential time shift).
 SCHEDULER_CONFIG = dict(base_image_seq_len=256, base_shift=0.5, invert_sigmas=False, max_image_seq_len=8192,

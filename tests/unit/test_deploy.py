@@ -1,4 +1,7 @@
 """Deploy files (deploy/*.yaml) -> rendered model repositories; bad files give one line naming the key."""
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -118,3 +121,17 @@ def test_tts_engine_run_copy_sets_the_parameter_the_orchestrators_read(tmp_path)
     assert serve.parse_args(["--tts-engine", "piper"]).tts_engine == "piper"
     with pytest.raises(SystemExit):
         serve.parse_args(["--tts-engine", "espeak"])
+
+
+def test_prepare_skips_finished_tiny_checkpoints_without_importing_torch(tmp_path):
+    """Every launch runs `omni_backends.prepare` for its pipelines; with the tiny checkpoints already written it
+    returns before importing torch / transformers / diffusers (~10 s each for qwen3_omni and qwen_image on
+    2 cores)."""
+    for name in ("qwen3_omni_tiny", "qwen_image_tiny"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / ".omni_tiny_complete").write_text("ok\n")
+    probe = ("import sys; from omni_backends import prepare; code = prepare.main(['qwen3_omni', 'qwen_image']); "
+             "print(code, sorted(m for m in ('torch', 'transformers', 'diffusers') if m in sys.modules))")
+    env = {**os.environ, "OMNI_MODEL_HOME": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["0", "[]"], done.stdout + done.stderr
