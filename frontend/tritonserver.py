@@ -152,6 +152,7 @@ class TritonServer:
     process: subprocess.Popen | None = None
     _stub_models: dict[int, str] = dataclasses.field(default_factory=dict)  # stub pid -> model
     _reported: set[int] = dataclasses.field(default_factory=set)            # dead stubs already reported
+    _zombies: set[int] = dataclasses.field(default_factory=set)             # stubs seen as zombies by the last call
 
     @property
     def shm_name(self) -> str:
@@ -256,27 +257,32 @@ class TritonServer:
 
         A stub the Python backend stops (unload) is reaped by tritonserver; one that crashed or was
         killed stays a zombie (tritonserver never waits for it) while the model still reads READY
-        (server issue #8604). Models are learned from the stubs' command lines (`<repo>/<model>/<v>/model.py`)
-        on each call, so call this periodically."""
+        (server issue #8604). A zombie counts once a second call still sees it: an unloaded stub is one
+        for the moment before tritonserver reaps it (a sleep was logged as a stub that died). Models are
+        learned from the stubs' command lines (`<repo>/<model>/<v>/model.py`) on each call, so call this
+        periodically."""
         if self.process is None or self.process.poll() is not None:
             return {}
         try:
             children = psutil.Process(self.process.pid).children()
         except psutil.Error:
             return {}
-        dead = {}
+        dead, zombies = {}, set()
         for child in children:
             try:
                 if child.status() == psutil.STATUS_ZOMBIE:
                     if child.pid in self._stub_models and child.pid not in self._reported:
-                        self._reported.add(child.pid)
-                        dead[child.pid] = self._stub_models[child.pid]
+                        if child.pid in self._zombies:
+                            self._reported.add(child.pid)
+                            dead[child.pid] = self._stub_models[child.pid]
+                        zombies.add(child.pid)
                 elif child.pid not in self._stub_models:
                     args = child.cmdline()
                     if len(args) > 1 and args[0].endswith(STUB_BINARY):
                         self._stub_models[child.pid] = Path(args[1]).parent.parent.name
             except psutil.Error:
                 continue
+        self._zombies = zombies
         return dead
 
     def stop(self, timeout_s: float = STOP_WAIT_S) -> None:

@@ -233,6 +233,7 @@ def test_sleep_and_wake_unload_and_reload_models(mock_server):
     def states():
         return {m["id"]: m["state"] for m in httpx.get(f"{base}/v1/models").json()["data"]}
 
+    died = mock_server.log().count("stub process")   # "stage X: its stub process (pid N) died"
     try:
         assert _live_stubs(mock_server) == ["mock_asr", "mock_relay", "mock_stream"]
         slept = httpx.post(f"{admin}/relay/sleep", timeout=120).json()
@@ -256,6 +257,8 @@ def test_sleep_and_wake_unload_and_reload_models(mock_server):
         missing = httpx.post(f"{admin}/nope/sleep")
         assert missing.status_code == 404 and missing.json()["error"]["code"] == "pipeline_not_found"
         assert [p["state"] for p in httpx.get(admin).json()["data"]] == ["awake"] * 4
+        # an unloaded stub is a zombie until tritonserver reaps it: not a stage that died
+        assert mock_server.log().count("stub process") == died, mock_server.log()[-3000:]
     finally:
         for name in ("mock", "relay", "mock-speech"):
             httpx.post(f"{admin}/{name}/wake", timeout=120)
