@@ -331,8 +331,8 @@ class TritonServer:
         unloading, or until that set has not changed for STUCK_UNLOAD_S; logs the models left."""
         busy_states = ("READY", "UNLOADING", "LOADING")
         deadline = time.monotonic() + timeout_s
+        client = self.control_client()
         try:
-            client = self.control_client()
             for model, state in self.model_states(client).items():
                 if state == "READY":
                     client.unload_model(model)
@@ -349,6 +349,8 @@ class TritonServer:
         except Exception as exc:   # the server may already be going down: kill it as before
             log.warning("unloading the models before the stop failed: %s", exc)
             return
+        finally:
+            client.close()
         log.warning("a stub died while serving: models %s cannot unload (requests of the dead stub never end); "
                     "stopping tritonserver without them", ", ".join(busy or []))
 
