@@ -9,9 +9,6 @@ interpreter for CPU tensors under `OMNI_KERNELS_INTERPRET=1`; otherwise the op's
             residual=None, norm_weight=None, eps=1e-6) -> [T, H] | rms_norm's result on it
   decode_linear(x, weight, workspace=None, residual=None, norm_weight=None, eps=1e-6) -> [T, N] | rms_norm's
                                                  result on it (T <= 16 rows; one launch)
-  decode_mlp(x, gate_up, down, workspace=None, residual=None, norm_weight=None, eps=1e-6) -> [T, H] | rms_norm's
-                                                 result on it (a gated MLP, T <= 16 rows; one launch)
-  MlpWorkspace(max_rows, inter, dtype, device): decode_mlp's scratch, row sums and barrier counters
   SplitKWorkspace(max_rows, width, device): the zeroed fp32 accumulator of the decode-sized split-K kernels
   greedy_embedding(logits, table)                -> (logits.argmax(-1), table rows of those ids)   (one launch)
   decode_attention(q, k, v, q_weight, k_weight, eps, cos, sin, key_cache, value_cache, written, columns,
@@ -25,7 +22,6 @@ from .activation import silu_and_mul, silu_and_mul_reference
 from .attention import decode_attention, decode_attention_reference
 from .backend import HAVE_TRITON, enabled, last_backend, pdl, prefetch, set_enabled, set_pdl, set_prefetch
 from .linear_decode import decode_linear, decode_linear_reference
-from .mlp_decode import MlpWorkspace, decode_mlp, decode_mlp_reference
 from .moe import fused_moe, fused_moe_reference
 from .moe_routing import moe_topk_reference
 from .norm import rms_norm, rms_norm_reference
@@ -34,9 +30,8 @@ from .rotary import apply_mrope, apply_mrope_reference, rotary_cos_sin
 from .splitk import SplitKWorkspace
 
 __all__ = [
-    "HAVE_TRITON", "MlpWorkspace", "SplitKWorkspace", "apply_mrope", "apply_mrope_reference", "decode_attention",
-    "decode_attention_reference", "decode_linear", "decode_linear_reference", "decode_mlp",
-    "decode_mlp_reference", "enabled", "fused_moe",
+    "HAVE_TRITON", "SplitKWorkspace", "apply_mrope", "apply_mrope_reference", "decode_attention",
+    "decode_attention_reference", "decode_linear", "decode_linear_reference", "enabled", "fused_moe",
     "fused_moe_reference", "greedy_embedding", "greedy_embedding_reference", "last_backend", "moe_topk_reference", "pdl", "prefetch", "rms_norm", "rms_norm_reference",
     "rotary_cos_sin", "set_enabled", "set_pdl", "set_prefetch", "silu_and_mul", "silu_and_mul_reference",
 ]

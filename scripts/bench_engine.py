@@ -14,8 +14,7 @@
              too, on_rows16_pdl16_tile16k = the split-K finish in tiles of 16384 elements,
              on_rows16_pdl16_row_finish = the split-K finish one row at a time, on_rows16_pdl16_tuned = --tables' tiles
              (e.g. `bench_kernels --tune-decode --linear-rows 16`) with decode_linear to 16 rows, on_full_steps = the frame graph's
-             first predictor step whole and its picks as arg-max + embedding, both as before run 29, on_no_mlp = dense MLPs
-             as gate/up, silu_and_mul, down + norm (before run 33), on_mlp_rows1 = decode_mlp from one row); with --rounds N
+             first predictor step whole and its picks as arg-max + embedding, both as before run 29); with --rounds N
              every mode is timed N times, modes interleaved (the machine's speed drifts), medians reported; the
              floor = (active weight bytes + KV bytes of the step) / measured bandwidth; greedy tokens of a fixed
              (seeded) prompt per mode, and each mode's logits over the same 32
@@ -110,8 +109,7 @@ def kv_bytes(text_config, length: int, element_size: int = 2) -> int:
 # The A/B modes of the thinker and talker parts: each the default engine ("on") with some switches changed.
 DEFAULT_MODE = {"kernels": True, "fused_attention": True, "step_fusion": True, "pdl": True, "prefetch": False,
                 "direct_decode_linear": True, "linear_rows": 4, "tables": "checked_in", "decode_head": True,
-                "lean_inputs": True, "lean_frame": True, "lean_steps": True, "pdl_rows": 4, "finish_tile": 4096,
-                "mlp_rows": (5, 16)}
+                "lean_inputs": True, "lean_frame": True, "lean_steps": True, "pdl_rows": 4, "finish_tile": 4096}
 MODES = {
     "off": {"kernels": False},                                  # transformers' modules (grouped_mm MoE)
     "on": {},
@@ -134,8 +132,6 @@ MODES = {
     "on_rows16_pdl16_tile16k": {"linear_rows": 16, "pdl_rows": 16, "finish_tile": 16384},   # 16 rows of 1024 at once
     "on_rows16_pdl16_tuned": {"linear_rows": 16, "pdl_rows": 16, "tables": "tuned"},   # with --tables' tiles (e.g. 16 rows)
     "on_rows16_pdl16_row_finish": {"linear_rows": 16, "pdl_rows": 16, "finish_tile": 0},   # split-K finish row by row
-    "on_no_mlp": {"mlp_rows": (1, 0)},                          # dense MLPs as gate/up, silu_and_mul, down + norm (before run 33)
-    "on_mlp_rows1": {"mlp_rows": (1, 16)},                      # decode_mlp from one row (also where decode_linear applies)
 }
 
 
@@ -158,7 +154,6 @@ def set_mode(name: str) -> None:
     fused.set_step_fusion(mode["step_fusion"])
     fused.set_direct_decode_linear(mode["direct_decode_linear"])
     fused.set_linear_rows(mode["linear_rows"])
-    fused.set_mlp_rows(*mode["mlp_rows"])
     omni_kernels.set_pdl(mode["pdl"])
     omni_kernels.set_prefetch(mode["prefetch"])
 

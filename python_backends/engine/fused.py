@@ -10,8 +10,7 @@ transformers' own arithmetic (and the static engine's tokens equal the library's
 Decode-step fusions (`set_step_fusion`, on by default): at decode sizes the residual add and RMSNorm after
 o_proj, after a dense MLP's down_proj (<= LINEAR_ROWS rows) and after a sparse MoE block (the next layer's input
 norm; <= DECODE_ROWS rows) run inside the launch that produces their input (`omni_kernels.decode_linear`,
-`fused_moe` with a norm epilogue; the MoE itself one launch at the fewest tokens; a dense MLP with the norm after it
-one `decode_mlp` launch, `set_mlp_rows`), and the linears that the
+`fused_moe` with a norm epilogue; the MoE itself one launch at the fewest tokens), and the linears that the
 tuning table marks faster (the routers; q/k/v, gate/up and the lm_head where its direct-store tiles beat torch) run as
 `decode_linear` (`set_direct_decode_linear(False)` keeps torch's linear for the direct-store ones). The decode kernels
 are launched with programmatic dependent launch on sm_90 (`omni_kernels.set_pdl`), so inside a step's CUDA graph
@@ -22,22 +21,17 @@ from __future__ import annotations
 
 import torch
 
-from omni_backends.engine import sm_split
-
 try:
     import omni_kernels
 except ImportError:  # pragma: no cover - the package is part of this repository
     omni_kernels = None
 
 _KERNELS = ("rms_norm", "fused_moe", "silu_and_mul", "apply_mrope", "decode_attention", "decode_linear",
-            "decode_mlp", "greedy_embedding", "SplitKWorkspace", "MlpWorkspace", "enabled")
+            "greedy_embedding", "SplitKWorkspace", "enabled")
 FUSED = "omni_fused_weight"   # attribute holding the concatenated weight of fused projections
-WORKSPACE = "omni_splitk_workspace"   # attribute holding a module's split-K / decode_mlp workspace (decode-step fusions)
+WORKSPACE = "omni_splitk_workspace"   # attribute holding a module's split-K workspace (decode-step fusions)
 DECODE_ROWS = 16   # rows up to which the MoE norm epilogue runs (decode_linear's limit; the workspaces' rows)
 LINEAR_ROWS = 4    # rows up to which decode_linear replaces torch's linear (run 30: faster at 1 and 4 rows, slower at 16)
-# rows at which a dense MLP with its norm runs as one `decode_mlp` launch (first, last): run 33, talker frame at 16 rows
-# -2% (4.74 -> 4.65 ms, 1132 -> 816 launches), 8 rows equal; at 1-4 rows the decode_linear chain is faster
-MLP_ROWS = (LINEAR_ROWS + 1, 16)
 
 
 def available() -> bool:
@@ -89,16 +83,6 @@ def set_linear_rows(rows: int) -> None:
 
 
 _linear_rows = LINEAR_ROWS
-
-
-def set_mlp_rows(first: int, last: int) -> None:
-    """Rows first..last at which a dense MLP with a fused gate+up and the norm after it runs as one `decode_mlp` launch
-    (default MLP_ROWS; last 0 or below first: never; at most DECODE_ROWS; benchmark A/B). Read at graph capture."""
-    global _mlp_rows
-    _mlp_rows = (max(1, int(first)), min(int(last), DECODE_ROWS))
-
-
-_mlp_rows = MLP_ROWS
 
 
 def step_fusion_active(x: torch.Tensor, rows: int = DECODE_ROWS) -> bool:
@@ -273,22 +257,12 @@ def mlp_norm(mlp: torch.nn.Module, h: torch.Tensor, norm: torch.nn.Module, resid
     """`(norm(mlp(h) + residual), mlp(h) + residual)`: a decoder layer's feed-forward block (`moe`) followed by
     its residual add and the next RMSNorm (the next layer's input norm, or the final norm). With the step
     fusions the norm runs in the launch that ends the block: the fused MoE's epilogue (sparse blocks without a
-    shared expert), or for dense MLPs with a fused gate+up the whole block as one `decode_mlp` launch (at the rows of
-    `set_mlp_rows`) or down_proj's (`linear_norm`)."""
+    shared expert) or down_proj's (`linear_norm`, dense MLPs with a fused gate+up)."""
     if step_fusion_active(h):
         if getattr(mlp, "experts", None) is not None and getattr(mlp, "shared_expert", None) is None:
             return _fused_moe(mlp, h, residual=residual, norm_weight=norm.weight, eps=norm.variance_epsilon)
         fused_gate_up = getattr(mlp, FUSED, None)
         if getattr(mlp, "experts", None) is None and fused_gate_up is not None:
-            down = mlp.down_proj
-            # decode_mlp's grid barriers need every program resident: not inside an SM partition (green context)
-            if _mlp_rows[0] <= h.shape[0] <= _mlp_rows[1] and down.bias is None and sm_split.current() is None:
-                workspace = getattr(mlp, WORKSPACE, None)
-                if workspace is None:   # made once (CUDA graphs keep its address)
-                    workspace = omni_kernels.MlpWorkspace(DECODE_ROWS, down.in_features, h.dtype, h.device)
-                    setattr(mlp, WORKSPACE, workspace)
-                return omni_kernels.decode_mlp(h, fused_gate_up, down.weight, workspace, residual, norm.weight,
-                                               norm.variance_epsilon)
             inter = omni_kernels.silu_and_mul(linear(mlp, h, fused_gate_up))
             return linear_norm(mlp.down_proj, inter, norm, residual)
     return rms_norm(norm, moe(mlp, h), residual)

@@ -16,7 +16,6 @@ import torch.nn.functional as F
 import omni_kernels as ok
 from omni_kernels import attention, backend, moe_routing
 from omni_kernels.linear_decode import LinearConfig
-from omni_kernels.mlp_decode import MlpConfig
 from omni_kernels.moe_configs import DecodeConfig, GemmConfig, MoeConfig
 
 # Triton 3.6's interpreter converts 1-element arrays to ints the way numpy 1.25+ deprecates
@@ -36,7 +35,6 @@ TOL = {
     "apply_mrope": {FP32: 1e-6, BF16: 1e-2},
     "fused_moe": {FP32: 1e-5, BF16: 1e-2},
     "decode_linear": {FP32: 1e-5, BF16: 1e-2},
-    "decode_mlp": {FP32: 1e-5, BF16: 1e-2},
     "decode_attention": {FP32: 1e-5, BF16: 1e-2},
 }
 
@@ -467,58 +465,6 @@ def test_decode_linear_finish_tiles(monkeypatch, finish_tile, rows):
         for got, want in zip(out, ref):
             assert_close("decode_linear", got, want)
     assert workspace.is_clean()
-
-
-# ---------------------------------------------------------------- decode_mlp
-
-# (rows, hidden H, intermediate I, config): CUDA the code predictor's MLP (1024 -> 2 x 3072 -> 1024) at 1, 4, 8, 16
-# rows and other tiles / program counts (more programs than multiprocessors are capped); CPU (one launch per phase):
-# hidden and intermediate tails (H not a multiple of BLOCK_K / BLOCK_H, I of BLOCK_I / BLOCK_J), programs taking
-# several blocks
-MLP_CASES = [(1, 1024, 3072, None), (4, 1024, 3072, None), (8, 1024, 3072, MlpConfig(64, 16, 128, 16, 128, 4, 3)),
-             (16, 1024, 3072, None), (16, 1024, 3072, MlpConfig(1000, 32, 128, 32, 256, 8, 3)),
-             (11, 1000, 1500, MlpConfig(40, 32, 128, 16, 256, 4, 3))] if CUDA \
-    else [(1, 64, 48, MlpConfig(4, 16, 32, 16, 32)), (5, 80, 40, MlpConfig(3, 16, 32, 16, 16)),
-          (16, 64, 96, MlpConfig(2, 32, 64, 32, 64, 4, 3))]
-
-
-@needs_triton
-@pytest.mark.parametrize("case", MLP_CASES, ids=lambda c: f"T{c[0]}-H{c[1]}-I{c[2]}" + (f"-P{c[3].PROGRAMS}" if c[3] else ""))
-@pytest.mark.parametrize("dtype", [BF16, FP32], ids=["bf16", "fp32"])
-def test_decode_mlp_matches_reference(case, dtype):
-    """The gated MLP alone, with the norm epilogue, and with the residual add + norm equal the unfused reference (bf16:
-    the linears' summation order); one workspace for all, its sums and counters left zeroed (CUDA: 20 launches each,
-    the grid barriers' ordering)."""
-    T, H, I, config = case
-    x, gate_up, down = randn(T, H, dtype=dtype), randn(2 * I, H, dtype=dtype, scale=H ** -0.5), \
-        randn(H, I, dtype=dtype, scale=I ** -0.5)
-    norm_weight, residual = randn(H, dtype=dtype), randn(T, H, dtype=dtype)
-    workspace = ok.MlpWorkspace(16, I, dtype, DEVICE)
-    for extra in ({}, {"norm_weight": norm_weight}, {"residual": residual, "norm_weight": norm_weight}):
-        ref = ok.decode_mlp_reference(x, gate_up, down, **extra)
-        for _ in range(REPEATS):
-            out = run_kernel("decode_mlp", ok.decode_mlp, x, gate_up, down, workspace, config=config, **extra)
-            for got, want in zip(out if isinstance(out, tuple) else (out,), ref if isinstance(ref, tuple) else (ref,)):
-                assert_close("decode_mlp", got, want)
-    assert workspace.is_clean()
-
-
-def test_decode_mlp_rejects_bad_inputs():
-    x, gate_up, down = torch.randn(2, 8, device=DEVICE), torch.randn(12, 8, device=DEVICE), torch.randn(8, 6, device=DEVICE)
-    with pytest.raises(ValueError, match="decode_mlp"):
-        ok.decode_mlp(torch.randn(17, 8, device=DEVICE), gate_up, down)   # more rows than one tile
-    with pytest.raises(ValueError, match="decode_mlp"):
-        ok.decode_mlp(x, gate_up, down[:, :5])   # down's in features are not gate_up's half
-    with pytest.raises(ValueError, match="decode_mlp"):
-        ok.decode_mlp(x, gate_up[:11], down)   # an odd [gate | up]
-    with pytest.raises(ValueError, match="decode_mlp"):
-        ok.decode_mlp(x, gate_up.to(BF16), down)   # dtypes differ
-    with pytest.raises(ValueError, match="norm_weight"):
-        ok.decode_mlp(x, gate_up, down, residual=torch.randn(2, 8, device=DEVICE))   # a residual without the norm
-    with pytest.raises(ValueError, match="cannot take"):
-        ok.decode_mlp(x, gate_up, down, ok.MlpWorkspace(16, 4, FP32, DEVICE))   # a workspace of another width
-    with pytest.raises(ValueError, match="cannot take"):
-        ok.decode_mlp(x, gate_up, down, ok.MlpWorkspace(16, 6, BF16, DEVICE))   # of another dtype
 
 
 # ---------------------------------------------------------------- greedy_embedding

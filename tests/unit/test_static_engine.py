@@ -303,16 +303,16 @@ def test_lean_frame_graph_gives_the_same_frames(qwen3_omni_stages, monkeypatch):
         assert torch.equal(codes, before_codes) and torch.equal(sums, before_sums)
 
 
-@pytest.mark.parametrize("linear_rows,mlp_rows", [(1, (1, 16)), (16, (1, 0))], ids=["rows1-mlp", "rows16-no_mlp"])
+@pytest.mark.parametrize("linear_rows", [1, 16])
 @pytest.mark.parametrize("stage", ["thinker", "talker", "code_predictor"])
-def test_decode_step_kernels_equal_the_module_path(qwen3_omni_stages, monkeypatch, stage, linear_rows, mlp_rows):
+def test_decode_step_kernels_equal_the_module_path(qwen3_omni_stages, monkeypatch, stage, linear_rows):
     """The decode step with the kernels (fused attention, o_proj/down_proj with the residual add + norm in one
-    launch, the one-launch MoE with the next norm, the router / q/k/v / gate+up as decode_linear, a dense MLP with its
-    norm as one decode_mlp: `fused.linear`, `linear_norm`, `mlp_norm`), run by Triton's
+    launch, the one-launch MoE with the next norm, the router / q/k/v / gate+up as decode_linear:
+    `fused.linear`, `linear_norm`, `mlp_norm`), run by Triton's
     interpreter on CPU, gives the module path's outputs (fp32: summation order only), at 1 row (one-launch MoE)
     and 2 rows (grouped MoE + its norm; decode_linear with linear_rows 16, torch's linear with 1), and leaves every
     split-K workspace zeroed. Thinker: sparse MoE; talker: MoE with a shared expert (unfused norm); code predictor:
-    dense MLP (decode_mlp with mlp_rows (1, 16), else down_proj with the norm)."""
+    dense MLP (down_proj with the norm)."""
     from transformers.cache_utils import DynamicCache
 
     from omni_backends.engine import fused
@@ -356,17 +356,13 @@ def test_decode_step_kernels_equal_the_module_path(qwen3_omni_stages, monkeypatc
     was = ok.enabled()
     ok.set_enabled(True)
     fused.set_linear_rows(linear_rows)
-    fused.set_mlp_rows(*mlp_rows)
     try:
         with torch.inference_mode():
             expected, got = steps(False), steps(True)
     finally:
         ok.set_enabled(was)
         fused.set_linear_rows(fused.LINEAR_ROWS)
-        fused.set_mlp_rows(*fused.MLP_ROWS)
     assert ok.last_backend("decode_linear") == "interpreter" and ok.last_backend("decode_attention") == "interpreter"
-    if stage == "code_predictor" and mlp_rows[1]:
-        assert ok.last_backend("decode_mlp") == "interpreter"
     for out, ref in zip(got, expected):
         assert torch.isfinite(out).all()
         assert ((out - ref).norm() / ref.norm()).item() < 1e-5
