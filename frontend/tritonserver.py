@@ -14,6 +14,7 @@ processes that died under tritonserver (which never reaps them) are reaped once 
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import logging
@@ -297,17 +298,15 @@ class TritonServer:
             return
         pgid = self.process.pid
         if self.process.poll() is None:
-            if self._dead_stubs():
-                self._unload_models(timeout_s)
-                _signal_group(pgid, signal.SIGKILL)
-                self.process.wait(timeout=5)
+            if self._has_dead_stub():
+                self._unload_models(timeout_s)   # what is still loaded now cannot unload: killed below
             else:
                 _signal_group(pgid, signal.SIGTERM)
-                try:
+                with contextlib.suppress(subprocess.TimeoutExpired):
                     self.process.wait(timeout=timeout_s)
-                except subprocess.TimeoutExpired:
-                    _signal_group(pgid, signal.SIGKILL)
-                    self.process.wait(timeout=5)
+            if self.process.poll() is None:
+                _signal_group(pgid, signal.SIGKILL)
+                self.process.wait(timeout=5)
         # Stubs may outlive the server for a moment: reap the whole group.
         deadline = time.monotonic() + 5
         while _group_alive(pgid) and time.monotonic() < deadline:
@@ -319,12 +318,12 @@ class TritonServer:
         self.remove_shm()
         self.process = None
 
-    def _dead_stubs(self) -> int:
-        """Stub processes that died under the running server (zombies: tritonserver never reaps them)."""
+    def _has_dead_stub(self) -> bool:
+        """Whether a stub process died under the running server (a zombie child: tritonserver never reaps it)."""
         try:
-            return sum(child.status() == psutil.STATUS_ZOMBIE for child in psutil.Process(self.process.pid).children())
+            return any(child.status() == psutil.STATUS_ZOMBIE for child in psutil.Process(self.process.pid).children())
         except psutil.Error:
-            return 0
+            return False
 
     def _unload_models(self, timeout_s: float) -> None:
         """Unloads every model over gRPC and waits (at most timeout_s) until none is loading, loaded or
