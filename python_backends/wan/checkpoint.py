@@ -19,10 +19,10 @@ import os
 import shutil
 from pathlib import Path
 
-import torch
+from omni_backends.paths import TINY_COMPLETE_MARKER
 
 SEED = 20250728
-COMPLETE_MARKER = ".omni_tiny_complete"
+COMPLETE_MARKER = TINY_COMPLETE_MARKER
 VERSION = "tiny random Wan2.2 T2V checkpoint v1 (omni_backends.wan.checkpoint)\n"  # bump when the recipe changes
 TEXT_DIM = 32
 BOUNDARY_RATIO = 0.875
@@ -66,6 +66,7 @@ def _transformer():
 
 def build_pipeline():
     """The tiny `WanPipeline` (random weights drawn under SEED)."""
+    import torch  # imported here: a launch that finds the checkpoint written imports no torch
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline
     from transformers import UMT5Config, UMT5EncoderModel
 

@@ -200,15 +200,18 @@ def test_openai_sdk_non_streamed_audio_decodes_to_the_right_length(server, fmt):
 
 
 def test_openai_sdk_streamed_pcm16_and_usage(server):
+    # sampled (the default), so talker_min_frames keeps the random-weight talker from ending at frame 0
+    # (CI at fc39b7e: audio_tokens 0 once)
     chunks = list(_client(server).chat.completions.create(
         model="qwen3_omni", messages=[{"role": "user", "content": PROMPTS[3]}], stream=True,
         stream_options={"include_usage": True}, audio={"voice": "ethan", "format": "pcm16"}, max_tokens=10,
-        extra_body={"talker_max_frames": 15}))
+        extra_body={"talker_max_frames": 15, "talker_min_frames": 3}))
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     pcm = b"".join(base64.b64decode(d.audio.data) for d in deltas if getattr(d, "audio", None) and d.audio.data)
     usage = chunks[-1].usage
     assert "".join(d.content or "" for d in deltas)
-    assert len(pcm) // 2 == usage.completion_tokens_details.audio_tokens * SAMPLES_PER_FRAME - TRIMMED > 0
+    assert 3 <= usage.completion_tokens_details.audio_tokens <= 15
+    assert len(pcm) // 2 == usage.completion_tokens_details.audio_tokens * SAMPLES_PER_FRAME - TRIMMED
     assert usage.prompt_tokens > 5 and usage.completion_tokens_details.text_tokens <= 10
 
 
