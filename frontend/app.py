@@ -18,19 +18,22 @@ from omni_frontend.stage_monitor import CrashedStubs, StageMonitor
 from omni_frontend.triton_client import TritonClient
 from omni_frontend.validation import BodyLimitMiddleware, require_valid_text
 
-_OPEN_PATHS = ("/health", "/metrics", "/docs", "/openapi.json", images.FILES_PATH)
+# the realtime page too: a browser opening it sends no Authorization header (the page asks for the key and
+# sends it on the WebSocket, which checks it: omni_frontend.realtime.route)
+_OPEN_PATHS = ("/health", "/metrics", "/docs", "/openapi.json", "/realtime", images.FILES_PATH)
 
 
 class BearerAuthMiddleware:
-    """Pure ASGI middleware: /v1 routes need `Authorization: Bearer <api_key>` (401 otherwise)."""
+    """Pure ASGI middleware: HTTP routes outside _OPEN_PATHS need `Authorization: Bearer <api_key>` (401
+    otherwise; the scheme name in any case, as RFC 9110 makes it)."""
 
     def __init__(self, app, api_key: str):
-        self.app, self.expected = app, f"Bearer {api_key}".encode()
+        self.app, self.expected = app, api_key.encode()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and not scope["path"].startswith(_OPEN_PATHS):
-            token = dict(scope.get("headers") or []).get(b"authorization", b"")
-            if not hmac.compare_digest(token, self.expected):
+            scheme, _, token = dict(scope.get("headers") or []).get(b"authorization", b"").partition(b" ")
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.expected):
                 response = errors.APIError(401, "invalid or missing API key (Authorization: Bearer ...)",
                                            code="invalid_api_key").response()
                 return await response(scope, receive, send)

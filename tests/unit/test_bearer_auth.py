@@ -1,0 +1,32 @@
+"""The frontend's API-key check (`BearerAuthMiddleware`) on a bare ASGI app: which paths it guards, and the
+`Authorization` header forms it takes (found by an outside test, 2026-12-03)."""
+import pytest
+from starlette.applications import Starlette
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
+from starlette.testclient import TestClient
+
+from omni_frontend.app import BearerAuthMiddleware
+
+
+def _client() -> TestClient:
+    ok = lambda request: PlainTextResponse("ok")  # noqa: E731
+    app = Starlette(routes=[Route("/v1/models", ok), Route("/realtime", ok), Route("/health", ok)])
+    return TestClient(BearerAuthMiddleware(app, api_key="sekrit"))
+
+
+@pytest.mark.parametrize("header", ["Bearer sekrit", "bearer sekrit", "BEARER sekrit", "Bearer  sekrit"])
+def test_the_scheme_name_is_case_insensitive(header):
+    assert _client().get("/v1/models", headers={"Authorization": header}).text == "ok"
+
+
+@pytest.mark.parametrize("header", [None, "Bearer wrong", "Basic sekrit", "sekrit", "Bearer", "Bearer sekrit2"])
+def test_a_wrong_or_missing_key_is_a_401_envelope(header):
+    response = _client().get("/v1/models", headers={"Authorization": header} if header else {})
+    assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_the_realtime_page_and_health_open_without_a_key():
+    """A browser opening the page sends no Authorization header; the page sends the key on the WebSocket."""
+    client = _client()
+    assert client.get("/realtime").text == "ok" and client.get("/health").text == "ok"
