@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# One quiet run of issue 14's and issue 11's figures together (2026-12-02 late session).
+# One quiet run of issue 14's and issue 11's figures together (2026-12-02 late session; again on 2026-12-03).
 set -x
-cd /work/main
-O=var/s14
+cd "$(dirname "$0")/../../.."
+O=${O:-var/s14}   # the results' folder (2026-12-03: O=var/s15)
+mkdir -p $O
 P="--triton-grpc-port 8101 --triton-http-port 8102 --triton-metrics-port 8103"
 waitup() { for i in $(seq 1 300); do curl -sf localhost:8100/health/ready >/dev/null 2>&1 && return 0; curl -sf localhost:8100/health >/dev/null 2>&1 && return 0; sleep 2; done; return 1; }
 stop() { kill -INT $SRV; wait $SRV; sleep 3; }
