@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import asyncio
-import hmac
 
 from fastapi import Depends, FastAPI
 
 from omni_frontend import admission, errors, observability
+from omni_frontend.auth import bearer_matches
 from omni_frontend.availability import Availability
 from omni_frontend.liveness import HeartbeatReader
 from omni_frontend.config import FrontendConfig
@@ -28,12 +28,11 @@ class BearerAuthMiddleware:
     otherwise; the scheme name in any case, as RFC 9110 makes it)."""
 
     def __init__(self, app, api_key: str):
-        self.app, self.expected = app, api_key.encode()
+        self.app, self.api_key = app, api_key
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and not scope["path"].startswith(_OPEN_PATHS):
-            scheme, _, token = dict(scope.get("headers") or []).get(b"authorization", b"").partition(b" ")
-            if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.expected):
+            if not bearer_matches(dict(scope.get("headers") or []).get(b"authorization", b""), self.api_key):
                 response = errors.APIError(401, "invalid or missing API key (Authorization: Bearer ...)",
                                            code="invalid_api_key").response()
                 return await response(scope, receive, send)

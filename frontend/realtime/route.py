@@ -7,7 +7,6 @@ of a sleeping pipeline gets `pipeline_sleeping`, then 1013 (try again later).
 """
 from __future__ import annotations
 
-import hmac
 import logging
 import uuid
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import FileResponse
 
+from omni_frontend.auth import bearer_matches
 from omni_frontend.errors import APIError
 from omni_frontend.pipelines import CHAT
 from omni_frontend.realtime.protocol import ProtocolError, encode, error_event
@@ -33,7 +33,7 @@ def _authorized(websocket: WebSocket, api_key: str | None, protocols: list[str])
         return True
     offered = [websocket.headers.get("authorization", "")] + [f"Bearer {p[len(_KEY_PROTOCOL):]}" for p in protocols
                                                               if p.startswith(_KEY_PROTOCOL)]
-    return any(hmac.compare_digest(o.encode(), f"Bearer {api_key}".encode()) for o in offered)
+    return any(bearer_matches(o, api_key) for o in offered)
 
 
 @router.websocket("/v1/realtime")

@@ -176,6 +176,10 @@ def test_api_key_dead_stage_recovery_and_clean_shutdown(tmp_path):
         denied = httpx.get(url)
         assert denied.status_code == 401 and denied.json()["error"]["type"] == "authentication_error"
         assert httpx.get(url, headers=auth).status_code == 200
+        models = httpx.get(url, headers={"authorization": "bearer sekret"})   # the scheme name in any case
+        assert models.status_code == 200 and "relay" in [m["id"] for m in models.json()["data"]]
+        page = httpx.get(f"{server.base_url}/realtime")   # a browser opens the page without the header
+        assert page.status_code == 200 and "<html" in page.text.lower()
         assert httpx.post(f"{server.base_url}/v1/admin/pipelines/relay/sleep").status_code == 401
         assert server.shm_entries(), "the server's shared-memory regions carry its own prefix"
         children = psutil.Process(server.process.pid).children(recursive=True)

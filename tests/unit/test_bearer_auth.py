@@ -1,5 +1,7 @@
 """The frontend's API-key check (`BearerAuthMiddleware`) on a bare ASGI app: which paths it guards, and the
 `Authorization` header forms it takes (found by an outside test, 2026-12-03)."""
+import types
+
 import pytest
 from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
@@ -7,6 +9,7 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from omni_frontend.app import BearerAuthMiddleware
+from omni_frontend.realtime import route as realtime_route
 
 
 def _client() -> TestClient:
@@ -30,3 +33,13 @@ def test_the_realtime_page_and_health_open_without_a_key():
     """A browser opening the page sends no Authorization header; the page sends the key on the WebSocket."""
     client = _client()
     assert client.get("/realtime").text == "ok" and client.get("/health").text == "ok"
+
+
+@pytest.mark.parametrize("headers, protocols, ok", [
+    ({"authorization": "bearer sekrit"}, [], True),                      # the scheme in any case, as over HTTP
+    ({}, ["realtime", "openai-insecure-api-key.sekrit"], True),          # the browser's subprotocol
+    ({"authorization": "Bearer wrong"}, ["openai-insecure-api-key.nope"], False),
+    ({}, ["realtime"], False)])
+def test_the_realtime_websocket_takes_the_same_key_forms(headers, protocols, ok):
+    websocket = types.SimpleNamespace(headers=headers)
+    assert realtime_route._authorized(websocket, "sekrit", protocols) is ok
