@@ -140,6 +140,54 @@ def test_response_settings_refuse_what_the_response_cannot_honour():
     assert settings.max_tokens is None and not settings.in_conversation and settings.audio_out
 
 
+@pytest.mark.parametrize("update, param, why", [
+    ({"tool_choice": "required"}, "session.tool_choice", "do not call tools"),
+    ({"tool_choice": {"type": "function", "name": "get_weather"}}, "session.tool_choice", "do not call tools"),
+    ({"tool_choice": {"type": "mcp", "server_label": "s"}}, "session.tool_choice", "do not call tools"),
+    ({"include": ["item.input_audio_transcription.logprobs"]}, "session.include", "log probabilities"),
+    ({"type": "transcription", "include": ["item.input_audio_transcription.logprobs"]}, "session.include",
+     "log probabilities"),
+    ({"truncation": "disabled"}, "session.truncation", "history"),
+    ({"truncation": {"type": "retention_ratio", "retention_ratio": 0.5}}, "session.truncation", "history"),
+    ({"audio": {"input": {"noise_reduction": {"type": "near_field"}}}}, "session.audio.input.noise_reduction",
+     "denoised"),
+])
+def test_session_features_the_server_does_not_honour_are_refused_naming_the_field(update, param, why):
+    """They used to be accepted and dropped (a forced tool call answered in plain speech, no logprobs in the
+    transcription events), while chat refuses tool_choice and logprobs with a 400 naming the field."""
+    session = _session(**update)
+    if update.get("type") == "transcription":
+        session = {"type": "transcription", "audio": {"input": session["audio"]["input"]}, **update}
+    with pytest.raises(ProtocolError) as info:
+        config.validate(session)
+    error = info.value
+    assert (error.code, error.param, error.type) == ("unsupported_feature", param, "invalid_request_error")
+    assert param in error.message and why in error.message, error.message
+
+
+@pytest.mark.parametrize("spec, param", [
+    ({"tool_choice": "required"}, "response.tool_choice"),
+    ({"tool_choice": {"type": "function", "name": "get_weather"}}, "response.tool_choice"),
+    ({"tools": [{"type": "function", "name": "f"}], "tool_choice": "auto"}, "response.tools"),
+])
+def test_response_tool_choice_is_refused_naming_the_field(spec, param):
+    with pytest.raises(ProtocolError) as info:
+        config.response_settings(spec, config.validate(_session()))
+    assert (info.value.code, info.value.param) == ("unsupported_feature", param)
+    assert "do not call tools" in info.value.message
+
+
+def test_values_that_change_nothing_are_still_accepted():
+    """With no tools the model calls none, so tool_choice auto (the default) and none change nothing; an empty
+    include or truncation auto (the default) neither."""
+    for update in ({"tool_choice": "auto"}, {"tool_choice": "none"}, {"include": []}, {"include": None},
+                   {"truncation": "auto"}, {"tools": []}):
+        config.validate(_session(**update))
+    session = config.validate(_session())
+    for spec in ({"tool_choice": "none"}, {"tool_choice": "auto", "tools": []}):
+        assert config.response_settings(spec, session).audio_out
+
+
 def test_semantic_vad_maps_eagerness_to_silence():
     settings = config.validate(_session(audio={"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "high"}}}))
     assert settings.vad["silence_duration_ms"] == config.SEMANTIC_SILENCE_MS["high"]
