@@ -27,9 +27,10 @@ class Usage:
 class TextDelta:
     """One streamed piece of a request's answer.
 
-    text: newly completed text (may be "" on the final delta). On the last delta of a request `finished`
-    is True, `finish_reason` is "stop" (end of turn or stop string), "length" (max_tokens), "abort" or
-    "error" (then `error` holds the message), and `usage` is set.
+    text: newly completed text (may be "" on the final delta); usage: the request's counts so far (a client
+    that stops reading still knows what was spent). On the last delta of a request `finished` is True,
+    `finish_reason` is "stop" (end of turn or stop string), "length" (max_tokens), "abort" or "error" (then
+    `error` holds the message), and `usage` holds the counts in all.
     """
 
     text: str
@@ -68,9 +69,11 @@ class TextStream:
                 tail, stopped = self._stop.feed(self._detokenizer.flush())
                 text += tail + ("" if stopped else self._stop.flush())
             return self._finish(text, output.finish_reason, output.error)
-        return TextDelta(text) if text else None
+        return TextDelta(text, usage=self._usage()) if text else None
+
+    def _usage(self) -> Usage:
+        return Usage(self.prompt_tokens, self.generated)
 
     def _finish(self, text: str, reason: str | None, error: str | None = None) -> TextDelta:
         self.finished = True
-        return TextDelta(text, finished=True, finish_reason=reason, error=error,
-                         usage=Usage(self.prompt_tokens, self.generated))
+        return TextDelta(text, finished=True, finish_reason=reason, error=error, usage=self._usage())

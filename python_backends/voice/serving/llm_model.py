@@ -4,9 +4,9 @@ Contract (internal stage of the `voice` pipeline; any Triton gRPC streaming clie
   REQUEST BYTES [1]  JSON {"messages": [{"role", "content": str}], "temperature", "top_p", "top_k",
                      "max_tokens", "seed", "presence_penalty", "frequency_penalty", "repetition_penalty",
                      "stop": [str]} (null/missing sampling fields: greedy, 256 tokens)
-  EVENT   BYTES [1]  per response: {"type": "text.delta", "text"}; the last one {"type": "done", "text"
-                     (the held-back tail, often ""), "finish_reason", "usage": {"prompt_tokens",
-                     "completion_tokens"}}, then FINAL
+  EVENT   BYTES [1]  per response: {"type": "text.delta", "text", "usage"} (the counts so far); the last one
+                     {"type": "done", "text" (the held-back tail, often ""), "finish_reason", "usage":
+                     {"prompt_tokens", "completion_tokens"}}, then FINAL
 """
 from __future__ import annotations
 
@@ -41,10 +41,9 @@ class TritonPythonModel(EngineStageModel):
         delta = stream.step(output)
         if delta is None:
             return None
+        usage = {"prompt_tokens": delta.usage.prompt_tokens, "completion_tokens": delta.usage.completion_tokens}
         if not delta.finished:
-            event = {"type": "text.delta", "text": delta.text}
+            event = {"type": "text.delta", "text": delta.text, "usage": usage}
         else:
-            usage = delta.usage
-            event = {"type": "done", "text": delta.text, "finish_reason": delta.finish_reason,
-                     "usage": {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens}}
+            event = {"type": "done", "text": delta.text, "finish_reason": delta.finish_reason, "usage": usage}
         return {events.EVENT: events.json_tensor(event)}

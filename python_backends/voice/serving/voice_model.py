@@ -4,7 +4,9 @@ REQUEST/INPUT_AUDIO/EVENT/AUDIO follow omni_frontend.chat_protocol and omni_back
 Events: {"type": "input_audio.transcription", "text"} per input_audio part, then text deltas as the LLM
 writes them ("text" modality) and, concurrently, {"type": "audio.delta", "sample_rate": 24000,
 "transcript"} + AUDIO for each sentence chunk as soon as it is spoken ("audio" modality; the
-transcripts concatenate to the spoken text), then {"type": "done", "finish_reason", "usage"}.
+transcripts concatenate to the spoken text), then {"type": "done", "finish_reason", "usage"}. Text and
+audio deltas carry "usage" too: voice_llm's {"prompt_tokens", "completion_tokens"} so far, so that a client
+that cancels knows what its answer spent.
 REQUEST extension `first_chunk_words` (1-40): the most words of the first spoken chunk (protocol.chunker_options).
 REQUEST {"action": "voices"} -> one {"type": "voices"} event (the voices of voice_tts's engine, as `tts` lists them).
 """
@@ -52,9 +54,10 @@ class TritonPythonModel(AsyncDecoupledModel):
 
         out = FanIn()
         chunks: asyncio.Queue | None = asyncio.Queue() if voice else None
-        out.spawn(_write(ctx, llm_body, "text" in modalities, chunks, out, SentenceChunker(**chunking)))
+        usage: dict = {}  # voice_llm's counts so far (_write updates it, both tasks send it)
+        out.spawn(_write(ctx, llm_body, "text" in modalities, chunks, out, SentenceChunker(**chunking), usage))
         if voice:
-            out.spawn(_speak_chunks(ctx, voice, chunks, out))
+            out.spawn(_speak_chunks(ctx, voice, chunks, out, usage))
         done = None
         try:
             async for item in out:
@@ -76,14 +79,16 @@ async def _transcribe(ctx, clip: np.ndarray) -> str:
 
 
 async def _write(ctx, llm_body: dict, send_text: bool, chunks: asyncio.Queue | None, out: FanIn,
-                 chunker: SentenceChunker) -> None:
-    """Stream the LLM's text: text deltas to `out` (when asked), `chunker`'s chunks to `chunks` (when speaking)."""
+                 chunker: SentenceChunker, usage: dict) -> None:
+    """Stream the LLM's text: text deltas to `out` (when asked), `chunker`'s chunks to `chunks` (when speaking);
+    `usage` is kept at the LLM's counts so far."""
     request = {events.REQUEST: events.json_tensor(llm_body)}
     async for response in bls.stream(ctx, "voice_llm", request, [events.EVENT]):
         event = events.read_json(response[events.EVENT])
+        usage.update(event.get("usage") or {})
         text = event.get("text", "")
         if text and send_text:
-            await out.put(({"type": "text.delta", "text": text}, None))
+            await out.put(({"type": "text.delta", "text": text, "usage": dict(usage)}, None))
         if chunks is not None:
             for chunk in chunker.feed(text) + (chunker.flush() if event["type"] == "done" else []):
                 await chunks.put(chunk)
@@ -94,13 +99,14 @@ async def _write(ctx, llm_body: dict, send_text: bool, chunks: asyncio.Queue | N
         await chunks.put(_END)
 
 
-async def _speak_chunks(ctx, voice: str, chunks: asyncio.Queue, out: FanIn) -> None:
+async def _speak_chunks(ctx, voice: str, chunks: asyncio.Queue, out: FanIn, usage: dict) -> None:
     """Speak sentence chunks in order as they arrive; each becomes one audio.delta event whose
-    transcript is the chunk (after a space from the second on, so transcripts concatenate). When the
-    request ends early this task is cancelled: queued chunks are dropped, the one being spoken is
-    cancelled in voice_tts (bls.infer)."""
+    transcript is the chunk (after a space from the second on, so transcripts concatenate), with the LLM's
+    `usage` so far. When the request ends early this task is cancelled: queued chunks are dropped, the one
+    being spoken is cancelled in voice_tts (bls.infer)."""
     separator = ""
     while (chunk := await chunks.get()) is not _END:
         audio, _ = await speak(ctx, chunk, voice, 1.0)
-        await out.put(({"type": "audio.delta", "sample_rate": SAMPLE_RATE, "transcript": separator + chunk}, audio))
+        await out.put(({"type": "audio.delta", "sample_rate": SAMPLE_RATE, "transcript": separator + chunk,
+                        "usage": dict(usage)}, audio))
         separator = " "
