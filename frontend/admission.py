@@ -9,7 +9,9 @@ slower than usual. Bounds come from `config.AdmissionLimits` (launcher flags `--
 A route takes a ticket with `enter(request, pipeline)` (raises the 429), then awaits
 `ticket.wait()` before it calls the pipeline. The ticket is released by `AdmissionMiddleware` when
 the response has been sent (or the client left), so a slot can never leak, whatever path a
-request takes; a queued ticket whose client leaves gives up its place.
+request takes; a queued ticket whose client leaves gives up its place. A realtime session
+(`omni_frontend.realtime.session`) takes a ticket of its pipeline's gate for each response (for a
+preemptive one only when a slot is free at once: `Gate.try_enter`) and releases it when the response ends.
 """
 from __future__ import annotations
 
@@ -39,12 +41,22 @@ class Gate:
         self.waiting: collections.deque[asyncio.Future] = collections.deque()
         self.mean_run_s: float | None = None
 
+    def try_enter(self) -> Ticket | None:
+        """A ticket holding a slot now, or None when no slot is free (nothing queued, nothing counted as
+        rejected): for optional work, such as a realtime turn's preemptive response."""
+        if self.running >= self.max_inflight or self.waiting:
+            return None
+        self.running += 1
+        self._publish()
+        return Ticket(self, None)
+
     def enter(self) -> Ticket:
-        """A ticket that runs now or waits in the queue; raises APIError 429 when the queue is full."""
-        if self.running < self.max_inflight and not self.waiting:
-            self.running += 1
-            ticket = Ticket(self, None)
-        elif len(self.waiting) < self.max_queue and self.expected_wait_s() <= self.max_wait_s:
+        """A ticket that runs now or waits in the queue; raises APIError 429 (code `pipeline_overloaded`)
+        when the queue is full."""
+        ticket = self.try_enter()
+        if ticket is not None:
+            return ticket
+        if len(self.waiting) < self.max_queue and self.expected_wait_s() <= self.max_wait_s:
             future = asyncio.get_running_loop().create_future()
             self.waiting.append(future)
             ticket = Ticket(self, future)
@@ -107,12 +119,13 @@ class Ticket:
         """True while the request waits for a slot."""
         return self._future is not None and not self._future.done()
 
-    async def wait(self, request: Request) -> None:
+    async def wait(self, request: Request | None = None) -> None:
         """Returns once the request holds a slot (at once when it never queued). Raises APIError 429
-        (code `queue_timeout`) after the gate's max_wait_s in the queue, and APIError 499 when the
-        client left while the request was queued (its slot is never used: a request sent to Triton
-        and cancelled a moment later could be missed by Triton's cancellation and run to its end).
-        Cancelling the waiting task gives up the queue place."""
+        (code `queue_timeout`) after the gate's max_wait_s in the queue, and APIError 499 when the HTTP
+        `request`'s client left while the request was queued (its slot is never used: a request sent to
+        Triton and cancelled a moment later could be missed by Triton's cancellation and run to its end).
+        Cancelling the waiting task gives up the queue place (how a realtime session, `request` None,
+        leaves the queue)."""
         if self._admitted_at is not None:
             return
         queued_at = time.perf_counter()
@@ -126,7 +139,7 @@ class Ticket:
         self._admitted_at = time.perf_counter()
         if self.gate.metrics:
             self.gate.metrics.queue_wait.labels(self.gate.name).observe(self._admitted_at - queued_at)
-        if await request.is_disconnected():
+        if request is not None and await request.is_disconnected():
             raise APIError(CLIENT_CLOSED, "client closed the request while it was queued", code="client_closed_request")
 
     def release(self) -> None:

@@ -62,9 +62,10 @@ async def realtime(websocket: WebSocket):
         await websocket.close(close_code)
         return
     request_id = websocket.headers.get("x-request-id") or uuid.uuid4().hex
-    session = RealtimeSession(websocket.app.state.triton, pipeline, model or pipeline.name, websocket.send_text,
-                              request_id, cfg.realtime_speculation_ms, websocket.app.state.metrics.speculations,
-                              cfg.limits.max_text_chars)
+    state = websocket.app.state
+    session = RealtimeSession(state.triton, pipeline, model or pipeline.name, websocket.send_text, request_id,
+                              state.admission.gate(pipeline.name), state.control, cfg.realtime_speculation_ms,
+                              state.metrics.speculations, cfg.limits.max_text_chars)
     log.info("realtime session %s opened (model %s)", request_id, pipeline.name)
     try:
         await session.start()

@@ -5,10 +5,15 @@ Three kinds of work run next to the receive loop, each an asyncio task:
   speech_started / speech_stopped events into commits, barge-ins and automatic responses;
 - one transcription task per committed audio item (the ASR stage), emitting the input transcription events;
 - at most one response task: the chat pipeline (e.g. `voice`: LLM -> TTS) over one gRPC stream, mapped to
-  response.* events. Cancelling it (response.cancel, barge-in, disconnect) cancels the gRPC stream, so
-  Triton cancels every stage; the response still ends with `response.done` (status cancelled);
+  response.* events. A response is a request of its pipeline like an HTTP one: a sleeping pipeline fails it
+  (`pipeline_sleeping`), and it holds a slot of the pipeline's admission gate while it runs (it may queue;
+  a full gate fails it with `pipeline_overloaded` / `queue_timeout`, as HTTP gets 429). Cancelling it
+  (response.cancel, barge-in, disconnect) cancels the gRPC stream, so Triton cancels every stage. However it
+  ends (completed, cancelled, failed), the content part and item it opened are closed (`*.done` events,
+  item status `incomplete` unless completed) and `response.done` follows with the usage so far;
 - at most one speculation (`speculation.py`): a turn's transcription and response started at a pause in
-  the speech (`speech_paused`), events held; adopted by the turn's commit or abandoned.
+  the speech (`speech_paused`), events held, only when a slot of the gate is free at once (it holds that
+  slot); adopted by the turn's commit (the response takes over its slot) or abandoned (the slot is freed).
 Every server event goes through `send`, one at a time, so each task's events keep their order.
 """
 from __future__ import annotations
@@ -21,8 +26,10 @@ import logging
 import numpy as np
 
 from omni_frontend import pipeline_stream
+from omni_frontend.admission import Gate, Ticket
 from omni_frontend.config import RequestLimits
 from omni_frontend.errors import APIError
+from omni_frontend.model_control import SLEEPING, ModelControl
 from omni_frontend.pipelines import Pipeline
 from omni_frontend.realtime import config as session_config
 from omni_frontend.realtime.audio import STAGE_RATE, InputDecoder, OutputEncoder, b64decode
@@ -43,8 +50,19 @@ _KEEPS_SPECULATION = ("input_audio_buffer.append", "conversation.item.retrieve")
 FIRST_CHUNK_WORDS = 2
 
 
+def usage_wire(usage: dict | None) -> dict:
+    """A response's `usage` (Realtime wire) from a pipeline event's {"prompt_tokens", "completion_tokens"} (the
+    counts so far, or in all on `done`; missing counts are 0)."""
+    prompt, completion = (usage or {}).get("prompt_tokens", 0), (usage or {}).get("completion_tokens", 0)
+    return {"total_tokens": prompt + completion, "input_tokens": prompt, "output_tokens": completion,
+            "input_token_details": {"text_tokens": prompt, "audio_tokens": 0, "cached_tokens": 0},
+            "output_token_details": {"text_tokens": completion, "audio_tokens": 0}}
+
+
 class Response:
-    """The state of one response while it runs (`settings`: session_config.response_settings of its spec)."""
+    """The state of one response while it runs (`settings`: session_config.response_settings of its spec).
+    ticket: its slot (or queue place) of the pipeline's admission gate once it has one; usage: the Realtime
+    usage so far (usage_wire)."""
 
     def __init__(self, spec: dict, settings: session_config.ResponseSettings):
         self.id = new_id("resp")
@@ -53,9 +71,15 @@ class Response:
         self.max_tokens, self.in_conversation = settings.max_tokens, settings.in_conversation
         self.item: Item | None = None
         self.reason = "client_cancelled"
-        self.usage = None
+        self.usage = usage_wire(None)
         self.task: asyncio.Task | None = None
         self.adopted: Speculation | None = None  # the speculation whose pipeline events it streams
+        self.ticket: Ticket | None = None
+
+    def release(self) -> None:
+        """Frees its admission slot or queue place (idempotent)."""
+        if self.ticket is not None:
+            self.ticket.release()
 
     def wire(self, status: str, details: dict | None = None) -> dict:
         return {"object": "realtime.response", "id": self.id, "status": status, "status_details": details,
@@ -74,12 +98,14 @@ class RealtimeSession:
     silence (the VAD's pause_duration_ms; used when shorter than the turn's silence_duration_ms), held until
     the turn ends; None: off. outcomes: the speculations counter (FrontendMetrics.speculations) or None.
     max_text_chars: the longest instructions (session or response) and transcription prompt a session may set
-    (--max-text-chars)."""
+    (--max-text-chars). gate: the pipeline's admission gate (`Admission.gate`); control: the server's
+    ModelControl (sleeping pipelines)."""
 
-    def __init__(self, triton: TritonClient, pipeline: Pipeline, model: str, send_text, request_id: str,
-                 speculation_ms: int | None = None, outcomes=None, max_text_chars: int = RequestLimits.max_text_chars):
+    def __init__(self, triton: TritonClient, pipeline: Pipeline, model: str, send_text, request_id: str, gate: Gate,
+                 control: ModelControl, speculation_ms: int | None = None, outcomes=None,
+                 max_text_chars: int = RequestLimits.max_text_chars):
         self.triton, self.pipeline, self.model, self._send_text = triton, pipeline, model, send_text
-        self.request_id = request_id
+        self.request_id, self.gate, self.control = request_id, gate, control
         self.speculation_ms, self.outcomes, self.max_text_chars = speculation_ms, outcomes, max_text_chars
         self.speculation: tuple[Speculation, Response] | None = None
         self.session = session_config.default_session(model, new_id("sess"))
@@ -94,6 +120,7 @@ class RealtimeSession:
         self.vad_queue: list[np.ndarray] = []
         self.vad_wakeup = asyncio.Event()
         self.vad_task: asyncio.Task | None = None
+        self.vad_asleep = False  # the client was told the pipeline sleeps (once, until the VAD answers again)
         self.speech_item_id: str | None = None  # the item a detected turn will become
         self.speech_start: int | None = None
         self.response: Response | None = None
@@ -289,7 +316,7 @@ class RealtimeSession:
         speculation, self.speculation = self.speculation, None
         if speculation is not None and (speculation[0].item_id != item_id or self.response is not None
                                         or not self.settings.create_response):
-            await speculation[0].abandon()
+            await _drop(speculation)
             speculation = None
         previous = self.conversation.last_id
         item = Item(item_id, "user", [Part("input_audio", audio=audio)])
@@ -309,9 +336,22 @@ class RealtimeSession:
         await self.send({"type": "conversation.item.added", "item": item.wire(), "previous_item_id": previous})
         await self.send({"type": "conversation.item.done", "item": item.wire(), "previous_item_id": previous})
 
-    def _asr(self, pcm: np.ndarray):
-        return transcribe(self.triton, self.pipeline.asr, pcm, self.settings.transcription_language,
-                          self.settings.transcription_prompt)
+    async def _asr(self, pcm: np.ndarray) -> dict:
+        """The ASR stage's RESULT for float32 16 kHz audio. Raises APIError (503 `pipeline_sleeping` while the
+        pipeline sleeps)."""
+        self.control.check(self.pipeline)
+        return await transcribe(self.triton, self.pipeline.asr, pcm, self.settings.transcription_language,
+                                self.settings.transcription_prompt)
+
+    def _stage_error(self, exc: APIError) -> APIError:
+        """What to report for a failed stage call: `exc`, or the pipeline's `pipeline_sleeping` error when it
+        sleeps now (put to sleep during the call, its models were unloaded under it: the call fails as an
+        unknown model)."""
+        try:
+            self.control.check(self.pipeline)
+        except APIError as asleep:
+            return asleep
+        return exc
 
     async def _transcribe(self, item: Item, first: asyncio.Task | None = None) -> None:
         """Transcribe the item's audio parts (the ASR stage) and report them; the item is then usable.
@@ -324,6 +364,7 @@ class RealtimeSession:
                     result = await (first if first is not None else self._asr(part.audio))
                     first = None
                 except APIError as exc:
+                    exc = self._stage_error(exc)
                     if self.settings.transcribe:
                         await self.send({"type": "conversation.item.input_audio_transcription.failed",
                                          "item_id": item.id, "content_index": index,
@@ -373,15 +414,23 @@ class RealtimeSession:
                 continue
             chunk, self.vad_queue = np.concatenate(self.vad_queue), []
             try:
+                self.control.check(self.pipeline)  # asleep, its VAD model is unloaded: the audio is not scored
                 found = await vad.feed(chunk)
             except APIError as exc:
-                await self.error(ProtocolError(f"voice activity detection failed: {exc.message}", code="vad_error",
-                                               type="server_error"))
-                # start a new sequence with the next chunk (the model may have dropped this one)
+                exc = self._stage_error(exc)
+                if exc.code != "pipeline_sleeping":
+                    await self.error(ProtocolError(f"voice activity detection failed: {exc.message}", code="vad_error",
+                                                   type="server_error"))
+                elif not self.vad_asleep:
+                    self.vad_asleep = True
+                    await self.error(ProtocolError(f"turn detection paused: {exc.message}", code=exc.code,
+                                                   type=exc.type))
+                # start a new sequence with the next chunk (the model may have dropped this one, or been reloaded)
                 await self._abandon_speculation()
                 self.vad_origin, scored = self.vad_origin + scored + chunk.size, 0
                 vad.restart()
                 continue
+            self.vad_asleep = False
             scored += chunk.size
             for turn in found:
                 await self._on_turn(turn)
@@ -418,12 +467,17 @@ class RealtimeSession:
     async def _speculate(self, end: int) -> None:
         """At a pause: start answering the turn's audio so far (see speculation.py), held until adopted."""
         await self._abandon_speculation()
-        if self.response is not None or not self.settings.create_response or self.closed:
+        if (self.response is not None or not self.settings.create_response or self.closed
+                or self.control.state(self.pipeline.name) == SLEEPING):
             return
         audio = self._take(end, self.speech_start, keep=True)
         if audio.size * 1000 < MIN_COMMIT_MS * STAGE_RATE:
             return
+        ticket = self.gate.try_enter()  # optional work: only on a slot free now, never queued
+        if ticket is None:
+            return
         response = Response({}, session_config.response_settings({}, self.settings))
+        response.ticket = ticket
         work = Speculation(self.speech_item_id, self.speech_start, end, audio, self._asr, self._pipeline_events,
                            self._pipeline_body(response), f"{self.request_id}-{response.id}", self.conversation,
                            response.instructions, self.outcomes)
@@ -432,7 +486,7 @@ class RealtimeSession:
     async def _abandon_speculation(self) -> None:
         speculation, self.speculation = self.speculation, None
         if speculation is not None:
-            await speculation[0].abandon()
+            await _drop(speculation)
 
     # -- responses ---------------------------------------------------------------------------------
     async def _check_voice(self, voice: str, param: str) -> None:
@@ -440,6 +494,7 @@ class RealtimeSession:
         unknown voice is refused by the event that sets it, not when a response runs. Raises ProtocolError
         naming `param` (the field of the client event)."""
         try:
+            self.control.check(self.pipeline)
             await pipeline_stream.voices(self.triton, self.pipeline.entry, self.request_id, voice)
         except APIError as exc:
             if exc.status >= 500:
@@ -474,6 +529,7 @@ class RealtimeSession:
         await asyncio.gather(response.task, return_exceptions=True)
         if self.response is response:  # cancelled before its first step: _respond never ran, so end it here
             self.response = None
+            response.release()
             if response.adopted is not None:
                 await response.adopted.aclose()
             await self.send({"type": "response.created", "response": response.wire("in_progress")})
@@ -481,26 +537,33 @@ class RealtimeSession:
                 "cancelled", {"type": "cancelled", "reason": reason})})
 
     async def _respond(self, response: Response) -> None:
-        """Runs one response and always ends it with response.done (completed, cancelled or failed)."""
+        """Runs one response and always ends it with response.done (completed, incomplete, cancelled or failed),
+        after closing what it opened (`_Output.finish`). Refused as HTTP requests are (an `error` event, then
+        status failed): 503 `pipeline_sleeping` at once, 429 `pipeline_overloaded` / `queue_timeout` from the
+        admission gate (a response queued for a slot is `in_progress` meanwhile)."""
         status, details = "completed", None
         events = response.adopted
         output = _Output(self, response)
         try:
             await self.send({"type": "response.created", "response": response.wire("in_progress")})
+            self.control.check(self.pipeline)
             items = list(self.conversation.items)
             await asyncio.gather(*(item.transcribed.wait() for item in items))
+            if response.ticket is None:  # an adopted speculation's response holds its slot already
+                response.ticket = self.gate.enter()
+                await response.ticket.wait()
             if events is None:
                 body = {"messages": self.conversation.messages(response.instructions, items),
                         **self._pipeline_body(response)}
                 events = self._pipeline_events(body, f"{self.request_id}-{response.id}")
             async for event, audio in events:
                 await output.event(event, audio)
-            await output.finish()
             if output.finish_reason == "length":
                 status, details = "incomplete", {"type": "incomplete", "reason": "max_output_tokens"}
         except asyncio.CancelledError:
             status, details = "cancelled", {"type": "cancelled", "reason": response.reason}
         except APIError as exc:
+            exc = self._stage_error(exc)
             status = "failed"
             details = {"type": "failed", "error": {"type": exc.type, "code": exc.code or "pipeline_error"}}
             # the pipeline's param names a field of its own request, not of a client event: none to point at
@@ -513,8 +576,9 @@ class RealtimeSession:
         finally:
             if response.adopted is not None:
                 await response.adopted.aclose()
-            if response.item is not None:
-                response.item.status = "completed" if status == "completed" else "incomplete"
+            response.release()
+            if status in ("completed", "incomplete") or response.item is not None:  # an answer has its item
+                await output.finish("completed" if status == "completed" else "incomplete")
             self.response = None
             await self.send({"type": "response.done", "response": response.wire(status, details)})
 
@@ -528,6 +592,7 @@ class _Output:
         self.encoder = OutputEncoder(settings.output_format, settings.output_rate)
         self.part = Part("output_audio" if response.audio_out else "output_text")
         self.finish_reason = None
+        self.part_open = False  # response.content_part.added was sent
         self.ids = {"response_id": response.id, "output_index": 0}
 
     async def _open(self) -> None:
@@ -545,6 +610,7 @@ class _Output:
         if self.response.in_conversation:
             await send({"type": "conversation.item.added", "item": item.wire(), "previous_item_id": previous})
         await send({"type": "response.content_part.added", **self.ids, "content_index": 0, "part": self._part_wire()})
+        self.part_open = True
 
     def _part_wire(self) -> dict:
         if self.part.kind == "output_audio":
@@ -553,13 +619,10 @@ class _Output:
 
     async def event(self, event: dict, audio: np.ndarray | None) -> None:
         kind, send = event.get("type"), self.session.send
+        if event.get("usage") is not None:  # the counts so far (deltas) or in all (done)
+            self.response.usage = usage_wire(event["usage"])
         if kind == "done":
             self.finish_reason = event.get("finish_reason")
-            usage = event.get("usage") or {}
-            prompt, completion = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
-            self.response.usage = {"total_tokens": prompt + completion, "input_tokens": prompt, "output_tokens": completion,
-                                   "input_token_details": {"text_tokens": prompt, "audio_tokens": 0, "cached_tokens": 0},
-                                   "output_token_details": {"text_tokens": completion, "audio_tokens": 0}}
         elif kind == "text.delta" and event.get("text") and not self.response.audio_out:
             await self._open()
             self.part.text += event["text"]
@@ -577,17 +640,23 @@ class _Output:
             await send({"type": "response.output_audio.delta", **self.ids, "content_index": 0,
                         "delta": base64.b64encode(data).decode()})
 
-    async def finish(self) -> None:
+    async def finish(self, status: str) -> None:
+        """Closes the output in order: the part's `response.output_audio.done` + `.output_audio_transcript.done`
+        (or `.output_text.done`), `response.content_part.done`, `response.output_item.done`, then
+        `conversation.item.done` (an item in the conversation); each only for what was opened, after opening the
+        item when nothing was (an answer with no output). status: the item's, "completed" | "incomplete"."""
         await self._open()
         item, send = self.response.item, self.session.send
-        item.status = "completed"
-        if self.part.kind == "output_audio":
-            await send({"type": "response.output_audio.done", **self.ids, "content_index": 0})
-            await send({"type": "response.output_audio_transcript.done", **self.ids, "content_index": 0,
-                        "transcript": self.part.text})
-        else:
-            await send({"type": "response.output_text.done", **self.ids, "content_index": 0, "text": self.part.text})
-        await send({"type": "response.content_part.done", **self.ids, "content_index": 0, "part": self._part_wire()})
+        item.status = status
+        if self.part_open:
+            if self.part.kind == "output_audio":
+                await send({"type": "response.output_audio.done", **self.ids, "content_index": 0})
+                await send({"type": "response.output_audio_transcript.done", **self.ids, "content_index": 0,
+                            "transcript": self.part.text})
+            else:
+                await send({"type": "response.output_text.done", **self.ids, "content_index": 0, "text": self.part.text})
+            await send({"type": "response.content_part.done", **self.ids, "content_index": 0,
+                        "part": self._part_wire()})
         await send({"type": "response.output_item.done", "response_id": self.response.id, "output_index": 0,
                     "item": item.wire()})
         if self.response.in_conversation:
@@ -595,3 +664,10 @@ class _Output:
                 index = self.session.conversation.index(item.id)
                 previous = self.session.conversation.items[index - 1].id if index else None
                 await send({"type": "conversation.item.done", "item": item.wire(), "previous_item_id": previous})
+
+
+async def _drop(speculation: tuple[Speculation, Response]) -> None:
+    """Abandons a speculation (its Triton requests cancelled) and frees the admission slot its response held."""
+    work, response = speculation
+    await work.abandon()
+    response.release()

@@ -15,6 +15,9 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
+from omni_frontend.admission import Gate
+from omni_frontend.errors import APIError
+from omni_frontend.model_control import ModelControl
 from omni_frontend.pipelines import REGISTRY
 from omni_frontend.realtime.session import RealtimeSession
 from omni_frontend.triton_client import StreamResponse
@@ -27,7 +30,9 @@ REPLY = [("Paris is", 0.25), ("the capital.", 0.5)]  # (transcript, seconds of a
 class StageDouble:
     """The Triton calls of a realtime session. `turns`: lists of VAD turn events, one list returned per VAD
     request that has audio (sample offsets in 16 kHz samples); `asr_gate` / `pipeline_gate`: set to let
-    those stages answer; `hold`: the pipeline keeps its stream open after the reply (until cancelled)."""
+    those stages answer; `hold`: the pipeline keeps its stream open after the reply (until cancelled); `fail`:
+    an APIError the pipeline raises after the reply instead. Models load and unload as Triton's model control
+    does them (`loaded`); a call to an unloaded model fails as Triton's does ("unknown model")."""
 
     def __init__(self):
         self.turns: list[list[dict]] = []
@@ -35,11 +40,31 @@ class StageDouble:
         self.asr_gate.set()
         self.pipeline_gate.set()
         self.hold = False
+        self.fail: APIError | None = None
         self.asr_calls: list[int] = []  # samples per transcription
+        self.vad_starts: list[bool] = []  # sequence_start of each VAD request with audio
         self.streams: list[dict] = []  # {"body", "cancelled", "finished"} per pipeline request
+        self.loaded = set(REGISTRY["voice"].models)
+
+    async def unload_model(self, model):
+        self.loaded.discard(model)
+
+    async def load_model(self, model):
+        self.loaded.add(model)
+
+    async def model_states(self):
+        return {model: "READY" for model in self.loaded}
+
+    def _check_loaded(self, model):
+        if model not in self.loaded:
+            raise APIError(500, f"inference failed: Request for unknown model: '{model}' has no available versions",
+                           code="inference_error")
 
     async def infer(self, model, inputs, request_id=None, *, sequence_id=0, sequence_start=False, sequence_end=False):
+        self._check_loaded(model)
         if model == "voice_vad":
+            if inputs["AUDIO"].size:
+                self.vad_starts.append(sequence_start)
             found = self.turns.pop(0) if inputs["AUDIO"].size and self.turns else []
             return {"EVENTS": np.array([json.dumps(found).encode()], dtype=np.object_)}
         assert model == "voice_asr"
@@ -49,15 +74,19 @@ class StageDouble:
         return {"RESULT": np.array([json.dumps(result).encode()], dtype=np.object_)}
 
     async def stream(self, model, inputs, request_id=None, parameters=None):
+        self._check_loaded(model)
         call = {"body": json.loads(inputs["REQUEST"][0]), "cancelled": False, "finished": False}
         self.streams.append(call)
         try:
             await self.pipeline_gate.wait()
-            for text, seconds in REPLY:
+            for index, (text, seconds) in enumerate(REPLY):
                 audio = np.full(int(seconds * 24000), 0.1, np.float32)
-                event = {"type": "audio.delta", "transcript": text, "sample_rate": 24000}
+                event = {"type": "audio.delta", "transcript": text, "sample_rate": 24000,
+                         "usage": {"prompt_tokens": 20, "completion_tokens": 3 * (index + 1)}}  # the counts so far
                 yield StreamResponse({"EVENT": np.array([json.dumps(event).encode()], dtype=np.object_),
                                       "AUDIO": audio}, False)
+            if self.fail is not None:
+                raise self.fail
             if self.hold:
                 await asyncio.Event().wait()
             done = {"type": "done", "finish_reason": "stop", "usage": {"prompt_tokens": 20, "completion_tokens": 6}}
@@ -69,9 +98,10 @@ class StageDouble:
 
 
 class Client:
-    """A session over the double, with the wire events it sent (parsed) and a speculation counter."""
+    """A session over the double, with the wire events it sent (parsed), a speculation counter, the pipeline's
+    admission gate (`gate`, else one of its own: 4 slots, one queue place) and its ModelControl (sleep, wake)."""
 
-    def __init__(self, speculation_ms: int | None):
+    def __init__(self, speculation_ms: int | None, gate: Gate | None = None):
         self.triton = StageDouble()
         self.sent: list[dict] = []
         self.outcomes = Counter("speculations", "test", ["outcome"], registry=CollectorRegistry())
@@ -79,8 +109,10 @@ class Client:
         async def send_text(text):
             self.sent.append(json.loads(text))
 
-        self.session = RealtimeSession(self.triton, REGISTRY["voice"], "voice", send_text, "req", speculation_ms,
-                                       self.outcomes)
+        self.gate = gate or Gate("voice", 4, 1)
+        self.control = ModelControl(self.triton, [REGISTRY["voice"]])
+        self.session = RealtimeSession(self.triton, REGISTRY["voice"], "voice", send_text, "req", self.gate,
+                                       self.control, speculation_ms, self.outcomes)
         self.appended = 0
 
     def count(self, outcome: str) -> float:

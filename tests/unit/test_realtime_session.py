@@ -1,0 +1,194 @@
+"""How a realtime response starts and ends inside a real RealtimeSession, over the Triton double of
+test_realtime_speculation.py: the pipeline's admission gate, a sleeping pipeline, and the closing events of
+every ending (completed, cancelled, barge-in, failed)."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from omni_frontend.admission import Gate
+from omni_frontend.errors import APIError
+from tests.unit.test_realtime_speculation import CHUNK, STARTED, Client, until
+
+pytestmark = pytest.mark.unit
+CLOSING = ["response.output_audio.done", "response.output_audio_transcript.done", "response.content_part.done",
+           "response.output_item.done", "conversation.item.done", "response.done"]
+
+
+async def ask(client: Client, text: str = "Where is Paris?") -> None:
+    await client.session.handle({"type": "conversation.item.create", "item": {
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}})
+    await client.session.handle({"type": "response.create"})
+
+
+def done_events(client: Client) -> list[dict]:
+    return [e for e in client.sent if e["type"] == "response.done"]
+
+
+def errors(client: Client) -> list[tuple]:
+    return [(e["error"]["type"], e["error"]["code"]) for e in client.sent if e["type"] == "error"]
+
+
+def test_responses_hold_admission_slots_queue_for_one_and_are_refused_beyond_as_http_is():
+    """One slot, one queue place: the first session's response runs, the second's waits in_progress (its
+    pipeline request not sent), the third's fails with HTTP's 429 code; the queued one runs once the slot frees."""
+    async def run():
+        gate = Gate("voice", max_inflight=1, max_queue=1)
+        first, second, third = (Client(None, gate) for _ in range(3))
+        for client in (first, second, third):
+            await client.start()
+        first.triton.hold = True
+        await ask(first)
+        await until(lambda: "response.output_audio.delta" in first.kinds())
+        await ask(second)
+        await until(lambda: gate.waiting)
+        await ask(third)
+        await until(lambda: done_events(third))
+        seen = (gate.running, len(gate.waiting), len(second.triton.streams), second.kinds()[-1])
+        await first.session.handle({"type": "response.cancel"})
+        await until(lambda: done_events(second))
+        for client in (first, second, third):
+            await client.session.close()
+        return gate, first, second, third, seen
+
+    gate, first, second, third, seen = asyncio.run(run())
+    assert seen == (1, 1, 0, "response.created")
+    assert errors(third) == [("rate_limit_error", "pipeline_overloaded")]
+    refused = done_events(third)[0]["response"]
+    assert refused["status"] == "failed" and refused["status_details"]["error"]["code"] == "pipeline_overloaded"
+    assert not third.triton.streams
+    assert done_events(first)[0]["response"]["status"] == "cancelled"
+    assert done_events(second)[0]["response"]["status"] == "completed" and len(second.triton.streams) == 1
+    assert (gate.running, len(gate.waiting)) == (0, 0)  # every slot and queue place given back
+    assert gate.mean_run_s is not None
+
+
+def test_a_response_cancelled_while_queued_gives_up_its_place():
+    async def run():
+        gate = Gate("voice", max_inflight=1, max_queue=1)
+        first, second = Client(None, gate), Client(None, gate)
+        for client in (first, second):
+            await client.start()
+        first.triton.hold = True
+        await ask(first)
+        await until(lambda: first.triton.streams)
+        await ask(second)
+        await until(lambda: gate.waiting)
+        await second.session.handle({"type": "response.cancel"})
+        queued = sum(not f.done() for f in gate.waiting)
+        await first.session.close()
+        await second.session.close()
+        return gate, second, queued
+
+    gate, second, queued = asyncio.run(run())
+    assert queued == 0 and (gate.running, len(gate.waiting)) == (0, 0)
+    assert done_events(second)[0]["response"]["status"] == "cancelled" and not second.triton.streams
+
+
+@pytest.mark.parametrize("ending", ["response.cancel", "barge-in", "pipeline failure"])
+def test_every_ending_closes_the_opened_part_and_item_in_order_with_the_usage_so_far(ending):
+    """The item opened by the first audio is closed (`*.done` events, status incomplete) before response.done,
+    which carries the pipeline's counts so far; they used to end with response.done only (usage null)."""
+    async def run():
+        client = Client(None)
+        await client.start()
+        client.triton.hold = ending != "pipeline failure"
+        if ending == "pipeline failure":
+            client.triton.fail = APIError(503, "stage voice_tts died", code="stage_unavailable")
+        await ask(client)
+        await until(lambda: client.kinds().count("response.output_audio.delta") == 2 or done_events(client))
+        if ending == "response.cancel":
+            await client.session.handle({"type": "response.cancel"})
+        elif ending == "barge-in":
+            client.triton.turns.append([STARTED])
+            await client.session.handle({"type": "input_audio_buffer.append", "audio": "AAAA" * (CHUNK // 2)})
+        await until(lambda: done_events(client))
+        await client.session.close()
+        return client
+
+    client = asyncio.run(run())
+    added = next(e for e in client.sent if e["type"] == "response.output_item.added")
+    item_id = added["item"]["id"]
+    closing = [e for e in client.sent if e["type"] in CLOSING and item_id in (e.get("item_id"), e.get("item", {}).get("id"))
+               or e["type"] == "response.done"]
+    assert [e["type"] for e in closing] == CLOSING
+    assert closing[1]["transcript"] == "Paris is the capital." == closing[2]["part"]["transcript"]
+    assert closing[3]["item"]["status"] == closing[4]["item"]["status"] == "incomplete"
+    response = closing[-1]["response"]
+    status = {"response.cancel": "cancelled", "barge-in": "cancelled", "pipeline failure": "failed"}[ending]
+    assert response["status"] == status and response["output"][0]["status"] == "incomplete"
+    assert response["usage"]["input_tokens"] == 20 and response["usage"]["output_tokens"] == 6
+    assert response["usage"]["total_tokens"] == 26
+    if ending == "pipeline failure":
+        assert errors(client) == [("service_unavailable", "stage_unavailable")]
+        assert client.kinds().index("error") < client.kinds().index("response.output_audio.done")
+    assert client.session.conversation.get(item_id).status == "incomplete"
+
+
+def test_a_completed_response_closes_its_item_completed_with_the_final_usage():
+    async def run():
+        client = Client(None)
+        await client.start()
+        await ask(client)
+        await until(lambda: done_events(client))
+        await client.session.close()
+        return client
+
+    client = asyncio.run(run())
+    assert [k for k in client.kinds() if k in CLOSING][1:] == CLOSING  # after the user item's conversation.item.done
+    response = done_events(client)[0]["response"]
+    assert response["status"] == "completed" and response["output"][0]["status"] == "completed"
+    assert (response["usage"]["input_tokens"], response["usage"]["output_tokens"]) == (20, 6)
+
+
+def test_a_response_cancelled_before_it_ran_reports_zero_usage_not_null():
+    async def run():
+        client = Client(None)
+        await client.start()
+        await ask(client)
+        await client.session.handle({"type": "response.cancel"})
+        await until(lambda: done_events(client))
+        await client.session.close()
+        return client
+
+    client = asyncio.run(run())
+    response = done_events(client)[0]["response"]
+    assert response["status"] == "cancelled" and response["usage"]["total_tokens"] == 0
+    assert client.gate.running == 0
+
+
+def test_a_sleeping_pipeline_refuses_responses_vad_and_transcription_with_pipeline_sleeping_then_wakes():
+    """Asleep, the stage models are unloaded: a response used to fail after the pipeline call as an
+    `inference_error` ("unknown model") and every append as a `vad_error`. Now: `pipeline_sleeping` at once (as
+    HTTP's 503), no Triton call, one error for the VAD however much audio comes; after wake a new VAD sequence."""
+    async def run():
+        client = Client(None)
+        await client.start()
+        await client.append()
+        await client.session.control.sleep("voice")
+        await ask(client)
+        await until(lambda: done_events(client))
+        for _ in range(3):
+            await client.session.handle({"type": "input_audio_buffer.append", "audio": "AAAA" * (CHUNK // 2)})
+        await asyncio.sleep(0.05)
+        await client.session.handle({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user", "content": [{"type": "input_audio", "audio": "AAAA" * (CHUNK // 2)}]}})
+        await until(lambda: "conversation.item.input_audio_transcription.failed" in client.kinds())
+        asleep = list(client.sent)
+        await client.session.control.wake("voice")
+        await client.session.handle({"type": "input_audio_buffer.clear"})
+        await client.append([STARTED])
+        await until(lambda: "input_audio_buffer.speech_started" in client.kinds())
+        await client.session.close()
+        return client, asleep
+
+    client, asleep = asyncio.run(run())
+    codes = [(e["error"]["code"], e["error"]["type"]) for e in asleep if e["type"] == "error"]
+    assert codes == [("pipeline_sleeping", "service_unavailable")] * 2  # the response, then the VAD (once)
+    response = next(e for e in asleep if e["type"] == "response.done")["response"]
+    assert response["status"] == "failed" and response["status_details"]["error"]["code"] == "pipeline_sleeping"
+    failed = next(e for e in asleep if e["type"] == "conversation.item.input_audio_transcription.failed")
+    assert failed["error"]["code"] == "pipeline_sleeping"
+    assert not client.triton.streams and not client.triton.asr_calls
+    assert client.triton.vad_starts == [True, True]  # before the sleep, then a new sequence after the wake
