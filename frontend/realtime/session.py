@@ -175,8 +175,10 @@ class RealtimeSession:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if response is not None and response.adopted is not None:  # also when its task never ran
-            await response.adopted.aclose()
+        if response is not None:  # also when its task never ran
+            response.release()
+            if response.adopted is not None:
+                await response.adopted.aclose()
         if self.vad is not None:
             await self.vad.close()
 

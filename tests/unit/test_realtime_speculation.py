@@ -263,9 +263,38 @@ def test_barge_in_cancels_an_adopted_response_end_to_end():
 
     client = asyncio.run(run())
     assert client.count("adopted") == 1 and client.triton.streams[0]["cancelled"]
+    assert client.gate.running == 0  # the slot the speculation took, kept by its response, is free again
     done = client.sent[[e["type"] for e in client.sent].index("response.done")]
     assert done["response"]["status"] == "cancelled"
     assert done["response"]["status_details"]["reason"] == "turn_detected"
+
+
+def test_a_speculation_holds_an_admission_slot_and_starts_only_on_a_free_one():
+    """A preemptive response is a pipeline request too: it takes a free slot of the gate (never queues, never
+    counts as refused), its adopted response keeps that slot, an abandoned one frees it; with no slot free
+    there is no speculation and the turn is answered when it ends, through the queue as any response."""
+    async def run():
+        client = await speculating()
+        held = client.gate.running
+        await client.session.handle({"type": "input_audio_buffer.clear"})  # abandons it
+        freed = client.gate.running
+        await client.session.close()
+        full = Client(200, Gate("voice", max_inflight=1, max_queue=1))
+        await full.start()
+        other = full.gate.enter()  # another request holds the only slot
+        await full.turn({1: [STARTED], 9: [PAUSED]}, chunks=11)
+        await full.append([STOPPED])
+        await until(lambda: full.gate.waiting)
+        speculated = len(full.triton.streams)
+        other.release()
+        await until(lambda: "response.done" in full.kinds())
+        await full.session.close()
+        return client, held, freed, full, speculated
+
+    client, held, freed, full, speculated = asyncio.run(run())
+    assert (held, freed, client.count("abandoned")) == (1, 0, 1)
+    assert speculated == 0 and (full.count("adopted"), full.count("abandoned")) == (0, 0)
+    assert full.sent[-1]["response"]["status"] == "completed" and full.gate.running == 0
 
 
 def test_closing_the_session_abandons_the_speculation():
@@ -277,6 +306,7 @@ def test_closing_the_session_abandons_the_speculation():
     client = asyncio.run(run())
     assert client.triton.streams[0]["cancelled"] and client.count("abandoned") == 1
     assert not any(k.startswith("response.") for k in client.kinds())
+    assert client.gate.running == 0  # its admission slot is free again
 
 
 def test_pause_events_are_asked_for_only_with_speculation_on():
