@@ -200,6 +200,7 @@ def test_text_turn_and_multi_turn_memory(voice_server):
     answers, control, created, cancelled = asyncio.run(run())
     assert cancelled.response.id == created.response.id and cancelled.response.status == "cancelled"
     assert cancelled.response.status_details.reason == "client_cancelled"
+    assert cancelled.response.usage is not None  # the counts so far (it was null)
     assert "Paris" in answers[0] and "Rome" in answers[1]
     assert "Paris" in answers[2] and "Rome" in answers[2], answers
     assert "Paris" not in control and "Rome" not in control, control
@@ -248,6 +249,15 @@ def test_barge_in_cancels_the_response_end_to_end(voice_server):
 
     events, spoke_at, done, (item, heard_ms, truncated, retrieved, too_far) = asyncio.run(run())
     assert done.response.status == "cancelled" and done.response.status_details.reason == "turn_detected"
+    # the opened part and item are closed in order before response.done (they used to stay open), and
+    # response.done has the usage so far (it was null)
+    closing = [e.type for _, e in events if getattr(e, "item_id", None) == item.id and e.type.endswith(".done")
+               or getattr(getattr(e, "item", None), "id", None) == item.id and e.type.endswith(".done")]
+    assert closing == ["response.output_audio.done", "response.output_audio_transcript.done",
+                       "response.content_part.done", "response.output_item.done", "conversation.item.done"], closing
+    closed = next(e for _, e in events if e.type == "response.output_item.done")
+    assert closed.item.status == "incomplete" and closed.item.content[0].transcript == item.content[0].transcript
+    assert done.response.usage.input_tokens > 10 and done.response.usage.output_tokens >= 2
     started_at = next(t for t, e in events if e.type == "input_audio_buffer.speech_started")
     done_at = next(t for t, e in events if e.type == "response.done")
     print(f"\nbarge-in: speech onset appended -> response.done(cancelled) {done_at - spoke_at:.3f} s "
@@ -388,6 +398,13 @@ VOICE_PART = base64.b64encode(b"\0\1\2").decode()  # 3 bytes: not whole PCM16 sa
      "response.tools"),
     ({"type": "response.create", "response": {"audio": {"output": {"voice": "nope"}}}}, "invalid_value",
      "response.audio.output.voice"),
+    # a forced tool call, logprobs: chat refuses them too (they used to be accepted and dropped)
+    ({"type": "session.update", "session": {"type": "realtime", "tool_choice": "required"}}, "unsupported_feature",
+     "session.tool_choice"),
+    ({"type": "session.update", "session": {"type": "realtime", "include": ["item.input_audio_transcription.logprobs"]}},
+     "unsupported_feature", "session.include"),
+    ({"type": "response.create", "response": {"tool_choice": {"type": "function", "name": "get_weather"}}},
+     "unsupported_feature", "response.tool_choice"),
     ({"type": "response.create", "response": {"voice": "echo"}}, "unknown_parameter", "response.voice"),
     ({"type": "session.update", "session": {"type": "realtime", "instructions": "x" * 131073}}, "invalid_value",
      "session.instructions"),   # over --max-text-chars
@@ -511,7 +528,9 @@ def test_transcription_session_input_formats(voice_server, fmt, rate):
 
 def test_eight_concurrent_sessions(voice_server):
     """8 sessions at once, each streaming the spoken question through server VAD: every one is transcribed
-    and answered, and the VAD stage sees the sessions' requests batched together."""
+    and answered, and the VAD stage sees the sessions' requests batched together. Their responses go through
+    the pipeline's admission like HTTP requests: at most --max-inflight (4) run on `voice` at once, counted in
+    the frontend's gauges, the others wait their turn (8 used to run at once, the frontend gauge at 0)."""
     question = speech(voice_server, QUESTION, 0.3, 1.2)
 
     async def one(index):
@@ -527,9 +546,25 @@ def test_eight_concurrent_sessions(voice_server):
             heard = next(e.transcript for _, e in events if e.type == "conversation.item.input_audio_transcription.completed")
             return heard, done
 
-    async def run():
-        return await asyncio.gather(*(one(i) for i in range(8)))
+    frontend = f"{voice_server.base_url}/metrics"
+    peaks = {"triton": 0.0, "frontend": 0.0}
 
+    async def watch():
+        while True:
+            triton, admitted = await asyncio.gather(
+                asyncio.to_thread(metric_value, voice_server.metrics_url, "omni_inflight_requests", model="voice"),
+                asyncio.to_thread(metric_value, frontend, "omni_frontend_inflight_requests", pipeline="voice"))
+            peaks["triton"], peaks["frontend"] = max(peaks["triton"], triton or 0), max(peaks["frontend"], admitted or 0)
+            await asyncio.sleep(0.05)
+
+    async def run():
+        watcher = asyncio.create_task(watch())
+        try:
+            return await asyncio.gather(*(one(i) for i in range(8)))
+        finally:
+            watcher.cancel()
+
+    queued_before = metric_value(frontend, "omni_frontend_queue_wait_seconds_count", pipeline="voice") or 0
     before = metric_value(voice_server.metrics_url, "nv_inference_exec_count_total", model="voice_vad", version="1") or 0
     requests_before = metric_value(voice_server.metrics_url, "nv_inference_count_total", model="voice_vad", version="1") or 0
     results = asyncio.run(run())
@@ -541,6 +576,58 @@ def test_eight_concurrent_sessions(voice_server):
     print(f"\nvoice_vad: {inferences:.0f} requests in {executions:.0f} executions")
     assert executions < inferences  # requests of different sessions shared executions
     assert inflight_back_to_zero(voice_server)
+    queued = metric_value(frontend, "omni_frontend_queue_wait_seconds_count", pipeline="voice") - queued_before
+    print(f"voice: peak {peaks['triton']:g} requests in Triton, {peaks['frontend']:g} admitted; {queued:g} waited")
+    assert 1 <= peaks["frontend"] <= 4 and peaks["triton"] <= 4 and queued >= 1
+    assert metric_value(frontend, "omni_frontend_inflight_requests", pipeline="voice") == 0
+
+
+def test_an_open_session_is_told_its_pipeline_sleeps_and_works_again_after_wake(voice_server):
+    """With `voice` asleep (its models unloaded), an open session's response.create used to fail after ~5 s as
+    an `inference_error` ("unknown model") and each append as a `vad_error`. Now both get `pipeline_sleeping`
+    at once, as HTTP's 503 (the VAD once, however much audio comes), and after wake the same session's
+    server VAD detects speech again (on a new VAD sequence)."""
+    question = speech(voice_server, QUESTION, 0.3, 1.0)
+    admin = f"{voice_server.base_url}/v1/admin/pipelines/voice"
+
+    async def run():
+        async with connect(voice_server) as conn:
+            await until(conn, "session.created")
+            await conn.session.update(session={"type": "realtime", "output_modalities": ["text"],
+                                               "audio": {"input": {"turn_detection": {"create_response": False}}}})
+            await until(conn, "session.updated")
+            await append_paced(conn, b"\0\0" * (RATE // 2), pace_s=0)   # the VAD sequence has started
+            async with httpx.AsyncClient(timeout=300) as http:
+                assert (await http.post(f"{admin}/sleep")).status_code == 200
+                try:
+                    await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [
+                        {"type": "input_text", "text": "Hi"}]})
+                    await conn.response.create()
+                    asked = time.perf_counter()
+                    refused = await until(conn, "error")
+                    done = await until(conn, "response.done")
+                    took = time.perf_counter() - asked
+                    await append_paced(conn, b"\0\0" * RATE, pace_s=0.02)
+                    paused = await until(conn, "error", timeout_s=30)
+                finally:
+                    assert (await http.post(f"{admin}/wake")).status_code == 200
+            await conn.input_audio_buffer.clear()
+            await until(conn, "input_audio_buffer.cleared")
+            events = []
+            sender = asyncio.create_task(append_paced(conn, question, pace_s=0.02))
+            await until(conn, "input_audio_buffer.committed", events, timeout_s=60)
+            await sender
+            return refused, done, took, paused, events
+
+    refused, done, took, paused, events = asyncio.run(run())
+    assert (refused.error.code, refused.error.type) == ("pipeline_sleeping", "service_unavailable")
+    assert done.response.status == "failed" and done.response.status_details.error.code == "pipeline_sleeping"
+    assert took < 2.0, took
+    assert paused.error.code == "pipeline_sleeping"   # not vad_error
+    kinds = [e.type for _, e in events]
+    assert kinds[:3] == ["input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
+                         "input_audio_buffer.committed"], kinds
+    assert httpx.get(f"{voice_server.base_url}/health").status_code == 200
 
 
 def test_livekit_agents_realtime_model_holds_a_text_turn(voice_server):

@@ -70,3 +70,17 @@ def test_stop_string_false_alarm_is_released():
     assert matcher.feed("go ST") == ("go ", False)
     assert matcher.feed("ART now S") == ("START now ", False)
     assert matcher.flush() == "S"
+
+
+def test_text_stream_deltas_carry_the_usage_so_far(tokenizer):
+    """Every delta has the request's counts so far (a realtime response cancelled mid-answer reports them);
+    they used to come only with the last delta."""
+    from omni_backends.engine import StepOutput, TextStream, Usage
+
+    ids = tokenizer.encode("hello world, the quick brown fox")
+    stream = TextStream(tokenizer, prompt_tokens=7)
+    deltas = [stream.step(StepOutput(token_id, index)) for index, token_id in enumerate(ids)]
+    sent = [(i, d) for i, d in enumerate(deltas) if d is not None]
+    assert sent and all(d.usage == Usage(7, i + 1) for i, d in sent)
+    final = stream.step(StepOutput(None, finished=True, finish_reason="length"))
+    assert final.finished and final.usage == Usage(7, len(ids))
