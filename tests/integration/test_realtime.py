@@ -576,7 +576,7 @@ def test_eight_concurrent_sessions(voice_server):
     print(f"\nvoice_vad: {inferences:.0f} requests in {executions:.0f} executions")
     assert executions < inferences  # requests of different sessions shared executions
     assert inflight_back_to_zero(voice_server)
-    queued = metric_value(frontend, "omni_frontend_queue_wait_seconds_count", pipeline="voice") - queued_before
+    queued = (metric_value(frontend, "omni_frontend_queue_wait_seconds_count", pipeline="voice") or 0) - queued_before
     print(f"voice: peak {peaks['triton']:g} requests in Triton, {peaks['frontend']:g} admitted; {queued:g} waited")
     assert 1 <= peaks["frontend"] <= 4 and peaks["triton"] <= 4 and queued >= 1
     assert metric_value(frontend, "omni_frontend_inflight_requests", pipeline="voice") == 0
