@@ -75,6 +75,7 @@ class Response:
         self.task: asyncio.Task | None = None
         self.adopted: Speculation | None = None  # the speculation whose pipeline events it streams
         self.ticket: Ticket | None = None
+        self.ending = False  # _respond is closing it: a cancel comes too late (it would cut the closing events)
 
     def release(self) -> None:
         """Frees its admission slot or queue place (idempotent)."""
@@ -523,8 +524,10 @@ class RealtimeSession:
         return pipeline_stream.events(self.triton, self.pipeline.entry, body, request_id)
 
     async def _cancel_response(self, reason: str) -> None:
+        """Cancels the running response (`reason`: its status_details.reason) and returns once it has ended; one
+        that is already closing (`Response.ending`) ends as it was going to."""
         response = self.response
-        if response is None or response.task is None:
+        if response is None or response.task is None or response.ending:
             return
         response.reason = reason
         response.task.cancel()
@@ -576,6 +579,7 @@ class RealtimeSession:
             await self.error(ProtocolError(f"internal error: {type(exc).__name__}: {exc}", code="internal_error",
                                            type="server_error"))
         finally:
+            response.ending = True
             if response.adopted is not None:
                 await response.adopted.aclose()
             response.release()

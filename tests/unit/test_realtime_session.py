@@ -142,6 +142,34 @@ def test_a_completed_response_closes_its_item_completed_with_the_final_usage():
     assert (response["usage"]["input_tokens"], response["usage"]["output_tokens"]) == (20, 6)
 
 
+def test_a_cancel_that_comes_while_the_response_closes_does_not_cut_its_closing_events():
+    async def run():
+        client = Client(None)
+        await client.start()
+        closing, send = asyncio.Event(), client.session._send_text
+
+        async def slow(text):  # the client reads slowly once the response has started closing
+            await send(text)
+            if '"response.output_audio.done"' in text:
+                await closing.wait()
+
+        client.session._send_text = slow
+        await ask(client)
+        await until(lambda: "response.output_audio.done" in client.kinds())
+        cancel = asyncio.create_task(client.session.handle({"type": "response.cancel"}))
+        await asyncio.sleep(0.01)
+        closing.set()
+        await cancel
+        await until(lambda: done_events(client))
+        await client.session.close()
+        return client
+
+    client = asyncio.run(run())
+    assert [k for k in client.kinds() if k in CLOSING][1:] == CLOSING
+    assert client.kinds().count("response.created") == 1 and "error" not in client.kinds()
+    assert done_events(client)[0]["response"]["status"] == "completed"
+
+
 def test_a_response_cancelled_before_it_ran_reports_zero_usage_not_null():
     async def run():
         client = Client(None)
