@@ -95,8 +95,9 @@ class Message(BaseModel):
 
 class ChatRequest(BaseModel):
     """The OpenAI request fields we honour; unknown fields (extra_body) are passed to the pipeline,
-    which uses those it knows and ignores the rest. Contract-changing OpenAI fields that nothing
-    honours (UNSUPPORTED_FIELDS) and `n` > 1 are rejected by `to_pipeline`."""
+    which refuses those it does not read (a 400 naming the field; omni_backends.serving.events).
+    Contract-changing OpenAI fields that nothing honours (UNSUPPORTED_FIELDS) and `n` > 1 are rejected
+    by `to_pipeline`."""
 
     model_config = ConfigDict(extra="allow", strict=True)  # "10" is not an integer, "yes" not a boolean
     model: str
@@ -149,9 +150,13 @@ def _same(value, inert) -> bool:
     return value == inert and isinstance(value, bool) == isinstance(inert, bool)
 
 
-def _audio_part(part: dict, index: int, max_seconds: float) -> np.ndarray:
+def _audio_part(part: dict, param: str, before_s: float, max_seconds: float) -> np.ndarray:
+    """float32 mono 16 kHz samples of one input_audio content part (`param`: its path, e.g.
+    `messages[0].content[1]`). `before_s`: seconds of input audio in the request's earlier parts; all
+    together may last `max_seconds`. Raises APIError 400 naming `param + ".input_audio"`: invalid_audio, or
+    audio_too_long (stating the limit and the seconds heard when decoding stopped)."""
     spec = part.get("input_audio")
-    param = f"messages[{index}].content.input_audio"
+    param += ".input_audio"
     if not isinstance(spec, dict) or not isinstance(spec.get("data"), str):
         raise bad_request("input_audio needs {'data': <base64>, 'format': 'wav'|'mp3'|...}", param=param)
     try:
@@ -159,12 +164,14 @@ def _audio_part(part: dict, index: int, max_seconds: float) -> np.ndarray:
     except (binascii.Error, ValueError) as exc:
         raise bad_request(f"input_audio.data is not valid base64: {exc}", param=param, code="invalid_audio") from exc
     try:
-        return audio_codec.decode(raw, INPUT_SAMPLE_RATE, max_seconds=max_seconds)
+        return audio_codec.decode(raw, INPUT_SAMPLE_RATE, max_seconds=max_seconds - before_s)
     except audio_codec.AudioDecodeError as exc:
         raise bad_request(f"input_audio could not be decoded: {exc}", param=param, code="invalid_audio") from exc
     except audio_codec.AudioTooLong as exc:
-        raise bad_request(f"the request's input audio is longer than {exc.max_seconds:g} s in all "
-                          "(limit --max-audio-seconds)", param=param, code="audio_too_long") from exc
+        earlier = f"{before_s:.1f} s in earlier parts, then " if before_s else ""
+        raise bad_request(f"the request's input audio is longer than {max_seconds:g} s in all (limit "
+                          f"--max-audio-seconds): {earlier}more than {exc.max_seconds:.1f} s in {param}",
+                          param=param, code="audio_too_long") from exc
 
 
 def to_pipeline(req: ChatRequest, limits: RequestLimits | None = None) -> tuple[dict, np.ndarray | None]:
@@ -195,27 +202,28 @@ def to_pipeline(req: ChatRequest, limits: RequestLimits | None = None) -> tuple[
             raise bad_request("tool messages are not supported", param=f"messages[{i}].role")
         parts = [{"type": "text", "text": msg.content}] if isinstance(msg.content, str) else (msg.content or [])
         content = []
-        for part in parts:
+        for j, part in enumerate(parts):
+            path = f"messages[{i}].content" + ("" if isinstance(msg.content, str) else f"[{j}]")
             kind = part.get("type") if isinstance(part, dict) else None
             if kind == "text":
                 if not isinstance(part.get("text"), str):
-                    raise bad_request("text parts need a string 'text'", param=f"messages[{i}].content")
+                    raise bad_request("text parts need a string 'text'", param=path)
                 content.append({"type": "text", "text": part["text"]})
                 chars += len(part["text"])
                 if chars > limits.max_text_chars:
                     raise bad_request(f"the request's text is longer than {limits.max_text_chars} characters "
-                                      "(limit --max-text-chars)", param=f"messages[{i}].content", code="text_too_long")
+                                      "(limit --max-text-chars)", param=path, code="text_too_long")
             elif kind == "input_audio":
                 if role != "user":
-                    raise bad_request("input_audio is only accepted in user messages", param=f"messages[{i}].content")
-                pcm = _audio_part(part, i, limits.max_audio_seconds - offset / INPUT_SAMPLE_RATE)
+                    raise bad_request("input_audio is only accepted in user messages", param=path)
+                pcm = _audio_part(part, path, offset / INPUT_SAMPLE_RATE, limits.max_audio_seconds)
                 content.append({"type": "input_audio", "offset": offset, "samples": int(pcm.size),
                                 "sample_rate": INPUT_SAMPLE_RATE})
                 clips.append(pcm)
                 offset += pcm.size
             else:
                 raise bad_request(f"content part type {kind!r} is not supported by this server "
-                                  "(supported: text, input_audio)", param=f"messages[{i}].content",
+                                  "(supported: text, input_audio)", param=path,
                                   code="unsupported_content")
         messages.append({"role": role, "content": content})
     if not any(m["role"] == "user" for m in messages):

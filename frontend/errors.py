@@ -91,7 +91,7 @@ def install_handlers(app) -> None:
         return exc.response()
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError):
+    async def _validation(request: Request, exc: RequestValidationError):
         errors = exc.errors()
         first = errors[0] if errors else {}
         loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "header")]
@@ -100,6 +100,9 @@ def install_handlers(app) -> None:
             return APIError(400, f"request body is not valid JSON: {first.get('ctx', {}).get('error', msg)}",
                             code="invalid_json").response()
         param = ".".join(loc) or None
+        if first.get("type") == "extra_forbidden":   # as a pipeline refuses a field it does not read
+            return APIError(400, f"{param} is not a request field of {request.method} {request.url.path}",
+                            param=param, code="unsupported_parameter").response()
         return APIError(400, f"{param}: {msg}" if param else msg, param=param, code="invalid_value").response()
 
     @app.exception_handler(StarletteHTTPException)

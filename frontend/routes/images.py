@@ -11,7 +11,8 @@ more than `max_image_pixels`, n outside 1-10, non-image upload, more than 4 imag
 4096x4096 pixels, an edit without size of an image under 16 pixels a side, mask of another size than the
 first image or without alpha, a second `mask` part (`image` / `image[]` take 1-4 files, `mask` one), an
 upload over `max_upload_bytes` (413), a JSON body to /edits (415), a pipeline-protocol key (`action`) among
-the extension fields.
+the extension fields. Other unknown fields go on to the pipeline, which refuses those it does not read (400
+`unsupported_parameter` naming the field, e.g. `style` or `guidance_scale`).
 """
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """POST /v1/audio/speech for speech pipelines (e.g. `tts`) and GET /v1/audio/voices for every
 pipeline that speaks (speech and chat pipelines).
 
-Speech pipeline REQUEST JSON: {"input": str, "voice": str, "speed": float} -> events
+Speech pipeline REQUEST JSON: {"input": str, "voice": str, "speed": float} + the request's unknown fields, which
+the pipeline refuses unless it reads them (400 `unsupported_parameter` naming the field) -> events
 {"type": "audio.delta", "sample_rate"} + AUDIO float32, then {"type": "done", "usage":
 {"input_tokens", "output_tokens", "total_tokens"}}. Any speaking pipeline (speech or chat) answers
 {"action": "voices"} with one event {"type": "voices", "voices": [str], "default": str}; with a "voice"

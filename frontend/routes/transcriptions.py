@@ -4,8 +4,9 @@ Triton contract of the ASR model (stateless, dynamic batching, max_batch_size > 
   AUDIO   FP32 [1, samples]  mono 16 kHz PCM
   OPTIONS BYTES [1, 1]       JSON {"language": str|null, "prompt": str|null, "temperature": float,
                              "word_timestamps": bool}
-  RESULT  BYTES [1, 1]       JSON {"text", "language", "duration" (s), "segments": [{"id", "start",
-                             "end", "text", ...}], "words": [{"word", "start", "end"}]}
+  RESULT  BYTES [1, 1]       JSON {"text", "language", "duration" (s), "segments": [{"id", "seek", "start",
+                             "end", "text", "tokens", "temperature", "avg_logprob", "compression_ratio",
+                             "no_speech_prob"}] (OpenAI's TranscriptionSegment), "words": [{"word", "start", "end"}]}
 `stream=true` goes to the pipeline's decoupled `stream_entry` (voice_asr_stream: REQUEST = the OPTIONS
 JSON, INPUT_AUDIO FP32 [samples]; events `transcript.delta` per segment as it is decoded, then `done`
 with the RESULT fields) and becomes SSE: `transcript.text.delta` events whose deltas concatenate to the

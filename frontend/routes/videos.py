@@ -8,7 +8,8 @@
 
 Create fields: `prompt` (required), `model`, `seconds`, `size` ("WxH"), `input_reference` (one image file,
 or {"image_url": data URL} in JSON), and the extensions `seed`, `num_inference_steps`, `fps`,
-`num_frames` (4k+1; overrides `seconds`), `guidance_scale`, `guidance_scale_2` (Wan2.2's low-noise expert),
+`num_frames` (4k+1, instead of `seconds`; with both, `seconds` must make that many frames,
+else a 400), `guidance_scale`, `guidance_scale_2` (Wan2.2's low-noise expert),
 `negative_prompt`. Defaults and limits
 come from the pipeline (its `describe` action). Jobs run in the background (omni_frontend.videos.runner)
 and live in the job store under `--data-dir` (omni_frontend.videos.store).
@@ -164,11 +165,11 @@ def resolve_params(req: VideoCreateRequest, described: dict) -> tuple[dict, str,
                           f"at most {limits['max_width']}x{limits['max_height']}", param="size")
     fps = req.fps or defaults["fps"]
     step = limits["frame_step"]
-    if req.num_frames is not None:
-        frames = req.num_frames
-        if (frames - 1) % step:
-            raise bad_request(f"num_frames must be {step}k+1 (e.g. {4 * step + 1}), got {frames}", param="num_frames")
-        seconds = str(req.seconds) if req.seconds is not None else f"{(frames - 1) / fps:g}"
+    if req.num_frames is not None and (req.num_frames - 1) % step:
+        raise bad_request(f"num_frames must be {step}k+1 (e.g. {4 * step + 1}), got {req.num_frames}",
+                          param="num_frames")
+    if req.num_frames is not None and req.seconds is None:
+        frames, seconds = req.num_frames, f"{(req.num_frames - 1) / fps:g}"
     else:
         seconds = str(req.seconds if req.seconds is not None else defaults["seconds"])
         try:
@@ -178,6 +179,10 @@ def resolve_params(req: VideoCreateRequest, described: dict) -> tuple[dict, str,
         if not (duration > 0 and math.isfinite(duration * fps)):  # "inf" / "1e308" overflowed to a 500
             raise bad_request(f"seconds must be a positive number, got {seconds!r}", param="seconds")
         frames = max(1, round(duration * fps / step)) * step + 1
+        if req.num_frames is not None and req.num_frames != frames:   # the job would state a wrong length
+            raise bad_request(f"seconds {seconds} at {fps} fps makes {frames} frames but num_frames is "
+                              f"{req.num_frames}: give one of them (or both agreeing)", param="num_frames",
+                              code="conflicting_parameters")
     if frames > limits["max_frames"]:
         raise bad_request(f"{frames} frames ({seconds} s at {fps} fps) is more than this model's limit of "
                           f"{limits['max_frames']}", param="num_frames" if req.num_frames else "seconds")

@@ -16,8 +16,11 @@ omni_backends.errors.RequestError), then FINAL.
 from __future__ import annotations
 
 import json
+from collections.abc import Collection, Mapping
 
 import numpy as np
+
+from omni_backends.errors import RequestError
 
 REQUEST = "REQUEST"
 EVENT = "EVENT"
@@ -34,6 +37,21 @@ def read_json(tensor: np.ndarray):
     """The JSON value of a BYTES tensor holding one element (any shape). Raises ValueError if not JSON."""
     raw = tensor.reshape(-1)[0]
     return json.loads(raw.decode() if isinstance(raw, bytes) else raw)
+
+
+def require_known_fields(body: dict, known: Collection[str], model: str,
+                         hints: Mapping[str, str] | None = None) -> None:
+    """Refuses a REQUEST holding a key that `model` does not read: an extension field it would otherwise drop
+    silently (e.g. `guidance_scale` where the model's scale is `true_cfg_scale`), a typo of a known one, or an
+    OpenAI field the pipeline does not honour. A null value is an absent field (accepted). Raises RequestError
+    (HTTP 400, code `unsupported_parameter`, param: the first such key in sorted order) listing `known`;
+    `hints` (field -> advice) adds a sentence."""
+    unknown = sorted(k for k, v in body.items() if v is not None and k not in known)
+    if unknown:
+        name = unknown[0]
+        hint = (hints or {}).get(name)
+        raise RequestError(f"{name} is not a request field of model {model}" + (f": {hint}" if hint else "") +
+                           f" (its fields: {', '.join(sorted(known))})", param=name, code="unsupported_parameter")
 
 
 def wants_voices(body: dict) -> bool:

@@ -50,11 +50,22 @@ class Word:
 
 @dataclass(frozen=True)
 class Segment:
-    """One recognised segment: start/end in seconds; `words` is filled only when word timestamps were asked."""
+    """One recognised segment, with faster-whisper's decoding figures (OpenAI's TranscriptionSegment fields):
+    start/end in seconds; `seek`: the offset of the window it was decoded in, in 10 ms feature frames; `tokens`:
+    its text token ids; `temperature`: the sampling temperature of the decode that was kept (fallbacks raise it);
+    `avg_logprob`: mean log probability of its tokens; `compression_ratio`: gzip ratio of its text (high:
+    repetitive); `no_speech_prob`: the probability of the no-speech token at the window's start. `words` is
+    filled only when word timestamps were asked."""
 
     start: float
     end: float
     text: str
+    seek: int
+    tokens: tuple[int, ...]
+    temperature: float
+    avg_logprob: float
+    compression_ratio: float
+    no_speech_prob: float
     words: tuple[Word, ...] = ()
 
 
@@ -141,7 +152,9 @@ class WhisperASR:
         segments, info = model.transcribe(
             audio, language=language, initial_prompt=prompt, temperature=temperature, beam_size=1,
             word_timestamps=word_timestamps, condition_on_previous_text=False)
-        found = (Segment(start=s.start, end=s.end, text=s.text.strip(),
+        found = (Segment(start=s.start, end=s.end, text=s.text.strip(), seek=s.seek, tokens=tuple(s.tokens),
+                         temperature=s.temperature, avg_logprob=s.avg_logprob, compression_ratio=s.compression_ratio,
+                         no_speech_prob=s.no_speech_prob,
                          words=tuple(Word(w.start, w.end, w.word.strip(), w.probability) for w in s.words or ()))
                  for s in _checked(segments, cancel))
         return TranscriptionStream(language=info.language, duration=info.duration, segments=found)

@@ -202,13 +202,13 @@ def test_models_list_image_pipelines(image_server):
     assert "qwen_image_dit" in data["qwen_image"]["triton_models"]
 
 
-def _stage_requests(server) -> float:
-    """Requests the image stages have finished so far (one scrape of Triton's metrics)."""
+def _stage_requests(server, models=STAGES) -> float:
+    """Requests the image `models` have finished so far (one scrape of Triton's metrics)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     families = text_string_to_metric_families(httpx.get(server.metrics_url, timeout=10).text)
     return sum(sample.value for family in families for sample in family.samples
-               if sample.name == "omni_requests_total" and sample.labels.get("model") in STAGES)
+               if sample.name == "omni_requests_total" and sample.labels.get("model") in models)
 
 
 GEN = {"model": "qwen_image", "prompt": "a cat", "size": "64x64"}
@@ -298,6 +298,35 @@ def test_bad_edit_form_values_and_huge_declared_images_are_400(image_server, fil
 def test_bad_generation_text_fields_are_400(image_server, body, param):
     response = httpx.post(f"{image_server.base_url}/v1/images/generations", json=body, timeout=30)
     assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text
+
+
+@pytest.mark.parametrize("route, field, value", [
+    ("generations", "style", "natural"),            # dall-e-3's field
+    ("generations", "guidance_scale", 7.5),         # vLLM-Omni's, for guidance-distilled checkpoints
+    ("generations", "num_inference_step", 50),      # a typo of num_inference_steps
+    ("edits", "guidance_scale", "7.5"),
+    ("edits", "strength", "0.5"),
+])
+def test_fields_the_image_pipeline_does_not_read_are_a_400_naming_them(image_server, route, field, value):
+    """They used to be dropped (200, with the default image). The pipeline refuses them before its stages run."""
+    before = _stage_requests(image_server, STAGES[:3])
+    if route == "generations":
+        response = httpx.post(f"{image_server.base_url}/v1/images/generations", timeout=60,
+                              json={**GEN, "size": "16x16", "num_inference_steps": 1, field: value})
+    else:
+        response = httpx.post(f"{image_server.base_url}/v1/images/edits", timeout=60,
+                              files={"image": ("a.png", _png(SOURCE), "image/png")},
+                              data={"model": "qwen_image_edit", "prompt": "blue", "num_inference_steps": "1",
+                                    field: value})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", field, "unsupported_parameter")
+    model = "qwen_image" if route == "generations" else "qwen_image_edit"
+    assert error["message"].startswith(f"{field} is not a request field of model {model}")
+    assert "num_inference_steps" in error["message"] and "true_cfg_scale" in error["message"]
+    if field == "guidance_scale":
+        assert "the classifier-free guidance scale is true_cfg_scale" in error["message"]
+    assert _stage_requests(image_server, STAGES[:3]) == before
 
 
 def test_an_edit_whose_text_encoding_fails_while_its_vae_encode_runs_leaves_the_server_serving(image_server):

@@ -293,7 +293,7 @@ def test_cancelled_stream_stops_every_stage_and_the_next_request_is_served(serve
     ({"seed": 2**70}, "seed"),
     ({"messages": [{"role": "user", "content": [
         {"type": "input_audio", "input_audio": {"data": base64.b64encode(b"not audio").decode(), "format": "wav"}}]}]},
-     "messages[0].content.input_audio"),
+     "messages[0].content[0].input_audio"),
 ])
 def test_bad_input_is_a_400_with_the_openai_error_shape(server, change, param):
     body = {"model": "qwen3_omni", "messages": _messages("hi"), "max_tokens": 4, "talker_max_frames": 4, **change}
@@ -307,6 +307,23 @@ def test_bad_input_is_a_400_with_the_openai_error_shape(server, change, param):
     ok = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=60,
                     json={"model": "qwen3_omni", "messages": _messages("hi"), "max_tokens": 2, "modalities": ["text"]})
     assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"] is not None
+
+
+@pytest.mark.parametrize("model", ["qwen3_omni", "colocated"])
+def test_bad_talker_values_are_a_400_that_logs_no_server_error(server, model):
+    """A bad talker_* value fails the talker's START request: a 400 naming the field, and no clean-up error
+    in the server log (the stage layout used to open a code2wav sequence for the talker's zero frames and then
+    ABORT it, which Triton refused as a sequence without START: an error line per bad request)."""
+    log = server.log_path.parent / "tritonserver.log"
+    before = log.read_text(errors="replace").count("aborting the")
+    for field, value in (("talker_top_p", 0), ("talker_repetition_penalty", 0), ("talker_temperature", -1)):
+        response = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=60, json={
+            "model": model, "messages": _messages("hi"), "max_tokens": 4, field: value,
+            "audio": {"voice": "chelsie", "format": "wav"}})
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == field
+    time.sleep(0.5)   # the orchestrator's clean-up runs after the response
+    assert log.read_text(errors="replace").count("aborting the") == before
 
 
 def test_input_audio_runs_through_the_audio_encoder(server, reference):

@@ -210,7 +210,7 @@ REFERENCE_PNG = base64.b64encode(_png()).decode()
     ({"num_frames": 5.0}, "num_frames", "invalid_value"),
     ({"guidance_scale": "4"}, "guidance_scale", "invalid_value"),
     ({"num_inference_steps": True}, "num_inference_steps", "invalid_value"),
-    ({"resolution": "hd"}, "resolution", "invalid_value"),      # unknown field
+    ({"resolution": "hd"}, "resolution", "unsupported_parameter"),   # unknown field
     ({"input_reference": {"image_url": f"data:image/png;base64,{REFERENCE_PNG}"}}, "input_reference",
      "unsupported_parameter"),                                  # text-to-video checkpoint
     ({"input_reference": {"image_url": "https://example.com/cat.png"}}, "input_reference", None),

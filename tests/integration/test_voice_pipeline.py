@@ -137,6 +137,27 @@ def test_transcriptions_route(client):
     assert "report" in result.text.lower() and result.language == "en" and len(result.words) >= 5
 
 
+def test_verbose_json_segments_carry_whispers_decoding_figures(client):
+    """verbose_json segments are OpenAI's TranscriptionSegment with faster-whisper's own values (the same
+    decode in process gives the same tokens and figures), so the usual client filter on no_speech_prob works."""
+    from omni_backends.voice.asr import WhisperASR
+    from omni_backends.voice.models import prepare_whisper
+    from omni_frontend.audio import decode
+
+    speech = client.audio.speech.create(model="tts-1", voice="alloy", response_format="wav",
+                                        input="Hello from Triton, testing one two three.").content
+    result = client.audio.transcriptions.create(model="whisper-1", file=("hello.wav", speech, "audio/wav"),
+                                                response_format="verbose_json")
+    expected = WhisperASR(prepare_whisper(), cpu_threads=1).transcribe(decode(speech, 16000), temperature=0.0).segments
+    assert [s.text for s in result.segments] == [s.text for s in expected] and expected
+    for i, (got, want) in enumerate(zip(result.segments, expected)):
+        assert (got.id, got.seek, got.tokens, got.temperature) == (i, want.seek, list(want.tokens), 0.0)
+        assert got.avg_logprob == pytest.approx(want.avg_logprob, abs=1e-4) and -1 < got.avg_logprob < 0
+        assert got.compression_ratio == pytest.approx(want.compression_ratio) and got.compression_ratio > 0
+        assert got.no_speech_prob == pytest.approx(want.no_speech_prob, abs=1e-4) and 0 <= got.no_speech_prob < 0.6
+    assert [s.text for s in result.segments if s.no_speech_prob < 0.6] == [s.text for s in expected]
+
+
 def test_missing_checkpoint_fails_to_load_naming_the_path(tmp_path):
     with pytest.raises(RuntimeError, match=f"{tmp_path}/kokoro-82m"):
         start_server(tmp_path, "--pipelines", "tts", "--no-prepare", env={"OMNI_MODEL_HOME": str(tmp_path)},
@@ -547,6 +568,23 @@ def test_unknown_chat_voice_is_a_400_before_any_model_work(voice_server):
     response = httpx.post(f"{voice_server.base_url}/v1/chat/completions", timeout=60, json={
         "model": "voice", "audio": {"voice": "nobody", "format": "wav"}, "messages": [{"role": "user", "content": "hi"}]})
     assert response.status_code == 400 and response.json()["error"]["param"] == "voice"
+
+
+@pytest.mark.parametrize("route, body, field", [
+    ("audio/speech", {"model": "tts", "voice": "alloy", "input": "hi", "speaker": "vivian"}, "speaker"),  # vLLM-Omni's
+    ("chat/completions", {"model": "voice", "modalities": ["text"], "max_tokens": 2, "talker_top_p": 0.5,
+                          "messages": [{"role": "user", "content": "hi"}]}, "talker_top_p"),      # qwen3_omni's
+    ("chat/completions", {"model": "voice", "modalities": ["text"], "max_tokens": 2, "min_tokens": 2,
+                          "messages": [{"role": "user", "content": "hi"}]}, "min_tokens"),
+])
+def test_extension_fields_the_pipeline_does_not_read_are_a_400_naming_them(voice_server, route, body, field):
+    """They used to be passed on and dropped (200); a null one is an absent field (200)."""
+    response = httpx.post(f"{voice_server.base_url}/v1/{route}", timeout=60, json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["param"], error["code"]) == (field, "unsupported_parameter")
+    assert error["message"].startswith(f"{field} is not a request field of model {body['model']} (its fields: ")
+    assert httpx.post(f"{voice_server.base_url}/v1/{route}", timeout=60, json={**body, field: None}).status_code == 200
 
 
 def test_32_concurrent_streamed_chats_complete_or_get_429_at_once(voice_server):

@@ -242,6 +242,19 @@ def _error(response, status: int = 400) -> dict:
     return error
 
 
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/videos", {"model": "wan", "prompt": "a cat", "style": "vivid"}, "style"),
+    ("/v1/chat/completions", {"model": "voice", "messages": [{"role": "user", "content": "hi"}],
+                              "audio": {"voice": "alloy", "format": "wav", "speed": 2}}, "audio.speed"),
+])
+def test_a_field_the_route_does_not_know_is_an_unsupported_parameter(routes_client, path, body, param):
+    """Refused in the frontend with the same code as a field a pipeline does not read (it was `invalid_value`,
+    "style: Extra inputs are not permitted", while images answered `unsupported_parameter`)."""
+    error = _error(routes_client.post(path, json=body))
+    assert (error["param"], error["code"]) == (param, "unsupported_parameter")
+    assert error["message"] == f"{param} is not a request field of POST {path}"
+
+
 @pytest.mark.parametrize("fmt", ["srt", "vtt", "verbose_json"])
 def test_a_streamed_transcription_refuses_formats_its_events_cannot_carry(routes_client, fmt):
     """The SSE events carry text only, as OpenAI's: srt / vtt / verbose_json with stream=true are a 400 naming

@@ -7,6 +7,10 @@ import pydantic
 import pytest
 import soundfile as sf
 
+from omni_backends.errors import RequestError
+from omni_backends.qwen3_omni.serving import turn as omni_turn
+from omni_backends.serving import events
+from omni_backends.voice import protocol as voice_protocol
 from omni_frontend import audio as audio_codec
 from omni_frontend import pipelines
 from omni_frontend.chat_protocol import ChatRequest, to_pipeline
@@ -43,12 +47,13 @@ def test_chat_request_maps_to_pipeline_body_with_audio_slices():
 
 @pytest.mark.parametrize("messages, param", [
     ([{"role": "system", "content": "only system"}], "messages"),
-    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "messages[0].content"),
-    ([{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "!!", "format": "wav"}}]}],
-     "messages[0].content.input_audio"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "messages[0].content[0]"),
+    ([{"role": "user", "content": [{"type": "text", "text": "hi"},
+                                   {"type": "input_audio", "input_audio": {"data": "!!", "format": "wav"}}]}],
+     "messages[0].content[1].input_audio"),
     ([{"role": "user", "content": [{"type": "input_audio",
                                     "input_audio": {"data": base64.b64encode(b"no audio here" * 9).decode()}}]}],
-     "messages[0].content.input_audio"),
+     "messages[0].content[0].input_audio"),
 ])
 def test_bad_chat_content_is_a_400(messages, param):
     with pytest.raises(APIError) as info:
@@ -164,10 +169,9 @@ def test_request_limits():
         (ChatRequest(model="v", messages=[{"role": "system", "content": "x" * 6}, {"role": "user", "content": "y" * 5}]),
          "messages[1].content", "text_too_long"),
         (ChatRequest(model="v", messages=USER, stop=["s" * 11]), "stop", "text_too_long"),
-        (ChatRequest(model="v", messages=[{"role": "user", "content": [
-            {"type": "input_audio", "input_audio": {"data": _wav_b64(0.5), "format": "wav"}},
-            {"type": "input_audio", "input_audio": {"data": _wav_b64(0.25), "format": "wav"}}]}]),
-         "messages[0].content.input_audio", "audio_too_long"),
+        (ChatRequest(model="v", messages=[{"role": "user", "content": [{"type": "text", "text": "x" * 6},
+                                                                       {"type": "text", "text": "y" * 5}]}]),
+         "messages[0].content[1]", "text_too_long"),
     ]:
         with pytest.raises(APIError) as info:
             to_pipeline(request, limits)
@@ -176,6 +180,28 @@ def test_request_limits():
         {"type": "text", "text": "x" * 10},
         {"type": "input_audio", "input_audio": {"data": _wav_b64(0.5), "format": "wav"}}]}]), limits)
     assert pcm.size == 8000 and body["messages"][0]["content"][0]["text"] == "x" * 10
+
+
+def test_audio_limit_error_states_the_limit_and_names_the_part_that_passes_it():
+    """Two parts together over --max-audio-seconds: the message states the limit itself (not the budget left
+    for the second part) and the seconds heard; param is the offending part's path, with its index."""
+    limits = RequestLimits(max_audio_seconds=0.6)
+    parts = [{"type": "text", "text": "listen"},
+             {"type": "input_audio", "input_audio": {"data": _wav_b64(0.5), "format": "wav"}},
+             {"type": "input_audio", "input_audio": {"data": _wav_b64(0.25), "format": "wav"}}]
+    with pytest.raises(APIError) as info:
+        to_pipeline(ChatRequest(model="v", messages=[{"role": "user", "content": "hi"},
+                                                     {"role": "assistant", "content": "?"},
+                                                     {"role": "user", "content": parts}]), limits)
+    assert (info.value.status, info.value.param, info.value.code) == (
+        400, "messages[2].content[2].input_audio", "audio_too_long")
+    assert info.value.message == ("the request's input audio is longer than 0.6 s in all (limit --max-audio-seconds): "
+                                  "0.5 s in earlier parts, then more than 0.1 s in messages[2].content[2].input_audio")
+    with pytest.raises(APIError) as info:   # one part alone over the limit: no earlier parts to count
+        to_pipeline(ChatRequest(model="v", messages=[{"role": "user", "content": [parts[1]]}]),
+                    RequestLimits(max_audio_seconds=0.3))
+    assert info.value.message == ("the request's input audio is longer than 0.3 s in all (limit --max-audio-seconds): "
+                                  "more than 0.3 s in messages[0].content[0].input_audio")
 
 
 def test_decode_stops_at_the_audio_limit():
@@ -223,3 +249,29 @@ def test_the_launcher_waits_for_tritonserver_longer_than_its_exit_timeout():
     exit_timeout = int(next(a for a in command if a.startswith("--exit-timeout-secs=")).split("=", 1)[1])
     stop_wait = inspect.signature(TritonServer.stop).parameters["timeout_s"].default
     assert exit_timeout >= 20 and stop_wait >= exit_timeout + 5, (exit_timeout, stop_wait)
+
+
+@pytest.mark.parametrize("fields, model", [(voice_protocol.REQUEST_FIELDS, "voice"),
+                                           (omni_turn.REQUEST_FIELDS, "qwen3_omni")])
+def test_chat_pipelines_refuse_extension_fields_they_do_not_read(fields, model):
+    """Every key the frontend puts in a chat REQUEST is one the chat pipelines read; an extension field a
+    pipeline does not read (a typo, another pipeline's knob) is a 400 naming it, never silently dropped."""
+    body, _ = to_pipeline(ChatRequest(model=model, messages=USER, temperature=0.5, top_p=0.9, top_k=5, max_tokens=3,
+                                      seed=1, stop="x", presence_penalty=0.1, frequency_penalty=0.1,
+                                      repetition_penalty=1.1, audio={"voice": "v", "format": "wav"}))
+    events.require_known_fields({**body, "first_chunk_words": 2, "talker_hint": None}, fields, model)  # null: absent
+    body, _ = to_pipeline(ChatRequest(model=model, messages=USER, talker_top_q=0.5, top_k=5))
+    with pytest.raises(RequestError) as info:
+        events.require_known_fields(body, fields, model)
+    assert (info.value.status, info.value.param, info.value.code) == (400, "talker_top_q", "unsupported_parameter")
+    assert info.value.message.startswith(f"talker_top_q is not a request field of model {model} (its fields: ")
+    assert "top_k" in info.value.message
+
+
+def test_each_chat_pipeline_reads_its_own_extensions():
+    """talker_* fields are qwen3_omni's, min_tokens the engine's (qwen3_omni passes it on; the voice pipeline
+    does not): the voice pipeline refuses them."""
+    for name in ("talker_top_p", "min_tokens", "return_token_ids"):
+        assert name in omni_turn.REQUEST_FIELDS and name not in voice_protocol.REQUEST_FIELDS
+        with pytest.raises(RequestError, match=f"^{name} is not a request field of model voice"):
+            events.require_known_fields({"messages": [], name: 1}, voice_protocol.REQUEST_FIELDS, "voice")

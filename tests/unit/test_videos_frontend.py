@@ -111,6 +111,8 @@ def test_encoding_writes_an_mp4_thumbnail_and_spritesheet(tmp_path):
     ({"seconds": "4", "fps": 8, "size": "64x32"}, {"width": 64, "height": 32, "num_frames": 33, "seconds": "4"}),
     ({"seconds": 2.5}, {"num_frames": 41, "seconds": "2.5"}),
     ({"num_frames": 21}, {"num_frames": 21, "seconds": "1.25"}),
+    ({"seconds": "1", "num_frames": 17}, {"num_frames": 17, "seconds": "1"}),   # both, agreeing at 16 fps
+    ({"seconds": "1", "fps": 4, "num_frames": 5}, {"num_frames": 5, "fps": 4, "seconds": "1"}),
 ])
 def test_resolve_params_fills_defaults_and_rounds_frames_to_4k_plus_1(fields, expected):
     params, seconds, size = resolve_params(VideoCreateRequest(prompt="a cat", **fields), DESCRIBED)
@@ -128,6 +130,19 @@ def test_resolve_params_rejects_what_the_model_cannot_do(fields, param):
     with pytest.raises(APIError) as err:
         resolve_params(VideoCreateRequest(prompt="a cat", **fields), DESCRIBED)
     assert err.value.status == 400 and err.value.param == param
+
+
+@pytest.mark.parametrize("fields, made", [
+    ({"seconds": "1", "num_frames": 5}, "seconds 1 at 16 fps makes 17 frames"),
+    ({"seconds": 2, "num_frames": 17}, "seconds 2 at 16 fps makes 33 frames"),
+    ({"seconds": "1", "fps": 8, "num_frames": 17}, "seconds 1 at 8 fps makes 9 frames")])
+def test_seconds_and_num_frames_that_disagree_are_a_400(fields, made):
+    """The job states `seconds`: a num_frames making another length would be a video of another length than
+    the job says (a 5-frame video, ~0.3 s at 16 fps, reported as 1 s)."""
+    with pytest.raises(APIError) as err:
+        resolve_params(VideoCreateRequest(prompt="a cat", **fields), DESCRIBED)
+    assert (err.value.status, err.value.param, err.value.code) == (400, "num_frames", "conflicting_parameters")
+    assert err.value.message.startswith(f"{made} but num_frames is {fields['num_frames']}")
 
 
 def test_progress_reaches_100_only_when_the_video_is_done():

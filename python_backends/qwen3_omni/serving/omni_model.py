@@ -21,8 +21,9 @@ frames, 12.5 per second)}}, "token_ids" (with "return_token_ids": true)}.
 REQUEST {"action": "voices"} -> one {"type": "voices"} event: the checkpoint's speakers.
 Extension fields of REQUEST: "talker_do_sample", "talker_temperature", "talker_top_k", "talker_top_p",
 "talker_repetition_penalty" (null: transformers `generate`'s talker defaults: sampling, 0.9, 50, 1.0,
-1.05), "talker_max_frames" (null: the talker's config `max_frames`), "return_token_ids".
-Errors (RequestError, HTTP 400): empty messages, max_tokens <= 0, unknown modality, unknown voice
+1.05), "talker_max_frames" (null: the talker's config `max_frames`), "return_token_ids"; no other key
+(`turn.REQUEST_FIELDS`).
+Errors (RequestError, HTTP 400): a key outside those, empty messages, max_tokens <= 0, unknown modality, unknown voice
 (the message lists the checkpoint's voices).
 """
 from __future__ import annotations
@@ -80,7 +81,7 @@ class TritonPythonModel(AsyncDecoupledModel):
             yield events.voices_event(self.voices, self.default_voice, body,
                                       lambda v: turns.resolve_voice(v, self.voices)), None
             return
-        modalities, voice = turns.validate(body, self.voices, self.default_voice)
+        modalities, voice = turns.validate(body, self.voices, self.default_voice, self.model_name)
         turn = _Turn(body, voice)
         out = FanIn()
         talker_q: asyncio.Queue | None = asyncio.Queue() if voice else None
@@ -165,6 +166,11 @@ class TritonPythonModel(AsyncDecoupledModel):
             items = _drain(codes_q, await codes_q.get())
             end = items[-1] is _END
             frames = [c for c in items if c is not _END]
+            if not frames and turn.code2wav_seq is None and end:
+                # the talker ended (or failed, e.g. on a bad talker_* value) before its first frame: no sequence
+                # to open, and none to ABORT (an ABORT without START is an error for the sequence batcher)
+                turn.code2wav_done = True
+                return
             if not frames and not end:
                 continue
             codes = np.concatenate(frames, axis=-1) if frames else np.zeros((16, 0), np.int64)

@@ -6,9 +6,9 @@ Config parameter `task`: "generate" (text-to-image, `QwenImagePipeline`) or "edi
 Inputs: REQUEST BYTES [1] JSON {"prompt", "negative_prompt", "n" (1-10), "width", "height" (multiples of
 16), "num_inference_steps" (1-200, default `default_steps`), "true_cfg_scale" (default 4.0 like the
 pipelines; true CFG runs only with a negative_prompt, as there), "seed" (default: random, reported),
-"partial_images" (0-3)}; edit: INPUT_IMAGES UINT8 [K, H, W, 3] + INPUT_IMAGE_SIZES INT32 [K, 2] (the
-images, zero-padded, `omni_backends.diffusion.tensors.pack_ragged`; the size defaults to the last one's)
-and optional INPUT_MASK UINT8 [H, W] (alpha of the OpenAI mask over the first image: the edit is kept
+"partial_images" (0-3)}, no other non-null key (a 400 naming it: `REQUEST_FIELDS`); edit: INPUT_IMAGES
+UINT8 [K, H, W, 3] + INPUT_IMAGE_SIZES INT32 [K, 2] (the images, zero-padded,
+`omni_backends.diffusion.tensors.pack_ragged`; the size defaults to the last one's) and optional INPUT_MASK UINT8 [H, W] (alpha of the OpenAI mask over the first image: the edit is kept
 where it is 0, the first image elsewhere).
 Flow: text encoder (prompt, and the negative prompt concurrently) [+ VAE encode of each condition image]
 -> one denoising job on qwen_image_dit, whose per-step responses become {"type": "progress", "step",
@@ -41,6 +41,12 @@ MAX_IMAGES = 4
 MULTIPLE = 16                   # vae_scale_factor 8 x 2x2 patches
 MAX_PARTIAL_IMAGES = 3
 _NO_IMAGE = np.zeros((0, 0, 3), np.uint8)
+REQUEST_FIELDS = ("task", "prompt", "negative_prompt", "n", "width", "height", "num_inference_steps", "true_cfg_scale",
+                  "seed", "partial_images")
+# vLLM-Omni's image fields that Qwen-Image has no use for: what to send instead
+FIELD_HINTS = {"guidance_scale": "it is the embedded guidance of guidance-distilled checkpoints, which Qwen-Image is "
+                                 "not (diffusers ignores it here); the classifier-free guidance scale is "
+                                 "true_cfg_scale, with a negative_prompt"}
 
 
 def _int(body: dict, name: str, default, low: int, high: int) -> int:
@@ -70,6 +76,7 @@ class TritonPythonModel(AsyncDecoupledModel):
 
     def _request(self, ctx) -> dict:
         body = ctx.body()
+        events.require_known_fields(body, REQUEST_FIELDS, self.model_name, FIELD_HINTS)
         task = body.get("task", self.task)
         if task != self.task:
             raise RequestError(f"model {self.model_name} serves task '{self.task}', not '{task}'", param="model")

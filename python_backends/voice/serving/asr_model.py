@@ -3,8 +3,9 @@
 Contract (see omni_frontend.routes.transcriptions):
   AUDIO   FP32 [batch, samples]  mono 16 kHz PCM
   OPTIONS BYTES [batch, 1]       JSON {"language", "prompt", "temperature", "word_timestamps"} (optional)
-  RESULT  BYTES [batch, 1]       JSON {"text", "language", "duration", "segments": [{"id", "start", "end",
-                                 "text"}], "words": [{"word", "start", "end", "probability"}]}
+  RESULT  BYTES [batch, 1]       JSON {"text", "language", "duration", "segments": [{"id", "seek", "start",
+                                 "end", "text", "tokens", "temperature", "avg_logprob", "compression_ratio",
+                                 "no_speech_prob"}], "words": [{"word", "start", "end", "probability"}]}
 Streamed transcription (segment by segment) is the decoupled twin voice_asr_stream (asr_stream_model).
 """
 from __future__ import annotations
@@ -69,8 +70,11 @@ def transcribe_options(options) -> dict:
 
 
 def segment_dict(index: int, segment: Segment) -> dict:
-    """One segment of the RESULT JSON: {"id", "start", "end", "text"} (seconds)."""
-    return {"id": index, "start": segment.start, "end": segment.end, "text": segment.text}
+    """One segment of the RESULT JSON, OpenAI's TranscriptionSegment: {"id", "seek", "start", "end" (seconds),
+    "text", "tokens", "temperature", "avg_logprob", "compression_ratio", "no_speech_prob"} (see `Segment`)."""
+    return {"id": index, "seek": segment.seek, "start": segment.start, "end": segment.end, "text": segment.text,
+            "tokens": list(segment.tokens), "temperature": segment.temperature, "avg_logprob": segment.avg_logprob,
+            "compression_ratio": segment.compression_ratio, "no_speech_prob": segment.no_speech_prob}
 
 
 def result_dict(result: Transcription) -> dict:

@@ -1,7 +1,7 @@
 """tts: the client-facing text-to-speech orchestrator (BLS, decoupled) over voice_tts.
 
-REQUEST {"input": str, "voice": str, "speed": float} -> one {"type": "audio.delta", "sample_rate": 24000,
-"transcript"} + AUDIO per sentence chunk (the next chunk is synthesised while the current one is sent),
+REQUEST {"input": str, "voice": str, "speed": float} (no other non-null key: a 400 naming it) -> one
+{"type": "audio.delta", "sample_rate": 24000, "transcript"} + AUDIO per sentence chunk (the next chunk is synthesised while the current one is sent),
 then {"type": "done", "usage": {"input_tokens" (phoneme tokens), "output_tokens": 0, "total_tokens"}}.
 REQUEST {"action": "voices"} -> {"type": "voices", "voices": [str], "default": str}: the voices of the engine
 voice_tts runs (its config parameter `engine`, read by omni_backends.voice.engines.stage_engine).
@@ -19,6 +19,8 @@ from omni_backends.voice.chunker import SentenceChunker
 from omni_backends.voice import engines
 from omni_backends.voice.tts import SAMPLE_RATE, check_speed
 
+REQUEST_FIELDS = ("input", "voice", "speed")
+
 
 class TritonPythonModel(AsyncDecoupledModel):
     def setup(self, args: dict) -> None:
@@ -29,6 +31,7 @@ class TritonPythonModel(AsyncDecoupledModel):
         if events.wants_voices(body):
             yield events.voices_event(self.voices.names, self.voices.default, body, self.voices.resolve), None
             return
+        events.require_known_fields(body, REQUEST_FIELDS, self.model_name)
         text = body.get("input")
         if not isinstance(text, str) or not text.strip():
             raise RequestError("input must be a non-empty string", param="input")

@@ -8,6 +8,7 @@ transcripts concatenate to the spoken text), then {"type": "done", "finish_reaso
 audio deltas carry "usage" too: voice_llm's {"prompt_tokens", "completion_tokens"} so far, so that a client
 that cancels knows what its answer spent.
 REQUEST extension `first_chunk_words` (1-40): the most words of the first spoken chunk (protocol.chunker_options).
+Any key outside `REQUEST_FIELDS` (an extension this pipeline does not honour, e.g. `min_tokens`) is a 400 naming it.
 REQUEST {"action": "voices"} -> one {"type": "voices"} event (the voices of voice_tts's engine, as `tts` lists them).
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ from omni_backends.serving import bls, events
 from omni_backends.serving.decoupled import AsyncDecoupledModel
 from omni_backends.voice.chunker import SentenceChunker
 from omni_backends.chat_request import audio_clips
-from omni_backends.voice.protocol import SAMPLING_FIELDS, chunker_options, text_messages
+from omni_backends.voice.protocol import REQUEST_FIELDS, SAMPLING_FIELDS, chunker_options, text_messages
 from omni_backends.voice.serving.speech_model import speak
 from omni_backends.voice import engines
 from omni_backends.voice.tts import SAMPLE_RATE
@@ -40,6 +41,7 @@ class TritonPythonModel(AsyncDecoupledModel):
         if events.wants_voices(body):
             yield events.voices_event(self.voices.names, self.voices.default, body, self.voices.resolve), None
             return
+        events.require_known_fields(body, REQUEST_FIELDS, self.model_name)
         modalities = body.get("modalities") or ["text", "audio"]
         voice = self.voices.resolve(body.get("voice")) if "audio" in modalities else None
         messages = body.get("messages")
