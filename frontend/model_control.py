@@ -5,7 +5,10 @@ operation at a time.
 A pipeline is awake (its models loaded, requests served) or sleeping (its requests get 503
 `pipeline_sleeping`; the models no awake pipeline needs are unloaded, so their stub processes and
 memory are gone). Models shared by pipelines (voice_tts serves `voice` and `tts`) stay loaded while
-any awake pipeline needs them.
+any awake pipeline needs them. Between the two it is `falling_asleep` (refusing new requests while
+those in flight drain and its models unload) or `waking` (still refusing while its models load);
+either way it is not awake, so /health does not judge its models (Triton's own readiness is false
+meanwhile: see routes/system.health).
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from omni_frontend.pipelines import Pipeline, triton_models
 from omni_frontend.triton_client import TritonClient
 
 log = logging.getLogger("omni_frontend.model_control")
-AWAKE, SLEEPING = "awake", "sleeping"
+AWAKE, SLEEPING, FALLING_ASLEEP, WAKING = "awake", "sleeping", "falling_asleep", "waking"
 UNLOAD_WAIT_S = 60.0  # how long sleep() waits for unloads to finish (requests in flight delay them)
 
 
@@ -28,11 +31,15 @@ class ModelControl:
     def __init__(self, client: TritonClient, pipelines: list[Pipeline]):
         self.client = client
         self.pipelines = {p.name: p for p in pipelines}
-        self.sleeping: set[str] = set()
+        self.sleeping: set[str] = set()   # every pipeline that is not awake (refused), transitions included
+        self._transitions: dict[str, str] = {}   # name -> FALLING_ASLEEP | WAKING while sleep / wake runs
         self._lock = asyncio.Lock()
 
     def state(self, name: str) -> str:
-        return SLEEPING if name in self.sleeping else AWAKE
+        """awake | falling_asleep | sleeping | waking."""
+        if name not in self.sleeping:
+            return AWAKE
+        return self._transitions.get(name, SLEEPING)
 
     def awake_models(self) -> list[str]:
         """Every Triton model the awake pipelines need, in load order."""
@@ -62,9 +69,13 @@ class ModelControl:
             self.sleeping.add(name)
             needed = set(self.awake_models())
             unload = [m for m in reversed(pipeline.models) if m not in needed]  # orchestrator first
-            for model in unload:
-                await self.client.unload_model(model)
-            pending = await self._wait_unloaded(unload)
+            self._transitions[name] = FALLING_ASLEEP
+            try:
+                for model in unload:
+                    await self.client.unload_model(model)
+                pending = await self._wait_unloaded(unload)
+            finally:
+                del self._transitions[name]
             log.info("pipeline %s sleeping: unloaded %s", name, ", ".join(unload) or "nothing")
             return {"unloaded": unload, "kept": [m for m in pipeline.models if m in needed], "pending": pending}
 
@@ -73,10 +84,14 @@ class ModelControl:
         {"loaded": [...]}. Raises APIError (the pipeline stays asleep) when a model fails to load."""
         pipeline = self._get(name)
         async with self._lock:
-            states = await self.client.model_states()
-            load = [m for m in pipeline.models if states.get(m) != "READY"]
-            for model in load:
-                await self.client.load_model(model)
+            self._transitions[name] = WAKING
+            try:
+                states = await self.client.model_states()
+                load = [m for m in pipeline.models if states.get(m) != "READY"]
+                for model in load:
+                    await self.client.load_model(model)
+            finally:
+                del self._transitions[name]
             self.sleeping.discard(name)
             log.info("pipeline %s awake: loaded %s", name, ", ".join(load) or "nothing")
             return {"loaded": load}

@@ -71,9 +71,12 @@ class TritonClient:
             await self._channel.close()
             self._channel = self._stub_instance = None
 
-    async def server_ready(self) -> bool:
+    async def server_live(self) -> bool:
+        """Whether tritonserver runs and serves (it has initialized and is not exiting). Not its readiness:
+        with strict readiness that is false while ANY model of the repository loads or unloads (a pipeline
+        falling asleep or waking), which says nothing about the other models; judge those one by one."""
         try:
-            return (await self._stub.ServerReady(service_pb2.ServerReadyRequest(), timeout=2)).ready
+            return (await self._stub.ServerLive(service_pb2.ServerLiveRequest(), timeout=2)).live
         except grpc.RpcError:
             return False
 

@@ -29,7 +29,7 @@ from omni_frontend import pipeline_stream
 from omni_frontend.admission import Gate, Ticket
 from omni_frontend.config import RequestLimits
 from omni_frontend.errors import APIError
-from omni_frontend.model_control import SLEEPING, ModelControl
+from omni_frontend.model_control import ModelControl
 from omni_frontend.pipelines import Pipeline
 from omni_frontend.realtime import config as session_config
 from omni_frontend.realtime.audio import STAGE_RATE, InputDecoder, OutputEncoder, b64decode
@@ -471,7 +471,7 @@ class RealtimeSession:
         """At a pause: start answering the turn's audio so far (see speculation.py), held until adopted."""
         await self._abandon_speculation()
         if (self.response is not None or not self.settings.create_response or self.closed
-                or self.control.state(self.pipeline.name) == SLEEPING):
+                or self.pipeline.name in self.control.sleeping):
             return
         audio = self._take(end, self.speech_start, keep=True)
         if audio.size * 1000 < MIN_COMMIT_MS * STAGE_RATE:

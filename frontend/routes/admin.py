@@ -5,7 +5,8 @@ POST /v1/admin/pipelines/{name}/sleep  -> pipeline + {"unloaded", "kept", "pendi
                                           503 `pipeline_sleeping`; models no awake pipeline needs are
                                           unloaded (their stub processes and memory freed)
 POST /v1/admin/pipelines/{name}/wake   -> pipeline + {"loaded"}: its models are loaded again
-pipeline = {"id", "object": "pipeline", "state": "awake" | "sleeping" | "recovering", "triton_models"}.
+pipeline = {"id", "object": "pipeline", "state": "awake" | "falling_asleep" | "sleeping" | "waking" | "recovering",
+            "triton_models"}: falling_asleep while a sleep drains and unloads, waking while a wake loads.
 Unknown name: 404 `pipeline_not_found`; a model that fails to load: 503 `model_control_failed`.
 """
 from __future__ import annotations

@@ -19,17 +19,21 @@ _CREATED = int(time.time())
 
 @router.get("/health")
 async def health(request: Request):
-    """200 only when Triton is ready and every model of every awake pipeline is READY, its stub is
+    """200 only when tritonserver is live and every model of every awake pipeline is READY, its stub is
     alive (fresh heartbeat), its worker loops run and it is not being restarted; otherwise 503 naming
-    the models that are not. Sleeping pipelines are listed, not judged."""
+    the models that are not. Pipelines that are not awake (sleeping, falling_asleep, waking) are listed
+    in `sleeping`, not judged: their models unloading or loading fail neither /health nor, through
+    Triton's strict readiness (false while any model loads or unloads), the server. Body:
+    {"status": "ok" | "unavailable", "models": [awake models], "sleeping": [names],
+     "pipelines": {name: state as GET /v1/models}, and when 503 "not_ready", "recovering", "error"}."""
     client = triton(request)
     cfg, control = config(request), request.app.state.control
     models = control.awake_models()
     recovering = [m for m in models if m in client.availability.down()]
-    if not await client.server_ready():
+    if not await client.server_live():
         return JSONResponse({"status": "unavailable", "not_ready": recovering, "recovering": recovering,
-                             "error": "tritonserver is not ready" + (f" (restarting: {', '.join(recovering)})"
-                                                                     if recovering else "")}, status_code=503)
+                             "error": "tritonserver is not live" + (f" (restarting: {', '.join(recovering)})"
+                                                                    if recovering else "")}, status_code=503)
     not_ready = [m for m in models if not await client.model_ready(m)]
     if cfg.triton_metrics_url:
         try:
@@ -39,16 +43,19 @@ async def health(request: Request):
                                 status_code=503)
         not_ready += [m for m in dead if m not in not_ready]
     not_ready += [m for m in recovering if m not in not_ready]
-    sleeping = sorted(control.sleeping)
+    awake = set(control.awake_models())   # a pipeline put to sleep during the probes: its models are not judged
+    not_ready = [m for m in not_ready if m in awake]
+    body = {"models": [m for m in models if m in awake], "sleeping": sorted(control.sleeping),
+            "pipelines": {p.name: pipeline_state(request, p) for p in cfg.pipelines}}
     if not_ready:
-        return JSONResponse({"status": "unavailable", "not_ready": not_ready, "recovering": recovering,
-                             "sleeping": sleeping, "error": f"model(s) not ready: {', '.join(not_ready)}"},
-                            status_code=503)
-    return {"status": "ok", "models": models, "sleeping": sleeping}
+        return JSONResponse({"status": "unavailable", **body, "not_ready": not_ready, "recovering": recovering,
+                             "error": f"model(s) not ready: {', '.join(not_ready)}"}, status_code=503)
+    return {"status": "ok", **body}
 
 
 def pipeline_state(request: Request, pipeline: Pipeline) -> str:
-    """awake | sleeping | recovering (a stage of it died and is being restarted)."""
+    """awake | falling_asleep | sleeping | waking (ModelControl.state) | recovering (awake, and a stage of it
+    died and is being restarted)."""
     state = request.app.state.control.state(pipeline.name)
     if state == AWAKE and set(pipeline.models) & set(triton(request).availability.down()):
         return "recovering"

@@ -269,6 +269,44 @@ def test_sleep_and_wake_unload_and_reload_models(mock_server):
     assert httpx.get(f"{base}/health").status_code == 200
 
 
+def test_health_stays_200_while_a_pipeline_drains_to_sleep_and_wakes(mock_server):
+    """Sleeping relay with a request in flight: its unload waits for the request, and Triton's strict readiness
+    is false meanwhile (as while the wake loads mock_relay). /health used to equate that with a dead server (503
+    "tritonserver is not ready"); it judges only awake pipelines, so it stays 200, reports relay as
+    falling_asleep / waking, and the other pipelines keep serving."""
+    base = mock_server.base_url
+    admin = f"{base}/v1/admin/pipelines"
+    long_body = {"model": "relay", "messages": [{"role": "user", "content": "hi"}], "repeat": 12, "delay_ms": 250}
+
+    def probe_until(future) -> tuple[list[int], set[str]]:
+        codes, relay_states = [], set()
+        while True:
+            finished = future.done()
+            health = httpx.get(f"{base}/health", timeout=30)
+            codes.append(health.status_code)
+            relay_states.add(health.json().get("pipelines", {}).get("relay"))
+            if finished:
+                return codes, relay_states
+            time.sleep(0.05)
+
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            in_flight = pool.submit(httpx.post, f"{base}/v1/chat/completions", json=long_body, timeout=60)
+            assert wait_for(lambda: metric_value(mock_server.metrics_url, "omni_inflight_requests",
+                                                 model="mock_relay") == 1, 30)
+            slept = pool.submit(httpx.post, f"{admin}/relay/sleep", timeout=120)
+            draining, drain_states = probe_until(slept)
+            assert in_flight.result().status_code == 200 and slept.result().json()["unloaded"] == ["mock_relay"]
+            woke = pool.submit(httpx.post, f"{admin}/relay/wake", timeout=120)
+            waking, wake_states = probe_until(woke)
+            assert woke.result().json()["loaded"] == ["mock_relay"]
+        assert set(draining) == {200} and "falling_asleep" in drain_states, (draining, drain_states)
+        assert set(waking) == {200} and "waking" in wake_states, (waking, wake_states)
+        assert httpx.get(f"{base}/health").json()["pipelines"]["relay"] == "awake"
+    finally:
+        httpx.post(f"{admin}/relay/wake", timeout=120)
+
+
 @pytest.mark.parametrize("model", ["mock", "relay"])
 def test_cancel_storm_leaves_every_gauge_at_zero(mock_server, model):
     """100 streams cancelled mid-way: every stage's in-flight gauge is back to 0 within 2 s."""

@@ -220,3 +220,34 @@ def test_a_sleeping_pipeline_refuses_responses_vad_and_transcription_with_pipeli
     assert failed["error"]["code"] == "pipeline_sleeping"
     assert not client.triton.streams and not client.triton.asr_calls
     assert client.triton.vad_starts == [True, True]  # before the sleep, then a new sequence after the wake
+
+
+def test_a_pipeline_is_falling_asleep_while_its_unloads_drain_and_waking_while_it_loads():
+    """ModelControl's transitions: refused (in `sleeping`, not among the awake models /health judges) from the
+    moment a sleep starts until its wake has loaded every model, and reported as falling_asleep / waking
+    meanwhile (the state was `sleeping` throughout, so /health and /v1/models could not tell a drain)."""
+    async def run():
+        control = Client(None).control
+        gate = asyncio.Event()
+        unload, load = control.client.unload_model, control.client.load_model
+
+        async def gated(call, model):
+            await gate.wait()
+            await call(model)
+
+        control.client.unload_model = lambda model: gated(unload, model)
+        control.client.load_model = lambda model: gated(load, model)
+        seen = []
+        for action in (control.sleep, control.wake):
+            task = asyncio.create_task(action("voice"))
+            await asyncio.sleep(0.01)
+            seen.append((control.state("voice"), "voice" in control.sleeping, "voice_llm" in control.awake_models()))
+            gate.set()
+            await task
+            gate.clear()
+            seen.append((control.state("voice"), "voice" in control.sleeping, "voice_llm" in control.awake_models()))
+        return seen
+
+    assert asyncio.run(run()) == [("falling_asleep", True, False), ("sleeping", True, False),
+                                  ("waking", True, False), ("awake", False, True)]
+
