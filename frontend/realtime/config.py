@@ -89,7 +89,8 @@ class SessionSettings:
     kind: "realtime" | "transcription"; input_format / output_format: "pcm" | "pcmu" | "pcma";
     input_rate / output_rate: Hz of the client's audio; vad: None (commit by hand) or
     {"threshold", "prefix_padding_ms", "silence_duration_ms"}; create_response / interrupt_response:
-    automatic turn taking; transcribe: emit input transcription events; max_tokens: None = pipeline default.
+    automatic turn taking; transcribe: emit input transcription events; max_tokens: the most output tokens
+    of a response, None for "inf" (the documented maximum, MAX_OUTPUT_TOKENS: `effective_max_tokens`).
     """
 
     kind: str
@@ -223,6 +224,12 @@ def _audio_out(modalities: list[str] | None, default: bool, param: str) -> bool:
     if not modalities:
         raise ProtocolError(f"{param} must not be empty: ['audio'] or ['text']", param=param)
     return "audio" in modalities
+
+
+def effective_max_tokens(max_tokens: int | None) -> int:
+    """The max_tokens a response sends to the pipeline: `max_tokens` (1-MAX_OUTPUT_TOKENS), or MAX_OUTPUT_TOKENS for
+    None ("inf"), never the pipeline's own default (256 for voice), which would cut an "inf" answer short."""
+    return MAX_OUTPUT_TOKENS if max_tokens is None else max_tokens
 
 
 def _max_tokens(tokens: int | str | None, default: int | None, param: str) -> int | None:

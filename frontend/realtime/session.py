@@ -517,7 +517,7 @@ class RealtimeSession:
         """The chat pipeline's REQUEST for `response`, without its messages (spoken: a first chunk of at most
         FIRST_CHUNK_WORDS words)."""
         body = {"modalities": ["audio" if response.audio_out else "text"], "voice": response.voice,
-                "max_tokens": response.max_tokens}
+                "max_tokens": session_config.effective_max_tokens(response.max_tokens)}
         return {**body, "first_chunk_words": FIRST_CHUNK_WORDS} if response.audio_out else body
 
     def _pipeline_events(self, body: dict, request_id: str):

@@ -251,3 +251,28 @@ def test_a_pipeline_is_falling_asleep_while_its_unloads_drain_and_waking_while_i
     assert asyncio.run(run()) == [("falling_asleep", True, False), ("sleeping", True, False),
                                   ("waking", True, False), ("awake", False, True)]
 
+
+@pytest.mark.parametrize(("session_tokens", "response_tokens", "sent", "echoed"), [
+    ("inf", None, 4096, "inf"), ("inf", 7, 7, 7), (12, None, 12, 12), (12, "inf", 4096, "inf")])
+def test_max_output_tokens_inf_sends_the_documented_maximum(session_tokens, response_tokens, sent, echoed):
+    """"inf" (the default) is the documented maximum, 4096: the pipeline gets max_tokens 4096, not null (which
+    meant the pipeline's own default, 256 for voice: answers were cut there and reported `incomplete` /
+    `max_output_tokens` for a limit the client never set). session.updated and response.done state the value."""
+    async def run():
+        client = Client(None)
+        await client.start()
+        await client.session.handle({"type": "session.update", "session": {"type": "realtime",
+                                                                           "max_output_tokens": session_tokens}})
+        await client.session.handle({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "A long story."}]}})
+        spec = {} if response_tokens is None else {"max_output_tokens": response_tokens}
+        await client.session.handle({"type": "response.create", "response": spec})
+        await until(lambda: done_events(client))
+        await client.session.close()
+        return client
+
+    client = asyncio.run(run())
+    updated = [e for e in client.sent if e["type"] == "session.updated"][-1]
+    assert updated["session"]["max_output_tokens"] == session_tokens
+    assert client.triton.streams[0]["body"]["max_tokens"] == sent
+    assert done_events(client)[0]["response"]["max_output_tokens"] == echoed
