@@ -60,6 +60,7 @@ def create_app(config: FrontendConfig, crashed_stubs: CrashedStubs | None = None
     app.state.metrics = observability.FrontendMetrics()
     app.state.admission = admission.Admission(config.admission, app.state.metrics)
     app.state.images = ImageStore(config.image_url_ttl_s)
+    app.state.pipeline_fields = {}   # entry model -> its {"action": "fields"} answer (refuse_unread_fields)
     errors.install_handlers(app)
 
     if config.api_key:

@@ -18,7 +18,7 @@ import binascii
 from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
 
 from omni_frontend import audio as audio_codec
 from omni_frontend import pipeline_stream
@@ -52,6 +52,10 @@ UNSUPPORTED_FIELDS: dict[str, tuple[tuple, str]] = {
 # OpenAI fields accepted and not passed on: they do not change the answer.
 IGNORED_FIELDS = ("user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key",
                   "prompt_cache_retention", "prompt_cache_options")
+# The pipeline REQUEST keys `to_pipeline` fills from the route's own fields: an extension field of the same name
+# would be overwritten, so it is refused (routes.common.refuse_unread_fields).
+ROUTED_KEYS = ("messages", "modalities", "voice", "temperature", "top_p", "top_k", "max_tokens", "seed", "stop",
+               "presence_penalty", "frequency_penalty", "repetition_penalty")
 # Message fields that refer to earlier tool calls or stored audio: not supported.
 UNSUPPORTED_MESSAGE_FIELDS = {"tool_calls": "the served models do not call tools",
                               "function_call": "the served models do not call functions",
@@ -73,12 +77,33 @@ _CONTENT_SCHEMA = {"anyOf": [
     {"type": "null"}]}
 
 
+def _voice_id(voice):
+    # omni_frontend.realtime.config imports this module: its voice_name is imported when first used
+    from omni_frontend.realtime.config import voice_name
+    from omni_frontend.realtime.protocol import ProtocolError
+
+    if not (isinstance(voice, str) or isinstance(voice, dict) and voice.keys() == {"id"}
+            and isinstance(voice["id"], str)):
+        raise ValueError("the voice must be a name or a custom voice object {\"id\": name}")
+    try:
+        return voice_name(voice, "voice")
+    except ProtocolError as exc:
+        raise ValueError(exc.message) from None
+
+
+# A request's voice: a name, or OpenAI's custom voice object {"id": name}, resolved to the name as a realtime
+# session resolves `audio.output.voice` (omni_frontend.realtime.config.voice_name); the pipeline then refuses
+# a name it does not have (400 naming the voice, listing its voices). An empty name is a 400.
+Voice = Annotated[str, BeforeValidator(_voice_id), WithJsonSchema({"anyOf": [
+    {"type": "string"}, {"type": "object", "required": ["id"], "properties": {"id": {"type": "string"}}}]})]
+
+
 class AudioParams(BaseModel):
-    """Chat's `audio` object, validated as strictly as /v1/audio/speech: a non-empty voice name
-    (the pipeline rejects names it does not have), a known format, no other keys."""
+    """Chat's `audio` object, validated as strictly as /v1/audio/speech: a non-empty voice (`Voice`: a name or
+    {"id": name}; the pipeline rejects names it does not have), a known format, no other keys."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
-    voice: str = Field(min_length=1)
+    voice: Voice
     format: AudioFormat = "wav"
 
 
@@ -94,8 +119,9 @@ class Message(BaseModel):
 
 
 class ChatRequest(BaseModel):
-    """The OpenAI request fields we honour; unknown fields (extra_body) are passed to the pipeline,
-    which refuses those it does not read (a 400 naming the field; omni_backends.serving.events).
+    """The OpenAI request fields we honour; unknown fields (extra_body) are passed to the pipeline, and
+    the route refuses those it does not read before admission (a 400 naming the field;
+    routes.common.refuse_unread_fields).
     Contract-changing OpenAI fields that nothing honours (UNSUPPORTED_FIELDS) and `n` > 1 are rejected
     by `to_pipeline`."""
 
@@ -133,16 +159,30 @@ class ChatRequest(BaseModel):
 def check_supported(req: ChatRequest) -> None:
     """Raises APIError 400 (code `unsupported_parameter`, param = the field) for an OpenAI field
     this server would otherwise drop while it changes what the client gets back."""
-    extra = req.model_extra or {}
-    for name, (inert, why) in UNSUPPORTED_FIELDS.items():
-        if name in extra and not any(_same(extra[name], value) for value in inert):
-            raise bad_request(f"{name} is not supported: {why}", param=name, code="unsupported_parameter")
+    refuse_unsupported(req.model_extra or {}, UNSUPPORTED_FIELDS)
     for i, msg in enumerate(req.messages):
         for name, why in UNSUPPORTED_MESSAGE_FIELDS.items():
             value = (msg.model_extra or {}).get(name)
             if value not in (None, []):
                 raise bad_request(f"messages[{i}].{name} is not supported: {why}", param=f"messages[{i}].{name}",
                                   code="unsupported_parameter")
+
+
+def refuse_unsupported(extra: dict, fields: dict[str, tuple[tuple, str]]) -> None:
+    """Raises APIError 400 (code `unsupported_parameter`, param = the field) for a key of `extra` (a request's
+    extension fields) that `fields` (field -> (values that change nothing, why); e.g. UNSUPPORTED_FIELDS) lists
+    with a value other than its inert ones."""
+    for name, (inert, why) in fields.items():
+        if name in extra and not any(_same(extra[name], value) for value in inert):
+            raise bad_request(f"{name} is not supported: {why}", param=name, code="unsupported_parameter")
+
+
+def extensions(req: ChatRequest) -> dict:
+    """The extension fields (extra_body) `to_pipeline` passes on to the pipeline: the request's unknown fields
+    but IGNORED_FIELDS and UNSUPPORTED_FIELDS. Raises APIError 400 for a pipeline-protocol key
+    (pipeline_stream.extension_fields)."""
+    return {k: v for k, v in pipeline_stream.extension_fields(req.model_extra).items()
+            if k not in IGNORED_FIELDS and k not in UNSUPPORTED_FIELDS}
 
 
 def _same(value, inert) -> bool:
@@ -232,10 +272,8 @@ def to_pipeline(req: ChatRequest, limits: RequestLimits | None = None) -> tuple[
     if "audio" in modalities and req.stream and req.audio and req.audio.format not in audio_codec.STREAMABLE:
         raise bad_request(f"audio.format {req.audio.format!r} cannot be streamed; use pcm16 or wav",
                           param="audio.format", code="unsupported_stream_format")
-    # Extension fields (extra_body) pass through for pipelines that honour them; known keys win.
-    extra = {k: v for k, v in pipeline_stream.extension_fields(req.model_extra).items()
-             if k not in IGNORED_FIELDS and k not in UNSUPPORTED_FIELDS}
-    body = {**extra, "messages": messages, "modalities": modalities,
+    # Extension fields (extra_body) pass through for pipelines that honour them; ROUTED_KEYS win.
+    body = {**extensions(req), "messages": messages, "modalities": modalities,
             "voice": req.audio.voice if req.audio else None,
             "temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k,
             "max_tokens": req.max_completion_tokens or req.max_tokens, "seed": req.seed, "stop": stop,

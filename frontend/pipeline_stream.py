@@ -16,7 +16,7 @@ from omni_frontend.triton_client import TritonClient
 
 DISCONNECT_POLL_S = 0.1
 # Keys of the pipeline REQUEST protocol that ask a pipeline for something other than serving the request
-# ({"action": "voices"}, {"action": "describe"}): a client's extension fields never carry them.
+# ({"action": "voices"}, {"action": "fields"}, {"action": "describe"}): a client's extension fields never carry them.
 CONTROL_FIELDS = ("action",)
 
 
@@ -51,9 +51,27 @@ async def voices(client: TritonClient, model: str, request_id: str, voice: str |
     first checks that name as a request's `voice` would be checked, and the event adds "voice": the name it
     resolves to. Raises APIError (400, param "voice", for a voice the pipeline refuses)."""
     body = {"action": "voices"} if voice is None else {"action": "voices", "voice": voice}
+    return await _answer(client, model, body, request_id, "voices")
+
+
+async def fields(client: TritonClient, model: str, request_id: str) -> dict | None:
+    """The pipeline's answer to REQUEST {"action": "fields"} (omni_backends.serving.events.fields_event):
+    {"type": "fields", "fields": [the REQUEST keys it reads], "hints": {field: advice}}, or None when it
+    publishes none (no such event, or a 4xx refusal of the action). Raises APIError (5xx) when the pipeline
+    cannot answer."""
+    try:
+        return await _answer(client, model, {"action": "fields"}, request_id, "fields")
+    except APIError as exc:
+        if exc.status >= 500:
+            raise
+        return None
+
+
+async def _answer(client: TritonClient, model: str, body: dict, request_id: str, kind: str) -> dict | None:
+    """The last event of type `kind` that `model` answers the control REQUEST `body` with (None if none)."""
     found = None
     async for event, _ in events(client, model, body, request_id):
-        if event.get("type") == "voices":
+        if event.get("type") == kind:
             found = event
     return found
 

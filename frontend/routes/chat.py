@@ -21,11 +21,11 @@ from starlette.concurrency import run_in_threadpool
 
 from omni_frontend import admission, observability, pipeline_stream
 from omni_frontend import audio as audio_codec
-from omni_frontend.chat_protocol import ChatRequest, to_pipeline
+from omni_frontend.chat_protocol import ROUTED_KEYS, ChatRequest, extensions, to_pipeline
 from omni_frontend.errors import APIError
 from omni_frontend.observability import RequestTimer
 from omni_frontend.pipelines import CHAT
-from omni_frontend.routes.common import config, pipeline_for, triton
+from omni_frontend.routes.common import config, pipeline_for, refuse_unread_fields, triton
 
 router = APIRouter()
 
@@ -107,12 +107,15 @@ class _Completion:
 
 @router.post("/v1/chat/completions")
 async def chat_completions(req: ChatRequest, request: Request):
-    """Admission first (429 at once when the pipeline is full), then validation and input decoding,
-    then the pipeline. A streamed request that has to queue gets its 200 head and first chunk at
+    """Extension fields the pipeline does not read first (a 400 naming the field, whatever the load), then
+    admission (429 at once when the pipeline is full), then validation and input decoding, then the
+    pipeline. A streamed request that has to queue gets its 200 head and first chunk at
     once and streams when its turn comes; any other request waits for its slot before its head, so
     a pipeline's rejection still arrives as an HTTP status."""
     cfg = config(request)
     pipeline = pipeline_for(request, req.model, CHAT, "chat completions")
+    await refuse_unread_fields(request, pipeline, "/v1/chat/completions", extensions(req), ChatRequest.model_fields,
+                               ROUTED_KEYS)
     ticket = admission.enter(request, pipeline)
     body, input_audio = await run_in_threadpool(to_pipeline, req, cfg.limits)
     request_id = request.state.request_id

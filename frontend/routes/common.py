@@ -1,8 +1,12 @@
 """Helpers shared by routes: app state access and pipeline lookup with OpenAI errors."""
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from fastapi import Request
 from pydantic import TypeAdapter, ValidationError
+
+from omni_frontend import pipeline_stream
 
 from omni_frontend.config import FrontendConfig
 from omni_frontend.errors import APIError, bad_request
@@ -66,3 +70,35 @@ def pipeline_for(request: Request, model: str | None, kind: str, route: str) -> 
         raise APIError(400, f"model '{model}' does not serve {route}", param="model", code="model_not_supported")
     request.app.state.control.check(found)
     return found
+
+
+async def refuse_unread_fields(request: Request, pipeline: Pipeline, route: str, extra: dict,
+                               route_fields: Collection[str], routed: Collection[str] = ()) -> None:
+    """Raises APIError 400 (code `unsupported_parameter`, param: the first such key in sorted order) for a
+    non-null key of `extra` (the request's extension fields, passed on in the pipeline REQUEST) that `pipeline`
+    does not read or that the route sets itself (`routed`: the REQUEST keys it fills from `route_fields`, its
+    own fields). Call it before admission: an unread field is refused whatever the load, before the request
+    queues or any model works on it. The pipeline's fields are its answer to {"action": "fields"}
+    (pipeline_stream.fields), asked once per entry model (only when a request carries extension fields) and
+    kept; a pipeline that publishes none is left to refuse such keys itself. The message names the route
+    (POST `route`) and the model, adds the pipeline's hint for the key, and lists the fields a client may send:
+    `route_fields` and the extension fields the pipeline reads. Raises APIError 5xx when the pipeline cannot
+    answer."""
+    given = [key for key, value in extra.items() if value is not None]
+    if not given:
+        return
+    known = request.app.state.pipeline_fields
+    if pipeline.entry not in known:
+        known[pipeline.entry] = await pipeline_stream.fields(triton(request), pipeline.entry, request.state.request_id)
+    published = known[pipeline.entry]
+    if published is None:
+        return
+    extensions = set(published["fields"]) - set(routed) - set(route_fields)
+    unread = sorted(key for key in given if key not in extensions)
+    if unread:
+        name = unread[0]
+        hint = published.get("hints", {}).get(name)
+        listed = ", ".join(sorted({*route_fields, *extensions}))
+        raise APIError(400, f"{name} is not a request field of POST {route} with model {pipeline.name}"
+                            + (f": {hint}" if hint else "") + f" (its fields: {listed})",
+                       param=name, code="unsupported_parameter")

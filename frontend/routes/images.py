@@ -11,8 +11,9 @@ more than `max_image_pixels`, n outside 1-10, non-image upload, more than 4 imag
 4096x4096 pixels, an edit without size of an image under 16 pixels a side, mask of another size than the
 first image or without alpha, a second `mask` part (`image` / `image[]` take 1-4 files, `mask` one), an
 upload over `max_upload_bytes` (413), a JSON body to /edits (415), a pipeline-protocol key (`action`) among
-the extension fields. Other unknown fields go on to the pipeline, which refuses those it does not read (400
-`unsupported_parameter` naming the field, e.g. `style` or `guidance_scale`).
+the extension fields, `moderation` other than "auto" (UNSUPPORTED_FIELDS), and a field the pipeline does not read
+(400 `unsupported_parameter` naming the field, e.g. `style` or `guidance_scale`, listing the route's fields;
+routes.common.refuse_unread_fields), refused before admission.
 """
 from __future__ import annotations
 
@@ -35,9 +36,10 @@ from starlette.datastructures import UploadFile
 from omni_frontend import admission
 from omni_frontend import images as codec
 from omni_frontend import pipeline_stream
+from omni_frontend.chat_protocol import refuse_unsupported
 from omni_frontend.errors import APIError, bad_request
 from omni_frontend.pipelines import IMAGE, Pipeline
-from omni_frontend.routes.common import config, form_bool, pipeline_for, single_part, triton
+from omni_frontend.routes.common import config, form_bool, pipeline_for, refuse_unread_fields, single_part, triton
 
 router = APIRouter()
 FILES_PATH = "/files/images/"
@@ -47,6 +49,14 @@ _QUALITIES = ("low", "medium", "high")
 MAX_EDIT_IMAGES = 4
 MAX_PROMPT_CHARS = 32000
 MAX_UPLOAD_PIXELS = 4096 * 4096
+# OpenAI image fields no pipeline honours: field -> (values that change nothing, why), as chat's
+# (omni_frontend.chat_protocol.UNSUPPORTED_FIELDS). They are not passed on.
+UNSUPPORTED_FIELDS: dict[str, tuple[tuple, str]] = {
+    "moderation": ((None, "auto"), "the server does not filter images; only 'auto', OpenAI's default"),
+}
+# The pipeline REQUEST keys `_body` fills from the route's fields (refuse_unread_fields)
+_ROUTED_KEYS = ("task", "prompt", "n", "partial_images", "width", "height", "seed", "num_inference_steps",
+                "negative_prompt", "true_cfg_scale")
 
 
 class ImageOptions(BaseModel):
@@ -218,9 +228,17 @@ async def _decode_upload(data: bytes, name: str) -> tuple[np.ndarray, np.ndarray
                           code="invalid_image") from exc
 
 
+def _extensions(options: ImageOptions) -> dict:
+    """The extension fields passed on to the pipeline: the unknown fields but UNSUPPORTED_FIELDS (refused
+    unless inert). Raises APIError 400."""
+    extra = pipeline_stream.extension_fields(options.model_extra)
+    refuse_unsupported(extra, UNSUPPORTED_FIELDS)
+    return {k: v for k, v in extra.items() if k not in UNSUPPORTED_FIELDS}
+
+
 def _body(job: _Job) -> dict:
     o = job.options
-    body = {**pipeline_stream.extension_fields(o.model_extra), "task": job.task, "prompt": o.prompt, "n": o.n, "partial_images": o.partial_images}
+    body = {**_extensions(o), "task": job.task, "prompt": o.prompt, "n": o.n, "partial_images": o.partial_images}
     if job.size is not None:
         body["width"], body["height"] = job.size
     extensions = {"seed": o.seed, "num_inference_steps": o.num_inference_steps, "negative_prompt": o.negative_prompt,
@@ -233,7 +251,11 @@ def _quality(options: ImageOptions) -> str:
 
 
 async def _run(request: Request, job: _Job):
-    """Admission (429 at once when the pipeline is full; omni_frontend.admission), then the pipeline."""
+    """Fields the pipeline does not read (400), admission (429 at once when the pipeline is full;
+    omni_frontend.admission), then the pipeline."""
+    route = "/v1/images/generations" if job.task == "generate" else "/v1/images/edits"
+    await refuse_unread_fields(request, job.pipeline, route, _extensions(job.options), ImageOptions.model_fields,
+                               _ROUTED_KEYS)
     ticket = admission.enter(request, job.pipeline)
     await pipeline_stream.until_disconnect(request, ticket.wait(request))
     request_id = request.state.request_id

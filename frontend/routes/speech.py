@@ -2,7 +2,8 @@
 pipeline that speaks (speech and chat pipelines).
 
 Speech pipeline REQUEST JSON: {"input": str, "voice": str, "speed": float} + the request's unknown fields, which
-the pipeline refuses unless it reads them (400 `unsupported_parameter` naming the field) -> events
+the route refuses before admission unless the pipeline reads them (400 `unsupported_parameter` naming the field;
+routes.common.refuse_unread_fields), as the pipeline itself does for direct Triton clients -> events
 {"type": "audio.delta", "sample_rate"} + AUDIO float32, then {"type": "done", "usage":
 {"input_tokens", "output_tokens", "total_tokens"}}. Any speaking pipeline (speech or chat) answers
 {"action": "voices"} with one event {"type": "voices", "voices": [str], "default": str}; with a "voice"
@@ -31,16 +32,18 @@ from omni_frontend import audio as audio_codec
 from omni_frontend.errors import APIError, bad_request
 from omni_frontend.observability import RequestTimer
 from omni_frontend.pipelines import CHAT, SPEECH
-from omni_frontend.routes.common import config, pipeline_for, triton
+from omni_frontend.chat_protocol import Voice
+from omni_frontend.routes.common import config, pipeline_for, refuse_unread_fields, triton
 
 router = APIRouter()
+_ROUTED_KEYS = ("input", "voice", "speed")   # the speech REQUEST keys the route fills (refuse_unread_fields)
 
 
 class SpeechRequest(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
     input: str
     model: str | None = None
-    voice: str = Field(min_length=1)
+    voice: Voice
     instructions: str | None = Field(default=None, description="not supported (Kokoro takes no instructions): "
                                                                "only null or empty")
     response_format: Literal["mp3", "opus", "aac", "flac", "wav", "pcm"] = "mp3"
@@ -63,14 +66,17 @@ def _validate(req: SpeechRequest, limits) -> None:
 
 @router.post("/v1/audio/speech")
 async def speech(req: SpeechRequest, request: Request):
-    """Admission (429 at once when the pipeline is full), then the pipeline. SSE requests that have
+    """Extension fields the pipeline does not read first (a 400 naming the field, whatever the load), then
+    admission (429 at once when the pipeline is full), then the pipeline. SSE requests that have
     to queue get their 200 head at once; raw audio and whole-file requests wait for their slot
     before the head (a raw audio stream cannot carry a later error)."""
     cfg = config(request)
     _validate(req, cfg.limits)
     pipeline = pipeline_for(request, req.model, SPEECH, "speech")
+    extra = pipeline_stream.extension_fields(req.model_extra)
+    await refuse_unread_fields(request, pipeline, "/v1/audio/speech", extra, SpeechRequest.model_fields, _ROUTED_KEYS)
     ticket = admission.enter(request, pipeline)
-    body = {**pipeline_stream.extension_fields(req.model_extra), "input": req.input, "voice": req.voice, "speed": req.speed}
+    body = {**extra, "input": req.input, "voice": req.voice, "speed": req.speed}
     request_id = request.state.request_id
     timer = observability.timer(request, pipeline.name)
     stream = pipeline_stream.events(triton(request), pipeline.entry, body, request_id)

@@ -89,8 +89,31 @@ _FORM_SCHEMA = {"type": "object", "required": ["file"], "properties": {
     "chunking_strategy": {"type": "string", "enum": ["auto"]}}}
 
 
+# The route's fields: those of _FORM_SCHEMA and _UNSUPPORTED, by the name a multipart key carries before any
+# "[": the openai SDK sends a list as `name[]` (`timestamp_granularities[]`, `include[]`) and an object as
+# `name[key]` (`chunking_strategy[type]`).
+_FIELDS = tuple(sorted({name.removesuffix("[]") for name in _FORM_SCHEMA["properties"]} | set(_UNSUPPORTED)))
+
+
 def _form_values(form, name: str) -> list:
     return [v for v in form.getlist(name) + form.getlist(f"{name}[]") if v not in ("", None)]
+
+
+def _check_fields(form) -> None:
+    """Raises APIError 400 (code `unsupported_parameter`) naming the first multipart field outside _FIELDS (an unread
+    field such as the typo `timestamp_granularity` used to be ignored), a set _UNSUPPORTED field, or a
+    `chunking_strategy` other than "auto" (also its object form `chunking_strategy[type]`, ...)."""
+    for key in form.keys():
+        name = key.partition("[")[0]
+        if name not in _FIELDS:
+            raise bad_request(f"{name} is not a request field of POST /v1/audio/transcriptions (its fields: "
+                              f"{', '.join(_FIELDS)})", param=name, code="unsupported_parameter")
+    for name, why in _UNSUPPORTED.items():
+        if _form_values(form, name):
+            raise bad_request(f"{name} is not supported: {why}", param=name, code="unsupported_parameter")
+    if form.get("chunking_strategy") not in (None, "", "auto") or any(k.startswith("chunking_strategy[") for k in form):
+        raise bad_request("chunking_strategy: only 'auto' is supported (the audio is transcribed whole, "
+                          "segmented by the model)", param="chunking_strategy", code="unsupported_parameter")
 
 
 @router.post("/v1/audio/transcriptions", openapi_extra={"requestBody": {"required": True, "content": {
@@ -105,21 +128,18 @@ async def transcriptions(request: Request):
     (gpt-4o-transcribe: json; gpt-4o-transcribe-diarize: json, text, diarized_json; none streams srt, vtt or
     verbose_json): the events carry text, not the segments, language or duration those formats need, so
     `stream=true` with srt, vtt or verbose_json is a 400 naming `response_format` (code `unsupported_value`)
-    before the audio is read. json and text stream the same events. Every bad field is a 400 (413 for a
-    file over the upload limit) naming it, before any pipeline work; so is a second `file` part (one file per
-    request, as OpenAI's)."""
+    before the audio is read. json and text stream the same events. `timestamp_granularities` needs
+    `verbose_json` (as at OpenAI), and a multipart field the route does not read or a `chunking_strategy` other
+    than "auto" (also the SDK's object form `chunking_strategy[type]`) is a 400 `unsupported_parameter` naming it
+    (`_check_fields`). Every bad field is a 400 (413 for a file over the upload limit) naming it, before any
+    pipeline work; so is a second `file` part (one file per request, as OpenAI's)."""
     cfg = config(request)
     limits = cfg.limits
     form = await request.form(max_part_size=limits.max_upload_bytes + 1)
     upload = single_part(form, "file")
     if not isinstance(upload, UploadFile):
         raise bad_request("multipart field 'file' is required", param="file")
-    for name, why in _UNSUPPORTED.items():
-        if _form_values(form, name):
-            raise bad_request(f"{name} is not supported: {why}", param=name, code="unsupported_parameter")
-    if form.get("chunking_strategy") not in (None, "", "auto"):
-        raise bad_request("chunking_strategy: only 'auto' is supported (the audio is transcribed whole, "
-                          "segmented by the model)", param="chunking_strategy", code="unsupported_parameter")
+    _check_fields(form)
     fmt = form.get("response_format") or "json"
     if fmt not in _FORMATS:
         raise bad_request(f"response_format must be one of {', '.join(_FORMATS)}", param="response_format")
@@ -137,6 +157,9 @@ async def transcriptions(request: Request):
     granularities = form.getlist("timestamp_granularities[]") + form.getlist("timestamp_granularities")
     if any(g not in ("word", "segment") for g in granularities):
         raise bad_request("timestamp_granularities must be 'word' and/or 'segment'", param="timestamp_granularities")
+    if granularities and fmt != "verbose_json":
+        raise bad_request(f"timestamp_granularities needs response_format 'verbose_json' (the timings are not in "
+                          f"'{fmt}')", param="timestamp_granularities", code="unsupported_parameter")
     language = form.get("language") or None
     if language is not None and not LANGUAGE_CODE.fullmatch(language):
         raise bad_request("language must be an ISO-639-1 code such as 'en'", param="language")

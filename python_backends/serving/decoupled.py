@@ -10,6 +10,7 @@ omni_backends.serving.sidechannel; `ctx.cancelled()` turns True).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import traceback
 from collections.abc import AsyncIterator
@@ -119,8 +120,13 @@ class AsyncDecoupledModel:
     payload that an overridden `encode` turns into tensors).
 
     Optional hooks: `setup(args)` (after the model config is parsed) and `teardown()`.
+    `request_fields` (the REQUEST keys `handle` reads; `field_hints`: advice for fields it refuses) makes the
+    model answer REQUEST {"action": "fields"} with `events.fields_event` instead of calling `handle`.
     Exposes per-model metrics (in-flight requests, requests by outcome) on Triton's metrics port.
     """
+
+    request_fields: tuple[str, ...] | None = None
+    field_hints: dict[str, str] = {}
 
     def initialize(self, args: dict) -> None:
         self.model_name, self.model_config, self.parameters = model_config.load(args)
@@ -150,7 +156,7 @@ class AsyncDecoupledModel:
         sender = request.get_response_sender()
         ctx = RequestContext(request, sender)
         outcome, error = "ok", None
-        stream = self.handle(ctx)
+        stream = self._answer(ctx)
         try:
             self.metrics.started()
             async for event, audio in stream:
@@ -173,6 +179,15 @@ class AsyncDecoupledModel:
             self.metrics.finished(outcome)
         ctx.finish()
         send_final(sender, ctx.request_id, error)
+
+    async def _answer(self, ctx: RequestContext):
+        """The events of `handle(ctx)`, or the fields event for {"action": "fields"} (with `request_fields`)."""
+        if self.request_fields is not None and events.wants_fields(ctx.body()):
+            yield events.fields_event(self.request_fields, self.field_hints), None
+            return
+        async with contextlib.aclosing(self.handle(ctx)) as stream:
+            async for item in stream:
+                yield item
 
     def finalize(self) -> None:
         self.teardown()

@@ -54,6 +54,19 @@ def require_known_fields(body: dict, known: Collection[str], model: str,
                            f" (its fields: {', '.join(sorted(known))})", param=name, code="unsupported_parameter")
 
 
+def wants_fields(body: dict) -> bool:
+    """True for the REQUEST {"action": "fields"}, which every model with `request_fields`
+    (omni_backends.serving.decoupled.AsyncDecoupledModel) answers with fields_event."""
+    return body.get("action") == "fields"
+
+
+def fields_event(known: Collection[str], hints: Mapping[str, str] | None = None) -> dict:
+    """The one event answering {"action": "fields"}: {"type": "fields", "fields": [the REQUEST keys the model
+    reads, sorted], "hints": {field it refuses: advice}}, what `require_known_fields` checks against. A client
+    (the frontend) refuses an unread field with it before it queues the request."""
+    return {"type": "fields", "fields": sorted(known), "hints": dict(hints or {})}
+
+
 def wants_voices(body: dict) -> bool:
     """True for the REQUEST {"action": "voices"[, "voice": name]}, which every pipeline that speaks answers
     with voices_event."""

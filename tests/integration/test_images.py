@@ -308,7 +308,9 @@ def test_bad_generation_text_fields_are_400(image_server, body, param):
     ("edits", "strength", "0.5"),
 ])
 def test_fields_the_image_pipeline_does_not_read_are_a_400_naming_them(image_server, route, field, value):
-    """They used to be dropped (200, with the default image). The pipeline refuses them before its stages run."""
+    """They used to be dropped (200, with the default image). The route refuses them against the fields the pipeline
+    publishes ({"action": "fields"}), before admission, listing the route's fields (`size`, not the pipeline's
+    `task`, `width`, `height`)."""
     before = _stage_requests(image_server, STAGES[:3])
     if route == "generations":
         response = httpx.post(f"{image_server.base_url}/v1/images/generations", timeout=60,
@@ -322,11 +324,21 @@ def test_fields_the_image_pipeline_does_not_read_are_a_400_naming_them(image_ser
     error = response.json()["error"]
     assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", field, "unsupported_parameter")
     model = "qwen_image" if route == "generations" else "qwen_image_edit"
-    assert error["message"].startswith(f"{field} is not a request field of model {model}")
-    assert "num_inference_steps" in error["message"] and "true_cfg_scale" in error["message"]
+    assert error["message"].startswith(f"{field} is not a request field of POST /v1/images/{route} with model {model}")
+    listed = error["message"].split("(its fields: ")[1].rstrip(")").split(", ")
+    assert {"num_inference_steps", "true_cfg_scale", "size"} <= set(listed) and not {"task", "width", "height"} & set(listed)
     if field == "guidance_scale":
         assert "the classifier-free guidance scale is true_cfg_scale" in error["message"]
     assert _stage_requests(image_server, STAGES[:3]) == before
+
+
+def test_openai_moderation_at_its_default_auto_is_accepted(image_server):
+    """The SDK's ImageGenerateParams.moderation defaults to "auto" (the server does no filtering, so it changes
+    nothing); it was refused as a field the pipeline does not read."""
+    client = openai.OpenAI(base_url=f"{image_server.base_url}/v1", api_key="x", max_retries=0, timeout=120)
+    reply = client.images.generate(model="qwen_image", prompt="a red cube", size="16x16", moderation="auto",
+                                   extra_body={"num_inference_steps": 1})
+    assert reply.size == "16x16" and len(reply.data) == 1
 
 
 def test_an_edit_whose_text_encoding_fails_while_its_vae_encode_runs_leaves_the_server_serving(image_server):

@@ -326,6 +326,21 @@ def test_bad_talker_values_are_a_400_that_logs_no_server_error(server, model):
     assert log.read_text(errors="replace").count("aborting the") == before
 
 
+@pytest.mark.parametrize("model", ["qwen3_omni", "colocated"])
+def test_a_field_neither_layout_reads_is_refused_by_the_route_naming_it(server, model):
+    """Both layouts publish turn.REQUEST_FIELDS ({"action": "fields"}): the route refuses a typo before admission
+    and lists the talker_* extensions among the fields."""
+    response = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=60, json={
+        "model": model, "messages": _messages("hi"), "max_tokens": 2, "modalities": ["text"], "talker_top_p": 0.9,
+        "talker_top_q": 0.5})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["param"], error["code"]) == ("talker_top_q", "unsupported_parameter")
+    assert error["message"].startswith(f"talker_top_q is not a request field of POST /v1/chat/completions with model "
+                                       f"{model} (its fields: ")
+    assert "talker_top_p" in error["message"] and "return_token_ids" in error["message"]
+
+
 def test_input_audio_runs_through_the_audio_encoder(server, reference):
     tone = (0.3 * np.sin(2 * np.pi * 220 * np.arange(16000) / 16000)).astype(np.float32)
     wav_bytes = io.BytesIO()

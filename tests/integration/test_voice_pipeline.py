@@ -564,6 +564,45 @@ def test_first_chunk_words_sets_the_first_spoken_chunk_and_a_bad_value_is_a_400(
     assert response.status_code == 400 and response.json()["error"]["param"] == "first_chunk_words"
 
 
+def test_the_custom_voice_object_is_resolved_by_speech_and_chat(voice_server):
+    """openai's voice may be {"id": ...} (SpeechCreateParams.voice, ChatCompletionAudioParam.voice; realtime took
+    it): speech and chat refused it as a type error ("Input should be a valid string"). A known id speaks; an
+    unknown one gets the pipeline's unknown-voice 400 naming voice."""
+    url = voice_server.base_url
+    speech = httpx.post(f"{url}/v1/audio/speech", timeout=120, json={"model": "tts", "voice": {"id": "alloy"},
+                                                                     "input": "hi", "response_format": "pcm"})
+    assert speech.status_code == 200 and len(speech.content) > 0, speech.text
+    chat = httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
+        "model": "voice", "modalities": ["text", "audio"], "audio": {"voice": {"id": "alloy"}, "format": "wav"},
+        "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+    assert chat.status_code == 200 and chat.json()["choices"][0]["message"]["audio"]["data"], chat.text
+    unknown = httpx.post(f"{url}/v1/audio/speech", timeout=120, json={"model": "tts", "voice": {"id": "nobody"},
+                                                                      "input": "hi"})
+    assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "voice", unknown.text
+    assert "alloy" in unknown.json()["error"]["message"] or "af_" in unknown.json()["error"]["message"]
+
+
+def test_pipelines_publish_the_request_fields_they_read(voice_server):
+    """REQUEST {"action": "fields"} (what the frontend checks extension fields against before admission) answers
+    each model's REQUEST_FIELDS, for any Triton client."""
+    import asyncio
+
+    from omni_backends.voice.protocol import REQUEST_FIELDS as VOICE_FIELDS
+    from omni_frontend import pipeline_stream
+    from omni_frontend.triton_client import TritonClient
+
+    async def ask():
+        client = TritonClient(voice_server.grpc_url, 60)
+        try:
+            return [await pipeline_stream.fields(client, model, "fields-test") for model in ("voice", "tts")]
+        finally:
+            await client.close()
+
+    voice, tts = asyncio.run(ask())
+    assert voice == {"type": "fields", "fields": sorted(VOICE_FIELDS), "hints": {}}
+    assert tts == {"type": "fields", "fields": ["input", "speed", "voice"], "hints": {}}   # speech_model.REQUEST_FIELDS
+
+
 def test_unknown_chat_voice_is_a_400_before_any_model_work(voice_server):
     response = httpx.post(f"{voice_server.base_url}/v1/chat/completions", timeout=60, json={
         "model": "voice", "audio": {"voice": "nobody", "format": "wav"}, "messages": [{"role": "user", "content": "hi"}]})
@@ -578,12 +617,14 @@ def test_unknown_chat_voice_is_a_400_before_any_model_work(voice_server):
                           "messages": [{"role": "user", "content": "hi"}]}, "min_tokens"),
 ])
 def test_extension_fields_the_pipeline_does_not_read_are_a_400_naming_them(voice_server, route, body, field):
-    """They used to be passed on and dropped (200); a null one is an absent field (200)."""
+    """They used to be passed on and dropped (200); a null one is an absent field (200). The route refuses them
+    against the fields the pipeline publishes ({"action": "fields"}), before admission."""
     response = httpx.post(f"{voice_server.base_url}/v1/{route}", timeout=60, json=body)
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert (error["param"], error["code"]) == (field, "unsupported_parameter")
-    assert error["message"].startswith(f"{field} is not a request field of model {body['model']} (its fields: ")
+    assert error["message"].startswith(f"{field} is not a request field of POST /v1/{route} with model {body['model']} "
+                                       "(its fields: ")
     assert httpx.post(f"{voice_server.base_url}/v1/{route}", timeout=60, json={**body, field: None}).status_code == 200
 
 

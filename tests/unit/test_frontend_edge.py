@@ -378,3 +378,134 @@ def test_the_launchers_triton_client_reaches_a_server_soon_after_it_listens(tmp_
     finally:
         server.stop(0)
         client.close()
+
+
+USER_HI = [{"role": "user", "content": "hi"}]
+# The fields the voice, tts and qwen_image pipelines answer {"action": "fields"} with (their REQUEST_FIELDS).
+_PUBLISHED = {"voice": {"type": "fields", "fields": ["first_chunk_words", "max_tokens", "messages", "modalities", "voice"],
+                        "hints": {}},
+              "tts": {"type": "fields", "fields": ["input", "speed", "voice"], "hints": {}},
+              "qwen_image": {"type": "fields", "hints": {"guidance_scale": "use true_cfg_scale"},
+                             "fields": ["height", "n", "negative_prompt", "num_inference_steps", "partial_images",
+                                        "prompt", "seed", "task", "true_cfg_scale", "width"]}}
+
+
+@pytest.fixture(scope="module")
+def full_client():
+    """A voice + tts + qwen_image app whose every pipeline is full (one slot, taken) and whose Triton is
+    unreachable; the pipelines' published fields are known (as after a first request)."""
+    app = create_app(FrontendConfig(triton_url="127.0.0.1:1", recover_stages=False,
+                                    pipelines=[REGISTRY[name] for name in ("voice", "tts", "qwen_image")],
+                                    admission=AdmissionLimits(max_inflight=1, max_queue=4, max_queue_wait_s=0.3)))
+    app.state.pipeline_fields = dict(_PUBLISHED)
+    for name in ("voice", "tts", "qwen_image"):
+        app.state.admission.gate(name).running = 1   # the one slot is taken: the next request queues
+    with TestClient(app) as client:
+        yield client
+
+
+@pytest.mark.parametrize("path, body, field", [
+    ("/v1/chat/completions", {"model": "voice", "stream": True, "min_tokens": 5, "messages": USER_HI}, "min_tokens"),
+    ("/v1/chat/completions", {"model": "voice", "stream": True, "voice": "alloy", "messages": USER_HI}, "voice"),
+    ("/v1/chat/completions", {"model": "voice", "min_tokens": 5, "messages": USER_HI}, "min_tokens"),
+    ("/v1/audio/speech", {"model": "tts", "input": "hi", "voice": "alloy", "response_format": "pcm",
+                          "stream_format": "sse", "speaker": "vivian"}, "speaker"),
+    ("/v1/audio/speech", {"model": "tts", "input": "hi", "voice": "alloy", "speaker": "vivian"}, "speaker"),
+    ("/v1/images/generations", {"model": "qwen_image", "prompt": "a cube", "stream": True, "style": "vivid"}, "style"),
+    ("/v1/images/generations", {"model": "qwen_image", "prompt": "a cube", "width": 64}, "width"),
+])
+def test_a_field_the_pipeline_does_not_read_is_a_400_before_admission_whatever_the_load(full_client, path, body,
+                                                                                      field):
+    """A streamed request that had to queue got a 200 head, waited for a slot (or --max-queue-wait) holding a queue
+    place, then an error event; the route now refuses it against the pipeline's published fields before admission.
+    A key the route fills itself (chat's `voice`, an image's `width`) is refused too: it was overwritten."""
+    started = time.monotonic()
+    error = _error(full_client.post(path, json=body))
+    assert time.monotonic() - started < 0.25   # not queued (--max-queue-wait 0.3 s)
+    assert (error["param"], error["code"]) == (field, "unsupported_parameter")
+    model = body["model"]
+    assert error["message"].startswith(f"{field} is not a request field of POST {path} with model {model}")
+    assert not full_client.app.state.admission.gate(model).waiting   # it took no queue place
+
+
+def test_the_unread_field_message_lists_the_routes_fields_and_the_pipelines_extensions(full_client):
+    chat = _error(full_client.post("/v1/chat/completions", json={"model": "voice", "messages": USER_HI, "x": 1}))
+    assert "first_chunk_words" in chat["message"] and "max_completion_tokens" in chat["message"]
+    image = _error(full_client.post("/v1/images/generations", json={"model": "qwen_image", "prompt": "a",
+                                                                     "guidance_scale": 7}))
+    assert image["message"].startswith("guidance_scale is not a request field of POST /v1/images/generations with "
+                                       "model qwen_image: use true_cfg_scale (its fields: ")
+    listed = image["message"].split("(its fields: ")[1]
+    assert "size" in listed and "num_inference_steps" in listed
+    assert not {"task", "width", "height"} & set(listed.rstrip(")").split(", "))
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/chat/completions", {"model": "voice", "stream": True, "first_chunk_words": 2, "min_tokens": None,
+                              "messages": USER_HI}),
+    ("/v1/audio/speech", {"model": "tts", "input": "hi", "voice": "alloy", "response_format": "pcm",
+                          "stream_format": "sse", "speaker": None}),
+    ("/v1/images/generations", {"model": "qwen_image", "prompt": "a", "moderation": "auto", "stream": True}),
+])
+def test_fields_the_pipeline_reads_and_null_ones_queue_as_before(full_client, path, body):
+    """Past the field check the request queues: its queue wait (0.3 s) runs out, a 429 (or its SSE error event)."""
+    response = full_client.post(path, json=body)
+    assert "queue_timeout" in response.text, response.text
+
+
+@pytest.mark.parametrize("value", ["low", {"mode": "block"}])
+def test_image_moderation_other_than_auto_is_refused(full_client, value):
+    error = _error(full_client.post("/v1/images/generations", json={"model": "qwen_image", "prompt": "a",
+                                                                    "moderation": value}))
+    assert (error["param"], error["code"]) == ("moderation", "unsupported_parameter")
+
+
+@pytest.mark.parametrize("voice", [{"id": "alloy"}, {"id": "nobody"}])
+def test_the_custom_voice_object_form_is_resolved_to_its_id(full_client, voice):
+    """openai's SpeechCreateParams.voice / ChatCompletionAudioParam.voice may be {"id": ...} (realtime took it): the
+    routes used to refuse it as a type error; now the id goes to the pipeline as the voice (past validation, the
+    request queues here; the real pipeline's 400 for an unknown id is in tests/integration)."""
+    speech = full_client.post("/v1/audio/speech", json={"model": "tts", "input": "hi", "voice": voice})
+    chat = full_client.post("/v1/chat/completions", json={"model": "voice", "messages": USER_HI,
+                                                          "audio": {"voice": voice, "format": "wav"}})
+    for response in (speech, chat):
+        assert response.status_code == 429 and response.json()["error"]["code"] == "queue_timeout", response.text
+
+
+@pytest.mark.parametrize("voice", [{"id": ""}, {"id": 5}, {"name": "alloy"}, {}])
+def test_a_malformed_voice_object_is_a_400_naming_voice(full_client, voice):
+    error = _error(full_client.post("/v1/audio/speech", json={"model": "tts", "input": "hi", "voice": voice}))
+    assert error["param"] == "voice"
+
+
+_NOT_AUDIO = {"file": ("a.wav", b"not audio" * 50)}
+
+
+@pytest.mark.parametrize("data, param", [
+    ({"timestamp_granularity": "word", "response_format": "verbose_json"}, "timestamp_granularity"),   # a typo
+    ({"temprature": "0.2"}, "temprature"),
+    ({"foo[]": "x"}, "foo"),
+    ({"chunking_strategy[type]": "server_vad", "chunking_strategy[silence_duration_ms]": "200"}, "chunking_strategy"),
+    ({"chunking_strategy": '{"type": "server_vad"}'}, "chunking_strategy"),
+    ({"include[]": "logprobs"}, "include"),
+    ({"timestamp_granularities[]": "word"}, "timestamp_granularities"),          # response_format json (default)
+    *[({"timestamp_granularities[]": "segment", "response_format": fmt}, "timestamp_granularities")
+      for fmt in ("json", "text", "srt", "vtt")],
+])
+def test_transcription_fields_it_does_not_read_are_a_400_naming_them(routes_client, data, param):
+    """Unread multipart fields, chunking_strategy's object form and timestamp granularities without verbose_json
+    (OpenAI: only with verbose_json) used to be ignored (200, without what the client asked for)."""
+    error = _error(routes_client.post("/v1/audio/transcriptions", files=_NOT_AUDIO, data={"model": "asr", **data}))
+    assert (error["param"], error["code"]) == (param, "unsupported_parameter"), error
+
+
+def test_the_sdks_transcription_fields_pass_the_field_checks(routes_client):
+    """What the openai SDK sends (lists as `name[]`, chunking_strategy "auto", stream false) reaches the audio decode."""
+    import openai
+
+    client = openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=routes_client, max_retries=0)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.audio.transcriptions.create(model="whisper-1", file=_NOT_AUDIO["file"], response_format="verbose_json",
+                                           timestamp_granularities=["word", "segment"], chunking_strategy="auto",
+                                           stream=False, language="en", prompt="p", temperature=0)
+    assert info.value.body["param"] == "file"

@@ -143,7 +143,9 @@ def test_message_fields_that_need_stored_state_are_rejected(message, param):
 
 
 @pytest.mark.parametrize("audio, param", [({"voice": "", "format": "wav"}, "audio.voice"),
-                                          ({"voice": {"id": "voice_1234"}, "format": "wav"}, "audio.voice"),
+                                          ({"voice": {"id": " "}, "format": "wav"}, "audio.voice"),
+                                          ({"voice": {"id": 5}, "format": "wav"}, "audio.voice"),
+                                          ({"voice": {"name": "alloy"}, "format": "wav"}, "audio.voice"),
                                           ({"voice": "alloy", "format": "ogg"}, "audio.format"),
                                           ({"voice": "alloy", "format": "wav", "speed": 2}, "audio.speed"),
                                           ({"format": "wav"}, "audio.voice")])

@@ -90,6 +90,8 @@ class Mailbox:
 
 
 class TritonPythonModel(AsyncDecoupledModel):
+    request_fields = turns.REQUEST_FIELDS
+
     def setup(self, args: dict) -> None:
         # three engine threads and the request coroutines share the GIL: hand it over in 0.5 ms, not Python's 5 ms
         sys.setswitchinterval(float(self.parameters.get("switch_interval_ms") or ENGINE_SWITCH_INTERVAL_S * 1e3) / 1e3)

@@ -70,6 +70,8 @@ def _drain(q: asyncio.Queue, first) -> list:
 
 
 class TritonPythonModel(AsyncDecoupledModel):
+    request_fields = turns.REQUEST_FIELDS
+
     def setup(self, args: dict) -> None:
         config = load_config(p.stage_checkpoint(self.parameters, self.model_name))
         self.voices = sorted(config.talker_config.speaker_id)

@@ -64,6 +64,8 @@ def partial_steps(steps: int, count: int) -> list[int]:
 
 
 class TritonPythonModel(AsyncDecoupledModel):
+    request_fields, field_hints = REQUEST_FIELDS, FIELD_HINTS
+
     def setup(self, args: dict) -> None:
         self.task = self.parameters.get("task") or "generate"
         width, _, height = (self.parameters.get("default_size") or "1024x1024").partition("x")

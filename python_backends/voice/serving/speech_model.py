@@ -23,6 +23,8 @@ REQUEST_FIELDS = ("input", "voice", "speed")
 
 
 class TritonPythonModel(AsyncDecoupledModel):
+    request_fields = REQUEST_FIELDS
+
     def setup(self, args: dict) -> None:
         self.voices = engines.voices(engines.stage_engine(args["model_repository"]))
 

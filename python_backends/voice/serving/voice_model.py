@@ -33,6 +33,8 @@ _END = object()
 
 
 class TritonPythonModel(AsyncDecoupledModel):
+    request_fields = REQUEST_FIELDS
+
     def setup(self, args: dict) -> None:
         self.voices = engines.voices(engines.stage_engine(args["model_repository"]))
 
