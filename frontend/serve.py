@@ -216,12 +216,16 @@ def main(argv: list[str] | None = None) -> int:
                          crashed_stubs=server.crashed_stubs)
         # httptools: uvicorn's C HTTP parser (its pure-Python h11 fallback cost ~1 ms more per streamed
         # request in scripts/profile_ttft.py: serving overhead over the engine 9.3 vs 10.3 ms)
-        uv = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
-                                           http="httptools", timeout_graceful_shutdown=5))
+        uv = _uvicorn_server()(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+                                              http="httptools", timeout_graceful_shutdown=5))
+        # uvicorn re-raises every signal it caught, the LAST first: exit with the FIRST one's code instead
+        # (SIGTERM then Ctrl-C during the graceful shutdown is still a 143, as a supervisor expects).
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda sig, _: sys.exit(128 + (uv.first_signal or sig)))
         threading.Thread(target=_announce, args=(uv, args, server, selected), daemon=True).start()
         died = threading.Event()
         threading.Thread(target=_watch, args=(uv, server, died), daemon=True).start()
-        uv.run()   # uvicorn re-raises the signal that stopped it: SIGTERM unwinds through the handler above
+        uv.run()   # the signal that stopped uvicorn is re-raised into the handlers above, unwinding to `finally`
         return 1 if died.is_set() else 0
     except LaunchError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -249,6 +253,20 @@ def tts_engine_repository(repositories: list[Path], models: list[str], engine: s
         return deploy.render_parameters(repositories, models, {TTS_STAGE: {"engine": engine}}, out_dir)
     except deploy.DeployError as exc:
         raise LaunchError(str(exc)) from None
+
+
+def _uvicorn_server():
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn.Server that remembers the first exit signal it handled (`first_signal`, None before)."""
+        first_signal: int | None = None
+
+        def handle_exit(self, sig, frame) -> None:
+            self.first_signal = self.first_signal or sig
+            super().handle_exit(sig, frame)
+
+    return Server
 
 
 def _serve_triton_only(server: TritonServer) -> int:
