@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from fastapi import Depends, FastAPI
 
@@ -39,6 +40,33 @@ class BearerAuthMiddleware:
         await self.app(scope, receive, send)
 
 
+@contextlib.asynccontextmanager
+async def _lifespan(app: FastAPI):
+    """Startup: the video runner, then the stage monitor (when stage recovery is on). Shutdown, in order: video
+    jobs stop, the monitor stops, then the Triton channel and the heartbeat reader close."""
+    async with contextlib.AsyncExitStack() as stack:
+        stack.push_async_callback(_close_clients, app)
+        stack.push_async_callback(_stop_monitor, app)
+        await stack.enter_async_context(videos.running(app))
+        if app.state.config.recover_stages:
+            app.state.monitor_task = asyncio.create_task(app.state.monitor.run())
+        yield
+
+
+async def _stop_monitor(app: FastAPI) -> None:
+    task = getattr(app.state, "monitor_task", None)
+    if task is not None:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await app.state.monitor.stop()
+
+
+async def _close_clients(app: FastAPI) -> None:
+    await app.state.triton.close()
+    if app.state.liveness is not None:
+        await app.state.liveness.close()
+
+
 def create_app(config: FrontendConfig, crashed_stubs: CrashedStubs | None = None) -> FastAPI:
     """The app for `config`; its Triton client opens lazily and closes on shutdown.
 
@@ -49,7 +77,8 @@ def create_app(config: FrontendConfig, crashed_stubs: CrashedStubs | None = None
 
     crashed_stubs: the launcher's `TritonServer.crashed_stubs` (stub processes that died), for stage
     recovery (omni_frontend.stage_monitor); without it only stale heartbeats reveal a dead stage."""
-    app = FastAPI(title="Omni-Triton", version="0.1.0", dependencies=[Depends(require_valid_text)])
+    app = FastAPI(title="Omni-Triton", version="0.1.0", dependencies=[Depends(require_valid_text)],
+                  lifespan=_lifespan)
     app.state.config = config
     availability = Availability({p.entry: p.models for p in config.pipelines})
     app.state.triton = TritonClient(config.triton_url, config.request_timeout_s, availability)
@@ -71,22 +100,5 @@ def create_app(config: FrontendConfig, crashed_stubs: CrashedStubs | None = None
     app.add_middleware(observability.ObservabilityMiddleware, metrics=app.state.metrics)  # outermost
     for module in (system, chat, speech, transcriptions, images, videos, realtime, admin):
         app.include_router(module.router)
-    videos.install(app, config, app.state.triton)  # its shutdown runs before the Triton channel closes
-
-    @app.on_event("startup")
-    async def _watch_stages():
-        if config.recover_stages:
-            app.state.monitor_task = asyncio.create_task(app.state.monitor.run())
-
-    @app.on_event("shutdown")
-    async def _close():
-        task = getattr(app.state, "monitor_task", None)
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            await app.state.monitor.stop()
-        await app.state.triton.close()
-        if app.state.liveness is not None:
-            await app.state.liveness.close()
-
+    videos.install(app, config, app.state.triton)
     return app

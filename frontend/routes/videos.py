@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import math
 import re
 import secrets
@@ -65,26 +66,29 @@ class VideoCreateRequest(BaseModel):
 
 
 def install(app: FastAPI, cfg: FrontendConfig, triton) -> None:
-    """Opens the job store and its runner when a video pipeline is loaded (app.state.videos, else None);
-    registers their startup / shutdown. Call before other shutdown handlers (jobs stop before Triton's
-    channel closes)."""
+    """Creates the job store and its runner when a video pipeline is loaded (app.state.videos, else None);
+    `running(app)` starts and stops them."""
     entries = {name: p.entry for p in cfg.pipelines if p.kind == VIDEO for name in (p.name, *p.aliases)}
     app.state.videos = None
-    if not entries:
+    if entries:
+        app.state.videos = VideoRunner(VideoStore(cfg.data_dir), triton, entries, max_queued=cfg.max_queued_videos,
+                                       max_running=cfg.max_running_videos, ttl_s=cfg.video_ttl_s or None)
+
+
+@contextlib.asynccontextmanager
+async def running(app: FastAPI):
+    """The app's video runner (if `install` made one) runs inside this context; on exit its jobs stop and the
+    store closes. Exit it before Triton's channel closes."""
+    runner = app.state.videos
+    if runner is None:
+        yield
         return
-    store = VideoStore(cfg.data_dir)
-    runner = VideoRunner(store, triton, entries, max_queued=cfg.max_queued_videos,
-                         max_running=cfg.max_running_videos, ttl_s=cfg.video_ttl_s or None)
-    app.state.videos = runner
-
-    @app.on_event("startup")
-    async def _start():
-        await runner.start()
-
-    @app.on_event("shutdown")
-    async def _stop():
+    await runner.start()
+    try:
+        yield
+    finally:
         await runner.stop()
-        store.close()
+        runner.store.close()
 
 
 def _runner(request: Request) -> VideoRunner:
