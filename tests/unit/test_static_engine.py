@@ -14,7 +14,7 @@ from omni_backends.engine.prefill_graphs import PrefillGraphs
 from omni_backends.engine.sampling import sample_rows
 from omni_backends.engine.static_kv import StaticKVCache
 from omni_backends.engine.static_runner import StaticRunner
-from omni_backends.engine.runner import text_mrope_position_ids
+from omni_backends.engine.runner import cache_kwargs, text_mrope_position_ids
 from omni_backends.qwen3_omni.decoder import StaticDecoder
 from omni_backends.qwen3_omni.loading import load_tts_embeds
 from omni_backends.qwen3_omni.pipeline import LocalOmniPipeline, OmniRequest
@@ -336,7 +336,7 @@ def test_decode_step_kernels_equal_the_module_path(qwen3_omni_stages, monkeypatc
         positions = torch.arange(5)[None]
         if hasattr(text_model.rotary_emb, "mrope_section"):   # thinker / talker: [3, batch, positions]
             positions = positions.expand(3, 1, 5)
-        text_model(inputs_embeds=prompt, position_ids=positions, past_key_values=cache, use_cache=True)
+        text_model(inputs_embeds=prompt, position_ids=positions, use_cache=True, **cache_kwargs(text_model, cache))
 
     def steps(kernels: bool) -> list[torch.Tensor]:
         monkeypatch.setattr(fused, "active", lambda x: kernels)
@@ -435,7 +435,7 @@ def test_lean_step_inputs_give_the_same_outputs(qwen3_omni_stages):
     with torch.inference_mode():
         positions = torch.arange(4)[None].expand(3, 1, 4)
         text_model(inputs_embeds=torch.randn(1, 4, config.hidden_size) * 0.5, position_ids=positions,
-                   past_key_values=cache, use_cache=True)
+                   use_cache=True, **cache_kwargs(text_model, cache))
 
     def step(lean: bool, rows: int) -> torch.Tensor:
         decoder_module.set_lean_inputs(lean)
