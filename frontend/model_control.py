@@ -64,16 +64,14 @@ class ModelControl:
         Returns {"unloaded": [...], "kept": [...] (still used by awake pipelines), "pending": [...]}."""
         pipeline = self._get(name)
         async with self._lock:
-            if name in self.sleeping:
-                return {"unloaded": [], "kept": [], "pending": []}
             self.sleeping.add(name)
             needed = set(self.awake_models())
-            unload = [m for m in reversed(pipeline.models) if m not in needed]  # orchestrator first
+            states = await self.client.model_states()   # sleeping again: unloads what is still loaded, if any
+            loaded = [m for m in reversed(pipeline.models) if states.get(m) in ("READY", "LOADING", "UNLOADING")]
+            unload = [m for m in loaded if m not in needed]  # orchestrator first
             self._transitions[name] = FALLING_ASLEEP
             try:
-                for model in unload:
-                    await self.client.unload_model(model)
-                pending = await self._wait_unloaded(unload)
+                pending = await self._unload_callers_first(pipeline, unload)
             finally:
                 del self._transitions[name]
             log.info("pipeline %s sleeping: unloaded %s", name, ", ".join(unload) or "nothing")
@@ -106,8 +104,23 @@ class ModelControl:
             await self.client.load_model(model)
             return True
 
-    async def _wait_unloaded(self, models: list[str]) -> list[str]:
+    async def _unload_callers_first(self, pipeline: Pipeline, models: list[str]) -> list[str]:
+        """Unload `models`: first the pipeline's client-facing models (entry, stream_entry), waiting until their
+        requests in flight have finished, then the stages they call (a stage idle between two calls of a
+        request must not go while its caller still runs: the request would fail mid-stream). Returns the
+        models still loaded after UNLOAD_WAIT_S in all; the stages stay loaded when the callers have not
+        drained by then (sleeping the pipeline again unloads them)."""
         deadline = time.monotonic() + UNLOAD_WAIT_S
+        callers = [m for m in models if m in (pipeline.entry, pipeline.stream_entry)]
+        for phase in (callers, [m for m in models if m not in callers]):
+            for model in phase:
+                await self.client.unload_model(model)
+            pending = await self._wait_unloaded(phase, deadline)
+            if pending:
+                return pending + [m for m in models if m not in callers]
+        return []
+
+    async def _wait_unloaded(self, models: list[str], deadline: float) -> list[str]:
         while True:
             states = await self.client.model_states()
             pending = [m for m in models if states.get(m) in ("READY", "UNLOADING", "LOADING")]

@@ -307,6 +307,33 @@ def test_health_stays_200_while_a_pipeline_drains_to_sleep_and_wakes(mock_server
         httpx.post(f"{admin}/relay/wake", timeout=120)
 
 
+def test_sleep_unloads_a_stage_only_after_its_caller_drained(mock_server):
+    """relay's request calls mock_stream three times, one after another (as `tts` calls voice_tts once per chunk);
+    with mock and mock-speech asleep nothing else keeps mock_stream. Sleeping relay mid-request used to unload
+    mock_stream as soon as its current call ended, so the next call failed ("model is not ready") and the
+    client's answer was cut; now mock_relay drains first, then its stage unloads."""
+    base = mock_server.base_url
+    admin = f"{base}/v1/admin/pipelines"
+    body = {"model": "relay", "messages": [{"role": "user", "content": "hi"}], "calls": 3, "repeat": 4,
+            "delay_ms": 200}
+    try:
+        for name in ("mock", "mock-speech"):
+            assert httpx.post(f"{admin}/{name}/sleep", timeout=120).json()["unloaded"] == []   # relay needs it
+        with ThreadPoolExecutor(2) as pool:
+            in_flight = pool.submit(httpx.post, f"{base}/v1/chat/completions", json=body, timeout=60)
+            assert wait_for(lambda: metric_value(mock_server.metrics_url, "omni_inflight_requests",
+                                                 model="mock_stream") == 1, 30)
+            slept = pool.submit(httpx.post, f"{admin}/relay/sleep", timeout=120).result().json()
+            answer = in_flight.result()
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["choices"][0]["message"]["content"] == "tok0tok1tok2tok3" * 3
+        assert (slept["unloaded"], slept["pending"]) == (["mock_relay", "mock_stream"], [])
+        assert wait_for(lambda: _live_stubs(mock_server) == ["mock_asr"], 30), "the unload did not end the stubs"
+    finally:
+        for name in ("relay", "mock", "mock-speech"):
+            httpx.post(f"{admin}/{name}/wake", timeout=120)
+
+
 @pytest.mark.parametrize("model", ["mock", "relay"])
 def test_cancel_storm_leaves_every_gauge_at_zero(mock_server, model):
     """100 streams cancelled mid-way: every stage's in-flight gauge is back to 0 within 2 s."""

@@ -7,9 +7,14 @@ the stream is then drained and let go on a worker thread, right after the stub's
 asked to drop it. Each array must still be freed by a thread holding the GIL
 (`omni_backends.serving.retire`). REQUEST {"action": "release_report"} answers one event
 {"type": "release_report", "probed", "freed", "freed_without_gil"} (counts since the stub started; the
-request's own cancellation poll first drops the iterators retired before it)."""
+request's own cancellation poll first drops the iterators retired before it).
+REQUEST "calls": N relays the request N times, one child stream after another (one "done" at the end), as an
+orchestrator calls a stage once per chunk."""
 import ctypes
+import json
 import weakref
+
+import numpy as np
 
 from omni_backends.serving import bls, events
 from omni_backends.serving.decoupled import AsyncDecoupledModel
@@ -33,15 +38,19 @@ class TritonPythonModel(AsyncDecoupledModel):
             yield {"type": "release_report", **_REPORT}, None
             return
         probe = bool(body.get("probe_release"))
-        inputs = {events.REQUEST: ctx.input(events.REQUEST)}
-        async for out in bls.stream(ctx, "mock_stream", inputs, [events.EVENT, events.AUDIO]):
-            event = events.read_json(out[events.EVENT])
-            if probe:
-                for array in out.values():
-                    ref = weakref.ref(array, _freed)
-                    _WATCHED[id(ref)] = ref
-                    _REPORT["probed"] += 1
-            event["relayed"] = True
-            yield event, out.get(events.AUDIO)
-            if probe and event["type"] == "done":
-                return
+        calls = int(body.pop("calls", 1))
+        inputs = {events.REQUEST: np.array([json.dumps(body).encode()], dtype=np.object_)}
+        for call in range(calls):
+            async for out in bls.stream(ctx, "mock_stream", inputs, [events.EVENT, events.AUDIO]):
+                event = events.read_json(out[events.EVENT])
+                if probe:
+                    for array in out.values():
+                        ref = weakref.ref(array, _freed)
+                        _WATCHED[id(ref)] = ref
+                        _REPORT["probed"] += 1
+                event["relayed"] = True
+                if event["type"] == "done" and call < calls - 1:
+                    continue   # the child's stream runs to its FINAL; the next call follows
+                yield event, out.get(events.AUDIO)
+                if probe and event["type"] == "done":
+                    return
