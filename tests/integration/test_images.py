@@ -400,7 +400,8 @@ def test_image_requests_past_the_pipeline_limits_get_429_at_once(image_server):
     refused = [(r, t) for r, t in results if r.status_code == 429]
     assert len(done) + len(refused) == 12 and len(done) >= 4 and refused, [r.status_code for r, _ in results]
     assert all(len(r.json()["data"]) == 1 for r, _ in done)
-    for response, _ in refused:
+    for response, _ in refused:   # queue_timeout: a queued one that waited past the queue timeout (a loaded host)
         error = response.json()["error"]
-        assert error["code"] == "pipeline_overloaded" and int(response.headers["retry-after"]) >= 1
-    assert max(t for _, t in refused) < min(t for _, t in done)
+        assert error["code"] in ("pipeline_overloaded", "queue_timeout") and int(response.headers["retry-after"]) >= 1
+    overloaded = [t for r, t in refused if r.json()["error"]["code"] == "pipeline_overloaded"]
+    assert len(overloaded) >= 12 - 8 and max(overloaded) < min(t for _, t in done)   # past 4 running + 4 queued
