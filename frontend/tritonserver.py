@@ -182,6 +182,8 @@ class TritonServer:
                 f"--metrics-port={self.metrics_port}", "--allow-metrics=true", "--allow-gpu-metrics=false",
                 "--metrics-config=histogram_latencies=true", f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
                 "--strict-readiness=true", "--log-verbose=0",
+                # our configs are whole: auto-complete only cost a second stub per model load (docs/architecture.md)
+                "--disable-auto-complete-config",
                 f"--backend-config=python,shm-region-prefix-name={self.shm_name}-region-",
                 f"--backend-config=python,thread-pool-size={PYTHON_BACKEND_THREADS}"]
         return cmd + list(self.extra_args)

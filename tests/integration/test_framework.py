@@ -412,7 +412,10 @@ def test_ctrl_c_leaves_no_process_behind_and_no_stub_crashes(tmp_path):
             f"{server.base_url}/v1/audio/transcriptions", timeout=30, data={"model": "mock-asr", "prompt": prompt},
             files={"file": ("a.wav", wav.getvalue(), "audio/wav")}).status_code, ["sleep 0.4", "sleep 0.1", "fail"]))
     assert sorted(codes) == [200, 200, 400]
-    time.sleep(3)   # past the first heartbeats of every stub
+    beats = lambda: [metric_value(server.metrics_url, "omni_model_heartbeat_seconds", model=m)  # noqa: E731
+                     for m in ("mock_stream", "mock_relay", "mock_asr")]
+    first = beats()
+    assert wait_for(lambda: all(now > then for now, then in zip(beats(), first)), 10, 0.1)   # every stub beat again
     assert server.stop(signal.SIGINT) == 130
     assert not [p for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     log = server.log() + "".join(f.read_text(errors="replace") for f in tmp_path.glob("tritonserver*.log"))

@@ -34,6 +34,23 @@ def client(voice_server):
     return openai.OpenAI(base_url=f"{voice_server.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
 
 
+@pytest.fixture(scope="module")
+def piper_server(tmp_path_factory):
+    """`--pipelines tts --tts-engine piper` with an empty model home (Piper needs no prepared checkpoint) and its own
+    TMPDIR (`_run_copies`); test_repeated_signals_do_not_cut_the_shutdown_short, its last user, stops it."""
+    tmp = tmp_path_factory.mktemp("piper_server")
+    (tmp / "tmp").mkdir()
+    server = start_server(tmp, "--pipelines", "tts", "--tts-engine", "piper", "--no-prepare", ready_timeout_s=120,
+                          env={"TMPDIR": str(tmp / "tmp"), "OMNI_MODEL_HOME": str(tmp / "models")})
+    yield server
+    server.stop()
+
+
+def _run_copies(server) -> list:
+    """The launcher's `--tts-engine` run copies of the repository in the piper_server's TMPDIR."""
+    return [p for p in (server.log_path.parent / "tmp").iterdir() if p.name.startswith("omni-triton-repository-")]
+
+
 def _asr_grpc(server, pcm16k: np.ndarray, **options) -> dict:
     """voice_asr through Triton's own gRPC client (the stage's tensor contract)."""
     with grpcclient.InferenceServerClient(server.grpc_url) as triton:
@@ -164,37 +181,33 @@ def test_missing_checkpoint_fails_to_load_naming_the_path(tmp_path):
                      ready_timeout_s=120)
 
 
-def test_piper_engine_serves_the_speech_route_as_joe(tmp_path):
+def test_piper_engine_serves_the_speech_route_as_joe(piper_server):
     """`--tts-engine piper`: voice_tts speaks with Piper, which needs no prepared checkpoint (an empty model
     home); /v1/audio/voices lists its one voice, OpenAI names speak with it, other names get the 400; the
     model id "piper" is served and "kokoro" is a 404."""
     from omni_backends.voice.asr import WhisperASR
 
-    server = start_server(tmp_path, "--pipelines", "tts", "--tts-engine", "piper", "--no-prepare",
-                          env={"OMNI_MODEL_HOME": str(tmp_path / "models")}, ready_timeout_s=120)
-    try:
-        client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=60)
-        text = "The weather is sunny and warm today."
-        normal, rate = _wav(client.audio.speech.create(model="tts-1", voice="alloy", input=text,
-                                                       response_format="wav").content)
-        fast, _ = _wav(client.audio.speech.create(model="tts-1", voice="joe", input=text, response_format="wav",
-                                                  speed=2.0).content)
-        assert rate == 24000 and 0.2 * 7 <= len(normal) / rate <= 0.8 * 7 and len(fast) < 0.7 * len(normal)
-        # Piper samples noise: at most one word of seven misheard ("sunny" was heard as "stunning" 1 run in 4)
-        heard = WhisperASR().transcribe(resample(normal, rate, 16000)).text
-        assert word_error_rate(text, heard) <= 0.15, heard
-        assert httpx.get(f"{server.base_url}/v1/audio/voices").json() == {
-            "object": "list", "voices": [{"id": "joe", "model": "tts"}], "default": {"tts": "joe"}}
-        with pytest.raises(openai.BadRequestError, match="available: joe"):
-            client.audio.speech.create(model="tts-1", voice="jf_alpha", input=text)
-        # the model id naming an engine names the one that speaks: "piper" here, "kokoro" is not served
-        named, _ = _wav(client.audio.speech.create(model="piper", voice="alloy", input=text,
+    server = piper_server
+    client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=60)
+    text = "The weather is sunny and warm today."
+    normal, rate = _wav(client.audio.speech.create(model="tts-1", voice="alloy", input=text,
                                                    response_format="wav").content)
-        assert 0.2 * 7 <= len(named) / rate <= 0.8 * 7
-        with pytest.raises(openai.NotFoundError, match="model 'kokoro' is not loaded"):
-            client.audio.speech.create(model="kokoro", voice="alloy", input=text)
-    finally:
-        server.stop()
+    fast, _ = _wav(client.audio.speech.create(model="tts-1", voice="joe", input=text, response_format="wav",
+                                              speed=2.0).content)
+    assert rate == 24000 and 0.2 * 7 <= len(normal) / rate <= 0.8 * 7 and len(fast) < 0.7 * len(normal)
+    # Piper samples noise: at most one word of seven misheard ("sunny" was heard as "stunning" 1 run in 4)
+    heard = WhisperASR().transcribe(resample(normal, rate, 16000)).text
+    assert word_error_rate(text, heard) <= 0.15, heard
+    assert httpx.get(f"{server.base_url}/v1/audio/voices").json() == {
+        "object": "list", "voices": [{"id": "joe", "model": "tts"}], "default": {"tts": "joe"}}
+    with pytest.raises(openai.BadRequestError, match="available: joe"):
+        client.audio.speech.create(model="tts-1", voice="jf_alpha", input=text)
+    # the model id naming an engine names the one that speaks: "piper" here, "kokoro" is not served
+    named, _ = _wav(client.audio.speech.create(model="piper", voice="alloy", input=text,
+                                               response_format="wav").content)
+    assert 0.2 * 7 <= len(named) / rate <= 0.8 * 7
+    with pytest.raises(openai.NotFoundError, match="model 'kokoro' is not loaded"):
+        client.audio.speech.create(model="kokoro", voice="alloy", input=text)
 
 
 def test_sigterm_while_models_load_removes_the_run_copy_and_every_stub(tmp_path):
@@ -230,39 +243,31 @@ def test_sigterm_while_models_load_removes_the_run_copy_and_every_stub(tmp_path)
     assert wait_for(lambda: not [p for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], 10)
 
 
-def test_voice_asr_refuses_bad_tensors_with_the_envelope(tmp_path):
+def test_voice_asr_refuses_bad_tensors_with_the_envelope(voice_server):
     """A gRPC client's empty or non-finite AUDIO and mistyped OPTIONS get a 400 envelope naming the field (they
     failed inside Whisper as internal errors), as does a language tiny.en cannot transcribe; a good request in the same server still transcribes."""
-    server = start_server(tmp_path, "--pipelines", "asr", "--no-prepare", ready_timeout_s=180)
-    try:
-        with grpcclient.InferenceServerClient(server.grpc_url) as triton:
-            for pcm, options, param in ((np.zeros(0), {}, "AUDIO"), (np.full(1600, np.nan), {}, "AUDIO"),
-                                        (np.zeros(1600), {"temperature": "abc"}, "temperature"),
-                                        (np.zeros(1600), {"temperature": 5}, "temperature"),
-                                        (np.zeros(1600), {"language": 7}, "language"), (np.zeros(1600), {"language": "fr"}, "language"),
-                                        (np.zeros(1600), [1], "OPTIONS")):
-                audio = grpcclient.InferInput("AUDIO", [1, pcm.size], "FP32")
-                audio.set_data_from_numpy(pcm[None, :].astype(np.float32))
-                opts = grpcclient.InferInput("OPTIONS", [1, 1], "BYTES")
-                opts.set_data_from_numpy(np.array([[json.dumps(options).encode()]], dtype=np.object_))
-                with pytest.raises(InferenceServerException) as info:
-                    triton.infer("voice_asr", [audio, opts])
-                error = json.loads(info.value.message())["error"]
-                assert (error["param"], error["status"], error["type"]) == (param, 400, "invalid_request_error"), error
-        assert _asr_grpc(server, np.zeros(16000, np.float32), temperature=0)["text"] == ""
-    finally:
-        server.stop()
+    with grpcclient.InferenceServerClient(voice_server.grpc_url) as triton:
+        for pcm, options, param in ((np.zeros(0), {}, "AUDIO"), (np.full(1600, np.nan), {}, "AUDIO"),
+                                    (np.zeros(1600), {"temperature": "abc"}, "temperature"),
+                                    (np.zeros(1600), {"temperature": 5}, "temperature"),
+                                    (np.zeros(1600), {"language": 7}, "language"), (np.zeros(1600), {"language": "fr"}, "language"),
+                                    (np.zeros(1600), [1], "OPTIONS")):
+            audio = grpcclient.InferInput("AUDIO", [1, pcm.size], "FP32")
+            audio.set_data_from_numpy(pcm[None, :].astype(np.float32))
+            opts = grpcclient.InferInput("OPTIONS", [1, 1], "BYTES")
+            opts.set_data_from_numpy(np.array([[json.dumps(options).encode()]], dtype=np.object_))
+            with pytest.raises(InferenceServerException) as info:
+                triton.infer("voice_asr", [audio, opts])
+            error = json.loads(info.value.message())["error"]
+            assert (error["param"], error["status"], error["type"]) == (param, 400, "invalid_request_error"), error
+    assert _asr_grpc(voice_server, np.zeros(16000, np.float32), temperature=0)["text"] == ""
 
 
-def test_repeated_signals_do_not_cut_the_shutdown_short(tmp_path):
+def test_repeated_signals_do_not_cut_the_shutdown_short(piper_server):
     """SIGTERM, then SIGTERM and Ctrl-C again and again while the launcher cleans up: it still stops tritonserver,
     removes its /dev/shm entries and the `--tts-engine` run copy (a signal during the cleanup used to abort it)."""
-    run_tmp = tmp_path / "tmp"
-    run_tmp.mkdir()
-    server = start_server(tmp_path, "--pipelines", "tts", "--tts-engine", "piper", "--no-prepare",
-                          env={"TMPDIR": str(run_tmp), "OMNI_MODEL_HOME": str(tmp_path / "models")}, ready_timeout_s=120)
-    run_copies = lambda: [p for p in run_tmp.iterdir() if p.name.startswith("omni-triton-repository-")]  # noqa: E731
-    assert server.shm_entries() and run_copies()
+    server = piper_server
+    assert server.shm_entries() and _run_copies(server)
     server.process.send_signal(signal.SIGTERM)
     signals = 0
     while server.process.poll() is None and signals < 300:
@@ -271,7 +276,7 @@ def test_repeated_signals_do_not_cut_the_shutdown_short(tmp_path):
         signals += 1
     assert server.stop() == 143 and signals > 2
     assert "tritonserver stopped" in server.log()
-    assert server.shm_entries() == [] and run_copies() == []
+    assert server.shm_entries() == [] and _run_copies(server) == []
 
 
 def test_disconnect_cancels_the_llm_stage(voice_server):
