@@ -85,11 +85,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--deploy", type=Path, metavar="YAML",
                    help="deploy file (deploy/*.yaml): render its pipeline's models with the file's devices and "
                         "settings into var/deploy/<name>/ and serve that pipeline from there")
-    p.add_argument("--host", type=_host, default="127.0.0.1", help="address the frontend listens on (default: %(default)s)")
+    p.add_argument("--host", type=_host, default="127.0.0.1",
+                   help="address the frontend listens on (default: %(default)s)")
     p.add_argument("--port", type=_port, default=8000, help="frontend port, 1-65535 (default: %(default)s)")
-    p.add_argument("--triton-grpc-port", type=_port, default=8001, help="1-65535, on 127.0.0.1 (default: %(default)s)")
-    p.add_argument("--triton-http-port", type=_port, default=8002, help="1-65535, on 127.0.0.1 (default: %(default)s)")
-    p.add_argument("--triton-metrics-port", type=_port, default=8003, help="1-65535, on 127.0.0.1 (default: %(default)s)")
+    p.add_argument("--triton-grpc-port", type=_port, default=8001,
+                   help="1-65535, on 127.0.0.1 (default: %(default)s)")
+    p.add_argument("--triton-http-port", type=_port, default=8002,
+                   help="1-65535, on 127.0.0.1 (default: %(default)s)")
+    p.add_argument("--triton-metrics-port", type=_port, default=8003,
+                   help="1-65535, on 127.0.0.1 (default: %(default)s)")
     p.add_argument("--api-key", default=os.environ.get("OMNI_API_KEY"), help="require Bearer KEY on /v1 routes")
     p.add_argument("--log-dir", type=Path, default=ROOT / "var" / "log")
     p.add_argument("--data-dir", type=Path, default=ROOT / "var" / "data",
@@ -180,10 +184,20 @@ def admission_limits(args: argparse.Namespace) -> AdmissionLimits:
     return AdmissionLimits(max_inflight=inflight, max_queue=queue, max_queue_wait_s=args.max_queue_wait, per_pipeline=per)
 
 
+def _preparable(names: list[str]) -> list[str]:
+    return [n for n in names if n in registry.REGISTRY or n in CHECKPOINT_PRESETS]
+
+
+def _to_prepare(args: argparse.Namespace, selected) -> list[str]:
+    """What prepare_models gets: the deploy file's checkpoint, else the selected pipelines."""
+    prepare = getattr(args, "prepare_only", None)
+    return prepare if prepare is not None else [p.name for p in selected]
+
+
 def prepare_models(names: list[str]) -> None:
     """Runs model preparation in a subprocess (the frontend never imports model code). Names: pipelines and
     checkpoint presets (`qwen3_omni_30b_a3b_random`); anything else (a checkpoint directory) is skipped."""
-    known = [n for n in names if n in registry.REGISTRY or n in CHECKPOINT_PRESETS]
+    known = _preparable(names)
     if not known:
         return
     done = subprocess.run([sys.executable, "-m", "omni_backends.prepare", *known])
@@ -235,8 +249,7 @@ def main(argv: list[str] | None = None) -> int:
             run_copy = stack.enter_context(tempfile.TemporaryDirectory(prefix="omni-triton-repository-"))
             repositories = [tts_engine_repository(repositories, models, args.tts_engine, Path(run_copy))]
         if not args.no_prepare:
-            prepare = getattr(args, "prepare_only", None)
-            prepare_models(prepare if prepare is not None else [p.name for p in selected])
+            prepare_models(_to_prepare(args, selected))
         server = TritonServer(
             repositories=repositories, models=models, grpc_port=args.triton_grpc_port,
             http_port=args.triton_http_port, metrics_port=args.triton_metrics_port,
@@ -313,7 +326,7 @@ def check_folders(args: argparse.Namespace, selected) -> None:
     usable_folder("--log-dir", args.log_dir)
     if any(p.kind == registry.VIDEO for p in selected) and not args.no_frontend:
         usable_folder("--data-dir", args.data_dir)
-    if not args.no_prepare:
+    if not args.no_prepare and _preparable(_to_prepare(args, selected)):
         home = os.environ.get("OMNI_MODEL_HOME")
         usable_folder("$OMNI_MODEL_HOME", Path(home).expanduser() if home else
                       Path.home() / ".cache" / "omni-triton" / "models")

@@ -103,10 +103,18 @@ def test_an_unusable_log_dir_is_one_line(tmp_path, capsys, make, reason):
 def test_an_unusable_data_dir_or_model_home_is_one_line(tmp_path, capsys, monkeypatch):
     (tmp_path / "file").write_text("x")
     log = ["--log-dir", str(tmp_path / "log")]
-    err = _main_refuses(capsys, ["--pipelines", "wan", "--no-prepare", "--data-dir", str(tmp_path / "file" / "d"), *log])
-    assert err == f"error: --data-dir {tmp_path / 'file' / 'd'}: cannot create it: Not a directory"
+    bad_data = tmp_path / "file" / "d"
+    err = _main_refuses(capsys, ["--pipelines", "wan", "--no-prepare", "--data-dir", str(bad_data), *log])
+    assert err == f"error: --data-dir {bad_data}: cannot create it: Not a directory"
     monkeypatch.setenv("OMNI_MODEL_HOME", str(tmp_path / "file"))
-    assert _main_refuses(capsys, ["--pipelines", "asr", *log]) == f"error: $OMNI_MODEL_HOME {tmp_path / 'file'}: not a folder"
+    err = _main_refuses(capsys, ["--pipelines", "asr", *log])
+    assert err == f"error: $OMNI_MODEL_HOME {tmp_path / 'file'}: not a folder"
+    # nothing to prepare (an --extra-pipeline only): the model home is not needed, so not checked
+    monkeypatch.setattr(serve, "usable_folder",
+                        lambda flag, path: pytest.fail(f"checked {flag}") if flag[0] == "$" else path)
+    with pytest.raises(AssertionError, match="went on to prepare or start"):
+        serve.main(["--pipelines", "", "--extra-pipeline", "x=chat:m", "--port", "24431", "--triton-grpc-port",
+                    "24432", "--triton-http-port", "24433", "--triton-metrics-port", "24434", *log])
     assert not (tmp_path / "log" / "tritonserver.log").exists()
 
 
