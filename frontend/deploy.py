@@ -31,7 +31,8 @@ the same device; each stage's settings become parameters `<stage>.<key>` of that
 unprefixed); `instances` and `max_batch` of the inner stages and `gpu_tensors` have no meaning there.
 
 Errors (`DeployError`) are one line naming the file and the key: unknown keys, unfilled placeholders,
-bad values.
+bad values, a value of the wrong type anywhere (a list or mapping where a name, number or stage mapping
+belongs), a file that cannot be read or is not UTF-8.
 """
 from __future__ import annotations
 
@@ -114,21 +115,29 @@ def load(path: str | os.PathLike, environ: dict[str, str] | None = None) -> Depl
     """Parse and validate a deploy file. Raises DeployError (one line, naming the key)."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
-        raise DeployError(f"{path}: cannot read the deploy file: {exc.strerror}") from None
+        raise DeployError(f"{path}: cannot read the deploy file: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise DeployError(f"{path}: cannot read the deploy file: not UTF-8 (byte {exc.object[exc.start]:#04x} "
+                          f"at offset {exc.start})") from None
     except yaml.YAMLError as exc:
         raise DeployError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+    except RecursionError:   # an alias that contains itself, or absurd nesting
+        raise DeployError(f"{path}: not valid YAML: nested too deeply") from None
     if not isinstance(raw, dict):
         raise DeployError(f"{path}: the deploy file must be a mapping with at least 'pipeline'")
-    raw = _fill(raw, os.environ if environ is None else environ, path, "")
+    try:
+        raw = _fill(raw, os.environ if environ is None else environ, path, "")
+    except RecursionError:   # `a: &a [*a]`: safe_load builds a list that holds itself
+        raise DeployError(f"{path}: a value refers to itself (a YAML alias inside its own anchor)") from None
     _check_keys(raw, TOP_KEYS, path, "")
     pipeline = raw.get("pipeline")
-    if pipeline not in PIPELINE_STAGES:
+    if not isinstance(pipeline, str) or pipeline not in PIPELINE_STAGES:   # a list or mapping was a TypeError
         raise DeployError(f"{path}: pipeline: must be one of {sorted(PIPELINE_STAGES)}, got {pipeline!r}")
-    stages_raw = raw.get("stages") or {}
+    stages_raw = {} if raw.get("stages") is None else raw["stages"]   # `stages: false` / `[]` are errors too
     if not isinstance(stages_raw, dict):
-        raise DeployError(f"{path}: stages: must be a mapping of stage name -> settings")
+        raise DeployError(f"{path}: stages: must be a mapping of stage name -> settings, got {stages_raw!r}")
     _check_keys(stages_raw, set(PIPELINE_STAGES[pipeline]), path, "stages.")
     shared = {}
     for key in ("kernels", "gpu_tensors"):
@@ -139,10 +148,10 @@ def load(path: str | os.PathLike, environ: dict[str, str] | None = None) -> Depl
         checkpoint = _value(checkpoint, STR, path, "checkpoint")
         shared["checkpoint"] = checkpoint
     layout = raw.get("layout", "stages")
-    if layout not in LAYOUTS or (layout == "colocated" and pipeline not in COLOCATED):
+    if not isinstance(layout, str) or layout not in LAYOUTS or (layout == "colocated" and pipeline not in COLOCATED):
         known = [name for name in LAYOUTS if name == "stages" or pipeline in COLOCATED]
         raise DeployError(f"{path}: layout: must be one of {', '.join(known)}, got {layout!r}")
-    stages = {name: _stage(name, model, stages_raw.get(name) or {}, shared, path)
+    stages = {name: _stage(name, model, {} if stages_raw.get(name) is None else stages_raw[name], shared, path)
               for name, model in PIPELINE_STAGES[pipeline].items()}
     if layout == "colocated":
         stages = _colocate(pipeline, stages, path)
@@ -175,7 +184,7 @@ def _colocate(pipeline: str, stages: dict[str, StageSpec], path: Path) -> dict[s
 def _stage(name: str, model: str, raw, shared: dict, path: Path) -> StageSpec:
     where = f"stages.{name}"
     if not isinstance(raw, dict):
-        raise DeployError(f"{path}: {where}: must be a mapping of settings")
+        raise DeployError(f"{path}: {where}: must be a mapping of settings, got {raw!r}")
     allowed = {**COMMON_KEYS, **STAGE_KEYS[name]}
     _check_keys(raw, set(allowed), path, f"{where}.")
     values = {key: _value(value, allowed[key], path, f"{where}.{key}") for key, value in raw.items()}
@@ -216,7 +225,7 @@ def _check_keys(raw: dict, allowed: set[str], path: Path, where: str) -> None:
 
 def _value(value, kind, path: Path, where: str):
     if isinstance(kind, tuple):
-        if value not in kind:
+        if not isinstance(value, str) or value not in kind:
             raise DeployError(f"{path}: {where}: must be one of {', '.join(kind)}, got {value!r}")
         return value
     if kind == BOOL:
@@ -265,14 +274,18 @@ def _fill(node, environ, path: Path, where: str):
 def render(deployment: Deployment, out_dir: str | os.PathLike, source: Path = SOURCE_REPOSITORY) -> Path:
     """Write the pipeline's models into `out_dir` (replaced) with the deployment's settings; returns it."""
     out = Path(out_dir)
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    for spec in deployment.stages.values():
-        shutil.copytree(source / (spec.source or spec.model), out / spec.model,
-                        ignore=shutil.ignore_patterns("__pycache__"))
-        config = out / spec.model / "config.pbtxt"
-        config.write_text(render_config(config.read_text(), spec))
+    try:
+        if out.exists():
+            shutil.rmtree(out)
+        out.mkdir(parents=True)
+        for spec in deployment.stages.values():
+            shutil.copytree(source / (spec.source or spec.model), out / spec.model,
+                            ignore=shutil.ignore_patterns("__pycache__"))
+            config = out / spec.model / "config.pbtxt"
+            config.write_text(render_config(config.read_text(), spec))
+    except (OSError, shutil.Error) as exc:
+        raise DeployError(f"{out}: cannot render the deploy file's models into it: "
+                          f"{getattr(exc, 'strerror', None) or exc}") from None
     return out
 
 

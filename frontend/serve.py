@@ -10,15 +10,20 @@ ready, serves the OpenAI API with uvicorn, restarts a stage whose stub process d
 unload + load, omni_frontend.stage_monitor), and on SIGINT/SIGTERM stops both, leaving no child
 process (alive or defunct) and no /dev/shm file behind. Failures (port in use, missing binary, a
 model that does not load) print one clear line (plus the relevant server-log lines) and exit non-zero.
+Bad input (a flag's value, a deploy file, a --log-dir / --data-dir / $OMNI_MODEL_HOME that cannot be
+a writable folder, a --host:--port this machine cannot listen on) is one `error: ...` line naming the
+flag, file or key, before anything starts: exit 2 (1 for an address that is taken or not this machine's).
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import dataclasses
+import errno
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -37,8 +42,40 @@ TTS_STAGE = "voice_tts"
 log = logging.getLogger("omni_frontend.serve")
 
 
+class _Parser(argparse.ArgumentParser):
+    """A bad flag is ONE line, `error: argument --port: must be 1-65535, got 70000 (see --help)`, exit 2
+    (argparse's own printed the 40-line usage first)."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (see --help)\n")
+
+
+def _port(value: str) -> int:
+    """argparse type of the port flags: an integer 1-65535."""
+    try:
+        port = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a port number 1-65535, got {value!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be 1-65535, got {port}")
+    return port
+
+
+def _host(value: str) -> str:
+    """argparse type of --host: a name or address that resolves (the listen check comes before the start)."""
+    try:
+        socket.getaddrinfo(value, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        raise argparse.ArgumentTypeError(f"cannot resolve {value!r}: {reason}") from None
+    return value
+
+
+PORT_FLAGS = ("port", "triton_grpc_port", "triton_http_port", "triton_metrics_port")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="omni_frontend.serve", description=__doc__.split("\n\n")[0])
+    p = _Parser(prog="omni_frontend.serve", description=__doc__.split("\n\n")[0])
     p.add_argument("--pipelines", default=",".join(registry.DEFAULT),
                    help=f"comma-separated pipelines (known: {', '.join(registry.REGISTRY)}; default: %(default)s)")
     p.add_argument("--extra-pipeline", action="append", default=[], metavar="NAME=KIND:model1,model2",
@@ -48,11 +85,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--deploy", type=Path, metavar="YAML",
                    help="deploy file (deploy/*.yaml): render its pipeline's models with the file's devices and "
                         "settings into var/deploy/<name>/ and serve that pipeline from there")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--triton-grpc-port", type=int, default=8001)
-    p.add_argument("--triton-http-port", type=int, default=8002)
-    p.add_argument("--triton-metrics-port", type=int, default=8003)
+    p.add_argument("--host", type=_host, default="127.0.0.1",
+                   help="address the frontend listens on (default: %(default)s)")
+    p.add_argument("--port", type=_port, default=8000, help="frontend port, 1-65535 (default: %(default)s)")
+    p.add_argument("--triton-grpc-port", type=_port, default=8001,
+                   help="1-65535, on 127.0.0.1 (default: %(default)s)")
+    p.add_argument("--triton-http-port", type=_port, default=8002,
+                   help="1-65535, on 127.0.0.1 (default: %(default)s)")
+    p.add_argument("--triton-metrics-port", type=_port, default=8003,
+                   help="1-65535, on 127.0.0.1 (default: %(default)s)")
     p.add_argument("--api-key", default=os.environ.get("OMNI_API_KEY"), help="require Bearer KEY on /v1 routes")
     p.add_argument("--log-dir", type=Path, default=ROOT / "var" / "log")
     p.add_argument("--data-dir", type=Path, default=ROOT / "var" / "data",
@@ -104,6 +145,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--max-queued-videos and --video-ttl must be >= 0, --max-running-videos >= 1")
     if not 0 <= args.realtime_speculation_ms <= 60_000:
         p.error("--realtime-speculation-ms must be in [0, 60000]")
+    ports = [flag for flag in PORT_FLAGS if not (flag == "port" and args.no_frontend)]
+    for i, flag in enumerate(ports):
+        twin = next((other for other in ports[:i] if getattr(args, other) == getattr(args, flag)), None)
+        if twin is not None:
+            p.error(f"--{twin.replace('_', '-')} and --{flag.replace('_', '-')} are both {getattr(args, flag)}; "
+                    f"every port must differ")
     return args
 
 
@@ -137,10 +184,20 @@ def admission_limits(args: argparse.Namespace) -> AdmissionLimits:
     return AdmissionLimits(max_inflight=inflight, max_queue=queue, max_queue_wait_s=args.max_queue_wait, per_pipeline=per)
 
 
+def _preparable(names: list[str]) -> list[str]:
+    return [n for n in names if n in registry.REGISTRY or n in CHECKPOINT_PRESETS]
+
+
+def _to_prepare(args: argparse.Namespace, selected) -> list[str]:
+    """What prepare_models gets: the deploy file's checkpoint, else the selected pipelines."""
+    prepare = getattr(args, "prepare_only", None)
+    return prepare if prepare is not None else [p.name for p in selected]
+
+
 def prepare_models(names: list[str]) -> None:
     """Runs model preparation in a subprocess (the frontend never imports model code). Names: pipelines and
     checkpoint presets (`qwen3_omni_30b_a3b_random`); anything else (a checkpoint directory) is skipped."""
-    known = [n for n in names if n in registry.REGISTRY or n in CHECKPOINT_PRESETS]
+    known = _preparable(names)
     if not known:
         return
     done = subprocess.run([sys.executable, "-m", "omni_backends.prepare", *known])
@@ -155,13 +212,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.deploy is not None:
             deployment = deploy.load(args.deploy)
-            rendered = deploy.render(deployment, ROOT / "var" / "deploy" / deployment.name)
+            rendered = deploy.render(deployment, ROOT / "var" / "deploy" / deployment.name)   # DeployError too
             log.info("rendered %s into %s", args.deploy, rendered)
             args.pipelines, args.model_repository = deployment.pipeline, [rendered]
             args.models = deployment.models   # the co-located layout renders one model for the whole pipeline
             args.prepare_only = [deployment.checkpoint] if deployment.checkpoint else None
         extra = [registry.parse_extra(s) for s in args.extra_pipeline]
-        names = [n for n in args.pipelines.split(",") if n] + [p.name for p in extra]
+        names = [n for n in (n.strip() for n in args.pipelines.split(",")) if n] + [p.name for p in extra]
+        if not names:   # `--pipelines ''` or `--pipelines ,` (an unset shell variable) served nothing
+            raise ValueError(f"--pipelines names no pipeline (got {args.pipelines!r}); known: "
+                             f"{', '.join(registry.REGISTRY)}")
         selected = registry.resolve(list(dict.fromkeys(names)), extra)
         if args.deploy is not None:   # the deploy's models are its pipeline's (the co-located layout: one model), so
             # /health, sleep/wake and stage recovery look at what is loaded (/health was 503 for good before)
@@ -169,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
                         else p for p in selected]
         if args.tts_engine is not None:
             selected = registry.with_tts_engine(selected, args.tts_engine)
+        check_folders(args, selected)
     except ValueError as exc:   # DeployError is a ValueError: one line naming the key
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -180,14 +241,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if port_in_use(args.host, args.port):
             raise LaunchError(f"port {args.host}:{args.port} is already in use (pass --port)")
+        if not args.no_frontend:
+            check_listen_address(args.host, args.port)
         models = getattr(args, "models", None) or registry.triton_models(selected)
         repositories = [r.resolve() for r in (args.model_repository or [ROOT / "model_repository"])]
         if args.tts_engine is not None:
             run_copy = stack.enter_context(tempfile.TemporaryDirectory(prefix="omni-triton-repository-"))
             repositories = [tts_engine_repository(repositories, models, args.tts_engine, Path(run_copy))]
         if not args.no_prepare:
-            prepare = getattr(args, "prepare_only", None)
-            prepare_models(prepare if prepare is not None else [p.name for p in selected])
+            prepare_models(_to_prepare(args, selected))
         server = TritonServer(
             repositories=repositories, models=models, grpc_port=args.triton_grpc_port,
             http_port=args.triton_http_port, metrics_port=args.triton_metrics_port,
@@ -241,6 +303,46 @@ def main(argv: list[str] | None = None) -> int:
             server.stop()
             log.info("tritonserver stopped")
         stack.close()
+
+
+def usable_folder(flag: str, path: Path) -> Path:
+    """`path`, created if missing; ValueError (one line naming `flag`) unless it is a folder we can write in."""
+    try:
+        if path.exists() and not path.is_dir():
+            raise ValueError(f"{flag} {path}: not a folder")
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        action = "cannot write in it" if path.is_dir() else "cannot create it"
+        raise ValueError(f"{flag} {path}: {action}: {exc.strerror or exc}") from None
+    return path
+
+
+def check_folders(args: argparse.Namespace, selected) -> None:
+    """The folders this run writes, checked before anything starts (they raised a traceback from deep inside,
+    the log folder's after the port checks, the data folder's after tritonserver had loaded every model):
+    --log-dir always, --data-dir when a video pipeline is served, the model home when checkpoints are prepared."""
+    usable_folder("--log-dir", args.log_dir)
+    if any(p.kind == registry.VIDEO for p in selected) and not args.no_frontend:
+        usable_folder("--data-dir", args.data_dir)
+    if not args.no_prepare and _preparable(_to_prepare(args, selected)):
+        home = os.environ.get("OMNI_MODEL_HOME")
+        usable_folder("$OMNI_MODEL_HOME", Path(home).expanduser() if home else
+                      Path.home() / ".cache" / "omni-triton" / "models")
+
+
+def check_listen_address(host: str, port: int) -> None:
+    """LaunchError unless the frontend can listen on host:port as uvicorn will (an address of this machine, a
+    port we may bind); before, uvicorn failed only after tritonserver had loaded every model."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise LaunchError(f"port {host}:{port} is already in use (pass --port)") from None
+            raise LaunchError(f"--host {host} --port {port}: cannot listen there: {exc.strerror or exc}") from None
 
 
 def tts_engine_repository(repositories: list[Path], models: list[str], engine: str, out_dir: Path) -> Path:

@@ -119,8 +119,8 @@ def _install_python_stub(root: Path) -> None:
 
 
 def port_in_use(host: str, port: int) -> bool:
-    """True if something already listens on host:port."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """True if something already listens on host:port (an IPv6 address when the host has a ':', as uvicorn)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
         s.settimeout(0.5)
         return s.connect_ex((host, port)) == 0
 

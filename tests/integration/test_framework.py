@@ -18,7 +18,7 @@ import pytest
 import soundfile
 import tritonclient.grpc as grpcclient
 
-from omni_frontend.tritonserver import EXIT_TIMEOUT_S
+from omni_frontend.tritonserver import EXIT_TIMEOUT_S, free_port
 from tests.conftest import MOCK_ARGS
 from tests.harness import (TEST_REPOSITORY, cancel_storm, inflight, metric_value, settle_limit_s, settle_time,
                            start_server, triton_stream, wait_for)
@@ -434,10 +434,55 @@ def test_launcher_reports_port_in_use_and_missing_model(tmp_path):
         done = subprocess.run([sys.executable, "-m", "omni_frontend.serve", "--port", str(port), "--no-prepare"],
                               capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and f"port 127.0.0.1:{port} is already in use" in done.stderr
+    # `--pipelines ''` is fine beside an --extra-pipeline (only a run that names no pipeline at all is refused)
     done = subprocess.run([sys.executable, "-m", "omni_frontend.serve", "--pipelines", "", "--no-prepare",
                            "--extra-pipeline", "x=chat:no_such_model", "--model-repository", str(TEST_REPOSITORY),
-                           "--port", "0"], capture_output=True, text=True, timeout=60)
+                           "--port", str(free_port()), "--log-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "no_such_model not found" in done.stderr
+
+
+@pytest.mark.parametrize("case, exit_code, line", [
+    (["--port", "70000"], 2, "error: argument --port: must be 1-65535, got 70000"),
+    (["--port", "-5"], 2, "error: argument --port: must be 1-65535, got -5"),
+    (["--triton-grpc-port", "70000"], 2, "error: argument --triton-grpc-port: must be 1-65535, got 70000"),
+    (["--host", "no-such-host.invalid"], 2, "error: argument --host: cannot resolve 'no-such-host.invalid'"),
+    (["--host", "192.0.2.1"], 1, "error: --host 192.0.2.1 --port "),   # resolves, but not this machine's
+    (["--log-dir", "/proc/omni-nope"], 2, "error: --log-dir /proc/omni-nope: cannot create it: No such file"),
+    (["--log-dir", "/etc/hostname/logs"], 2, "error: --log-dir /etc/hostname/logs: cannot create it: Not a directory"),
+    (["--pipelines", ","], 2, "error: --pipelines names no pipeline (got ','); known: "),
+    (["--deploy", "{tmp}/list.yaml"], 2, "error: {tmp}/list.yaml: pipeline: must be one of ['qwen3_omni']"),
+    (["--deploy", "{tmp}/binary.yaml"], 2, "error: {tmp}/binary.yaml: cannot read the deploy file: not UTF-8"),
+])
+def test_launcher_refuses_bad_input_in_one_line_before_starting(tmp_path, case, exit_code, line):
+    """The third outside test's launcher values (each was a traceback, or a server with no pipeline): one
+    `error:` line naming the flag or file, a non-zero exit, nothing started (no tritonserver log, no /dev/shm
+    entry of this launcher). No server starts here: the launcher refuses first."""
+    import subprocess
+    import sys
+
+    from omni_frontend.tritonserver import SHM_ROOT, shm_name
+
+    (tmp_path / "list.yaml").write_text("pipeline: [qwen3_omni]\n")
+    (tmp_path / "binary.yaml").write_bytes(b"\xff\xfe pipeline: qwen3_omni\n")
+    ports = [str(free_port()) for _ in range(4)]
+    case = [arg.replace("{tmp}", str(tmp_path)) for arg in case]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "omni_frontend.serve", "--pipelines", "asr", "--no-prepare", "--port", ports[0],
+         "--triton-grpc-port", ports[1], "--triton-http-port", ports[2], "--triton-metrics-port", ports[3],
+         "--log-dir", str(tmp_path / "log"), *case],   # later flags win
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=45)
+    except subprocess.TimeoutExpired:   # it started serving (the old `--pipelines ,`): stop it like Ctrl-C
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+        pytest.fail(f"{case}: the launcher was still running after 45 s instead of refusing")
+    lines = err.strip().splitlines()
+    assert proc.returncode == exit_code and len(lines) == 1, err
+    assert lines[0].startswith(line.replace("{tmp}", str(tmp_path))) and "Traceback" not in err + out, err
+    assert not (tmp_path / "log" / "tritonserver.log").exists()
+    assert not list(SHM_ROOT.glob(f"{shm_name(proc.pid, int(ports[1]))}*"))
 
 
 def test_non_streamed_request_is_cancelled_when_the_client_disconnects(mock_server):

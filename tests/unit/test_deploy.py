@@ -86,12 +86,64 @@ def test_placeholders_are_filled_from_the_environment(tmp_path):
     ("pipeline: qwen3_omni\nlayout: colocated\nstages: {thinker: {device: 'cuda:0'}}\n",
      "layout: colocated runs every stage in one process, so every stage needs the same device (thinker: cuda:0"),
     ("- just a list\n", "must be a mapping"),
+    # values of the wrong YAML type (the outside test's `pipeline: [qwen3_omni]` was a TypeError traceback)
+    ("pipeline: [qwen3_omni]\n", "pipeline: must be one of ['qwen3_omni'], got ['qwen3_omni']"),
+    ("pipeline: {a: 1}\n", "pipeline: must be one of"),
+    ("pipeline: qwen3_omni\nlayout: [stages]\n", "layout: must be one of"),
+    ("pipeline: qwen3_omni\nstages: [thinker]\n", "stages: must be a mapping"),
+    ("pipeline: qwen3_omni\nstages: false\n", "stages: must be a mapping"),
+    ("pipeline: qwen3_omni\nstages: {thinker: [cpu]}\n", "stages.thinker: must be a mapping"),
+    ("pipeline: qwen3_omni\nstages: {talker: 0}\n", "stages.talker: must be a mapping"),
+    ("pipeline: qwen3_omni\nstages: {thinker: {dtype: [bfloat16]}}\n", "stages.thinker.dtype: must be one of"),
+    ("a: &a [*a]\n", "a value refers to itself"),
 ])
 def test_bad_deploy_files_name_the_key(tmp_path, text, message):
     path = _write(tmp_path, text)
     with pytest.raises(deploy.DeployError) as info:
         deploy.load(path, environ={})
     assert message in str(info.value) and str(path) in str(info.value) and "\n" not in str(info.value)
+
+
+def _every_key():
+    """Every key a deploy file has, dotted: the top-level ones, each stage, each stage's settings."""
+    yield from sorted(deploy.TOP_KEYS)
+    for stage in deploy.PIPELINE_STAGES["qwen3_omni"]:
+        yield f"stages.{stage}"
+        yield from (f"stages.{stage}.{key}" for key in sorted({*deploy.COMMON_KEYS, *deploy.STAGE_KEYS[stage]}))
+
+
+@pytest.mark.parametrize("bad", ["[1, 2]", "{a: 1}"])
+def test_a_list_or_mapping_anywhere_in_a_deploy_file_names_its_key(tmp_path, bad):
+    """Every key, top-level and nested, given a list or a mapping: one DeployError line naming the file and
+    that key (never a TypeError from deeper in, as `pipeline: [qwen3_omni]` was)."""
+    for dotted in _every_key():
+        if bad.startswith("{") and dotted.count(".") < 2 and dotted.startswith("stages"):
+            continue   # a mapping is right for `stages` and a stage (their unknown key `a` is tested above)
+        *parents, last = dotted.split(".")
+        text = f"{last}: {bad}"
+        for parent in reversed(parents):
+            text = f"{parent}: {{{text}}}"
+        path = _write(tmp_path, ("" if dotted == "pipeline" else "pipeline: qwen3_omni\n") + text + "\n")
+        with pytest.raises(deploy.DeployError) as info:
+            deploy.load(path, environ={})
+        message = str(info.value)
+        assert message.startswith(f"{path}: {dotted}: ") and "\n" not in message, (dotted, message)
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"\xff\xfe pipeline: qwen3_omni\n", "cannot read the deploy file: not UTF-8 (byte 0xff at offset 0)"),
+    (b"pipeline: qwen3_omni\ncheckpoint: caf\xe9\n", "cannot read the deploy file: not UTF-8 (byte 0xe9"),
+    (None, "cannot read the deploy file: Is a directory"),
+])
+def test_unreadable_deploy_files_name_the_file(tmp_path, content, message):
+    path = tmp_path / "d.yaml"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    with pytest.raises(deploy.DeployError) as info:
+        deploy.load(path, environ={})
+    assert str(info.value) == f"{path}: {message}" or str(info.value).startswith(f"{path}: {message}")
 
 
 def test_serve_reports_a_bad_deploy_file_in_one_line(tmp_path, capsys):
@@ -101,6 +153,23 @@ def test_serve_reports_a_bad_deploy_file_in_one_line(tmp_path, capsys):
     assert main(["--deploy", str(path), "--no-prepare"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "stages.thinker.devise: unknown key" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"pipeline: [qwen3_omni]\n", "pipeline: must be one of ['qwen3_omni'], got ['qwen3_omni']"),
+    (b"pipeline: {a: 1}\n", "pipeline: must be one of ['qwen3_omni'], got {'a': 1}"),
+    (b"\xff\xfe pipeline: qwen3_omni\n", "cannot read the deploy file: not UTF-8"),
+])
+def test_serve_reports_a_deploy_file_of_the_wrong_type_in_one_line(tmp_path, capsys, content, message):
+    """The outside test's files: a traceback (TypeError: unhashable type) or a line naming neither the file nor
+    the key, before."""
+    from omni_frontend.serve import main
+
+    path = tmp_path / "d.yaml"
+    path.write_bytes(content)
+    assert main(["--deploy", str(path), "--no-prepare", "--log-dir", str(tmp_path / "log")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {path}: {message}") and len(err.splitlines()) == 1
 
 
 def test_tts_engine_run_copy_sets_the_parameter_the_orchestrators_read(tmp_path):
