@@ -90,8 +90,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--port", type=_port, default=8000, help="frontend port, 1-65535 (default: %(default)s)")
     p.add_argument("--triton-grpc-port", type=_port, default=8001,
                    help="1-65535, on 127.0.0.1 (default: %(default)s)")
-    p.add_argument("--triton-http-port", type=_port, default=8002,
-                   help="1-65535, on 127.0.0.1 (default: %(default)s)")
+    p.add_argument("--triton-http-port", type=_port, default=None,
+                   help="turns on Triton's HTTP/REST endpoint on 127.0.0.1 at this port, 1-65535 (default: off; "
+                        "the frontend and perf_analyzer use gRPC, and Triton 2.51's HTTP endpoint aborts the whole "
+                        "server on one request declaring a huge input shape: std::bad_alloc)")
     p.add_argument("--triton-metrics-port", type=_port, default=8003,
                    help="1-65535, on 127.0.0.1 (default: %(default)s)")
     p.add_argument("--api-key", default=os.environ.get("OMNI_API_KEY"), help="require Bearer KEY on /v1 routes")
@@ -145,7 +147,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--max-queued-videos and --video-ttl must be >= 0, --max-running-videos >= 1")
     if not 0 <= args.realtime_speculation_ms <= 60_000:
         p.error("--realtime-speculation-ms must be in [0, 60000]")
-    ports = [flag for flag in PORT_FLAGS if not (flag == "port" and args.no_frontend)]
+    ports = [flag for flag in PORT_FLAGS if getattr(args, flag) is not None and not (flag == "port" and args.no_frontend)]
     for i, flag in enumerate(ports):
         twin = next((other for other in ports[:i] if getattr(args, other) == getattr(args, flag)), None)
         if twin is not None:
@@ -236,8 +238,10 @@ def main(argv: list[str] | None = None) -> int:
     server = None
     stack = contextlib.ExitStack()   # the run copy of the repository (--tts-engine), removed after the server
     # SIGTERM unwinds through `finally` from here on, also while models load (it used to kill the launcher
-    # there, leaving the run copy and stub processes behind).
+    # there, leaving the run copy and stub processes behind); so does SIGINT, also when it was inherited ignored
+    # (`./scripts/serve &` in a script: the launcher went on loading and served, uvicorn's handler later did stop it).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         if port_in_use(args.host, args.port):
             raise LaunchError(f"port {args.host}:{args.port} is already in use (pass --port)")

@@ -127,9 +127,17 @@ def port_in_use(host: str, port: int) -> bool:
 
 def free_port() -> int:
     """An unused TCP port on 127.0.0.1 (for tests and ephemeral servers)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` distinct unused TCP ports on 127.0.0.1 (all held open while picked: separate free_port() calls can
+    return the same port twice, which the launcher refuses)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(n)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
 
 
 @dataclasses.dataclass
@@ -144,7 +152,7 @@ class TritonServer:
     repositories: list[Path]
     models: list[str]
     grpc_port: int
-    http_port: int
+    http_port: int | None   # None: no HTTP endpoint (--allow-http=false)
     metrics_port: int
     log_path: Path
     host: str = "127.0.0.1"
@@ -178,7 +186,8 @@ class TritonServer:
         cmd += ["--model-control-mode=explicit"] + [f"--load-model={m}" for m in self.models]
         cmd += [f"--backend-directory={install.backend_dir}", f"--http-address={self.host}",
                 f"--grpc-address={self.host}", f"--metrics-address={self.host}",
-                f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}",
+                *([f"--http-port={self.http_port}"] if self.http_port else ["--allow-http=false"]),
+                f"--grpc-port={self.grpc_port}",
                 f"--metrics-port={self.metrics_port}", "--allow-metrics=true", "--allow-gpu-metrics=false",
                 "--metrics-config=histogram_latencies=true", f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
                 "--strict-readiness=true", "--log-verbose=0",
@@ -189,7 +198,7 @@ class TritonServer:
         return cmd + list(self.extra_args)
 
     def start(self) -> "TritonServer":
-        for port in (self.grpc_port, self.http_port, self.metrics_port):
+        for port in (p for p in (self.grpc_port, self.http_port, self.metrics_port) if p):
             if port_in_use(self.host, port):
                 raise LaunchError(f"port {self.host}:{port} is already in use (pass another --triton-*-port)")
         missing = [m for m in self.models if not any((repo / m / "config.pbtxt").exists() for repo in self.repositories)]

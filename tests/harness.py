@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from omni_frontend.tritonserver import SHM_ROOT, STOP_WAIT_S, free_port, shm_name
+from omni_frontend.tritonserver import SHM_ROOT, STOP_WAIT_S, free_ports, shm_name
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_REPOSITORY = ROOT / "tests" / "model_repository"
@@ -90,16 +90,15 @@ def start_server(tmp_dir: Path, *args: str, ready_timeout_s: float = 600.0, env:
 
 
 def _start_server(tmp_dir: Path, *args: str, ready_timeout_s: float, env: dict | None) -> ServerProcess:
-    port, grpc, http, metrics = free_port(), free_port(), free_port(), free_port()
+    port, grpc, metrics = free_ports(3)   # Triton's HTTP endpoint stays off, as by default
     log_path = tmp_dir / f"serve-{port}.log"
     cmd = [sys.executable, "-m", "omni_frontend.serve", "--port", str(port), "--triton-grpc-port", str(grpc),
-           "--triton-http-port", str(http), "--triton-metrics-port", str(metrics), "--log-dir", str(tmp_dir), *args]
+           "--triton-metrics-port", str(metrics), "--log-dir", str(tmp_dir), *args]
     with open(log_path, "wb") as log:
-        # SIGINT at its default even when the tests run as a background job (which inherits it ignored):
-        # the tests press Ctrl-C and expect the launcher's 130.
+        # run as a background job runs it (SIGINT inherited ignored): the launcher must still stop on Ctrl-C
         process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
                                    env={**os.environ, **(env or {})},
-                                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     server = ServerProcess(process, port, grpc, metrics, log_path)
     deadline = time.monotonic() + ready_timeout_s
     while time.monotonic() < deadline:

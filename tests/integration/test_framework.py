@@ -18,7 +18,7 @@ import pytest
 import soundfile
 import tritonclient.grpc as grpcclient
 
-from omni_frontend.tritonserver import EXIT_TIMEOUT_S, free_port
+from omni_frontend.tritonserver import EXIT_TIMEOUT_S, free_port, free_ports
 from tests.conftest import MOCK_ARGS
 from tests.harness import (TEST_REPOSITORY, cancel_storm, inflight, metric_value, settle_limit_s, settle_time,
                            start_server, triton_stream, wait_for)
@@ -465,7 +465,7 @@ def test_launcher_refuses_bad_input_in_one_line_before_starting(tmp_path, case, 
 
     (tmp_path / "list.yaml").write_text("pipeline: [qwen3_omni]\n")
     (tmp_path / "binary.yaml").write_bytes(b"\xff\xfe pipeline: qwen3_omni\n")
-    ports = [str(free_port()) for _ in range(4)]
+    ports = [str(p) for p in free_ports(4)]
     case = [arg.replace("{tmp}", str(tmp_path)) for arg in case]
     proc = subprocess.Popen(
         [sys.executable, "-m", "omni_frontend.serve", "--pipelines", "asr", "--no-prepare", "--port", ports[0],

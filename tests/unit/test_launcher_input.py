@@ -32,9 +32,10 @@ def test_every_port_flag_takes_1_to_65535(capsys, flag, value):
 
 def test_port_edges_are_accepted_and_ports_must_differ(capsys):
     args = serve.parse_args(["--port", "1", "--triton-grpc-port", "65535"])
-    assert (args.port, args.triton_grpc_port, args.triton_http_port) == (1, 65535, 8002)
-    err = _refused(capsys, ["--port", "8002"])
+    assert (args.port, args.triton_grpc_port, args.triton_http_port) == (1, 65535, None)
+    err = _refused(capsys, ["--port", "8002", "--triton-http-port", "8002"])
     assert "--port and --triton-http-port are both 8002" in err
+    assert serve.parse_args(["--port", "8002"]).port == 8002   # Triton's HTTP endpoint is off: 8002 is free
     assert serve.parse_args(["--port", "8002", "--triton-http-port", "8004", "--no-frontend"]).port == 8002
     assert serve.parse_args(["--port", "8001", "--no-frontend"]).port == 8001   # --port unused without a frontend
 
@@ -124,3 +125,20 @@ def test_pipelines_that_name_no_pipeline_are_refused(tmp_path, capsys, value):
     err = _main_refuses(capsys, ["--pipelines", value, "--no-prepare", "--log-dir", str(tmp_path)])
     assert err.startswith(f"error: --pipelines names no pipeline (got {value!r}); known: ")
     assert not list(tmp_path.iterdir())   # nothing started: no tritonserver.log
+
+
+def test_tritons_http_endpoint_is_off_unless_a_port_is_given():
+    """Triton 2.51's HTTP endpoint aborts the whole server (std::bad_alloc) on one request declaring a huge input
+    shape (third outside test); the frontend and perf_analyzer use gRPC, so HTTP is opt-in."""
+    from pathlib import Path
+
+    from omni_frontend.tritonserver import TritonInstallation, TritonServer
+
+    def command(http_port):
+        server = TritonServer(repositories=[Path("repo")], models=["voice"], grpc_port=1, http_port=http_port,
+                              metrics_port=3, log_path=Path("tritonserver.log"))
+        return server.command(TritonInstallation(Path("tritonserver"), Path("backends"), ()))
+
+    assert "--allow-http=false" in command(None) and not any(a.startswith("--http-port") for a in command(None))
+    assert "--http-port=2" in command(2) and "--allow-http=false" not in command(2)
+    assert serve.parse_args(["--triton-http-port", "8002"]).triton_http_port == 8002
