@@ -23,7 +23,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSche
 from omni_frontend import audio as audio_codec
 from omni_frontend import pipeline_stream
 from omni_frontend.config import RequestLimits
-from omni_frontend.errors import bad_request
+from omni_frontend.errors import APIError, bad_request
+from omni_frontend.validation import refuse_unsupported
 
 INPUT_SAMPLE_RATE = 16000
 AudioFormat = Literal["wav", "pcm16", "flac", "mp3", "opus", "aac"]
@@ -159,7 +160,7 @@ class ChatRequest(BaseModel):
 def check_supported(req: ChatRequest) -> None:
     """Raises APIError 400 (code `unsupported_parameter`, param = the field) for an OpenAI field
     this server would otherwise drop while it changes what the client gets back."""
-    refuse_unsupported(req.model_extra or {}, UNSUPPORTED_FIELDS)
+    refuse_unsupported(req.model_extra or {}, UNSUPPORTED_FIELDS, unsupported_parameter)
     for i, msg in enumerate(req.messages):
         for name, why in UNSUPPORTED_MESSAGE_FIELDS.items():
             value = (msg.model_extra or {}).get(name)
@@ -168,13 +169,10 @@ def check_supported(req: ChatRequest) -> None:
                                   code="unsupported_parameter")
 
 
-def refuse_unsupported(extra: dict, fields: dict[str, tuple[tuple, str]]) -> None:
-    """Raises APIError 400 (code `unsupported_parameter`, param = the field) for a key of `extra` (a request's
-    extension fields) that `fields` (field -> (values that change nothing, why); e.g. UNSUPPORTED_FIELDS) lists
-    with a value other than its inert ones."""
-    for name, (inert, why) in fields.items():
-        if name in extra and not any(_same(extra[name], value) for value in inert):
-            raise bad_request(f"{name} is not supported: {why}", param=name, code="unsupported_parameter")
+def unsupported_parameter(name: str, why: str) -> APIError:
+    """The HTTP routes' error for a field that validation.refuse_unsupported refuses (field -> (values that change
+    nothing, why) tables such as UNSUPPORTED_FIELDS): 400, code `unsupported_parameter`, param = the field."""
+    return bad_request(f"{name} is not supported: {why}", param=name, code="unsupported_parameter")
 
 
 def extensions(req: ChatRequest) -> dict:
@@ -183,11 +181,6 @@ def extensions(req: ChatRequest) -> dict:
     (pipeline_stream.extension_fields)."""
     return {k: v for k, v in pipeline_stream.extension_fields(req.model_extra).items()
             if k not in IGNORED_FIELDS and k not in UNSUPPORTED_FIELDS}
-
-
-def _same(value, inert) -> bool:
-    # 0 == False in Python; a JSON boolean is not the number 0 here (and vice versa).
-    return value == inert and isinstance(value, bool) == isinstance(inert, bool)
 
 
 def _audio_part(part: dict, param: str, before_s: float, max_seconds: float) -> np.ndarray:

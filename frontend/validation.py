@@ -8,11 +8,13 @@ JSON may spell a lone UTF-16 surrogate ("\\ud800"); Python's json module turns i
 no UTF-8 encoder accepts, so it would fail deep inside a stage. Multipart form fields, query
 strings and paths cannot carry one (Starlette decodes them as UTF-8 or Latin-1).
 
-Value formats more than one route checks live here too (LANGUAGE_CODE).
+Value formats more than one route checks live here too (LANGUAGE_CODE), and the walker that refuses fields this
+server does not honour (refuse_unsupported), for the HTTP routes and the realtime session alike.
 """
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
 
 from fastapi import Request
 from starlette.requests import HTTPConnection
@@ -23,6 +25,32 @@ from omni_frontend.errors import APIError, bad_request
 # an ISO-639-1 (or -3) language code as Whisper takes it: /v1/audio/transcriptions `language`, realtime
 # `audio.input.transcription.language`
 LANGUAGE_CODE = re.compile(r"[a-z]{2,3}")
+
+
+def refuse_unsupported(spec: dict, fields: Mapping[str, tuple[tuple, str]],
+                       error: Callable[[str, str], Exception]) -> None:
+    """Raises `error(path, why)` for the first of `fields` (a field's dotted path in `spec` -> (values that change
+    nothing, why it is not supported)) that `spec` sets to another value; an absent field (a key missing on the
+    way) changes nothing. Values compare as JSON values: `false` is not `0` (`same_json`).
+
+    The error is the caller's, as its protocol spells it: the HTTP routes raise APIError 400 code
+    `unsupported_parameter` (chat_protocol.unsupported_parameter), the realtime session a ProtocolError code
+    `unsupported_feature` (realtime.config.unsupported_feature)."""
+    for path, (inert, why) in fields.items():
+        value = spec
+        for key in path.split("."):
+            if not isinstance(value, dict) or key not in value:
+                break
+            value = value[key]
+        else:
+            if not any(same_json(value, candidate) for candidate in inert):
+                raise error(path, why)
+
+
+def same_json(value, other) -> bool:
+    """`value == other` as JSON values: 0 == False in Python, but a JSON boolean is not the number 0 (and vice
+    versa)."""
+    return value == other and isinstance(value, bool) == isinstance(other, bool)
 
 
 class BodyLimitMiddleware:

@@ -19,7 +19,7 @@ from openai.types.realtime import RealtimeSessionCreateRequest, RealtimeTranscri
 from omni_frontend.chat_protocol import UNSUPPORTED_FIELDS
 from omni_frontend.config import RequestLimits
 from omni_frontend.realtime.protocol import ProtocolError, check
-from omni_frontend.validation import LANGUAGE_CODE
+from omni_frontend.validation import LANGUAGE_CODE, refuse_unsupported
 
 INPUT_PCM_RATES = (24000, 16000, 8000)
 G711_RATE = 8000
@@ -37,23 +37,26 @@ _SCHEMAS = {"realtime": pydantic.TypeAdapter(RealtimeSessionCreateRequest),
 READ_ONLY = ("object", "id")  # set by the server (session.created); an update may echo them, they are kept
 _NO_TOOLS, _NO_LOGPROBS = UNSUPPORTED_FIELDS["tools"][1], UNSUPPORTED_FIELDS["logprobs"][1]
 _NO_TOOL_CHOICE = ("auto", "none")  # with no tools, the model calls none either way
-# Fields that would change the answer's contract and that this server does not honour: (path in the session or
-# response object, why, values that change nothing). Any other value is refused naming the field, as chat refuses
-# the same features (chat_protocol.UNSUPPORTED_FIELDS), never silently dropped.
-SESSION_UNSUPPORTED = (
-    ("tools", _NO_TOOLS, (None, [])),
-    ("tool_choice", _NO_TOOLS, (None, *_NO_TOOL_CHOICE)),
-    ("include", _NO_LOGPROBS, (None, [])),
-    ("prompt", "stored prompts are not used", (None,)),
-    ("truncation", "the oldest items are left out beyond a fixed history length", (None, "auto")),
-    ("audio.input.noise_reduction", "the input audio is not denoised", (None, {})),
-    ("audio.input.transcription.keywords", "keyword biasing is not supported (use prompt)", (None, [], "")),
-    ("audio.input.transcription.languages", "language sets are not supported (use language)", (None, [])))
-RESPONSE_UNSUPPORTED = (
-    ("input", "a response answers the conversation", (None,)),
-    ("tools", _NO_TOOLS, (None, [])),
-    ("tool_choice", _NO_TOOLS, (None, *_NO_TOOL_CHOICE)),
-    ("prompt", "stored prompts are not used", (None,)))
+# Fields that would change the answer's contract and that this server does not honour: path in the session or
+# response object -> (values that change nothing, why). Any other value is refused naming the field, as chat
+# refuses the same features (chat_protocol.UNSUPPORTED_FIELDS, the same walker: validation.refuse_unsupported),
+# never silently dropped.
+SESSION_UNSUPPORTED: dict[str, tuple[tuple, str]] = {
+    "tools": ((None, []), _NO_TOOLS),
+    "tool_choice": ((None, *_NO_TOOL_CHOICE), _NO_TOOLS),
+    "include": ((None, []), _NO_LOGPROBS),
+    "prompt": ((None,), "stored prompts are not used"),
+    "truncation": ((None, "auto"), "the oldest items are left out beyond a fixed history length"),
+    "audio.input.noise_reduction": ((None, {}), "the input audio is not denoised"),
+    "audio.input.transcription.keywords": ((None, [], ""), "keyword biasing is not supported (use prompt)"),
+    "audio.input.transcription.languages": ((None, []), "language sets are not supported (use language)"),
+}
+RESPONSE_UNSUPPORTED: dict[str, tuple[tuple, str]] = {
+    "input": ((None,), "a response answers the conversation"),
+    "tools": ((None, []), _NO_TOOLS),
+    "tool_choice": ((None, *_NO_TOOL_CHOICE), _NO_TOOLS),
+    "prompt": ((None,), "stored prompts are not used"),
+}
 
 
 def default_session(model: str, session_id: str) -> dict:
@@ -162,7 +165,7 @@ def _settings(session: dict, kind: str, max_text_chars: int) -> SessionSettings:
     input_format, input_rate = _format(audio_in.get("format"), INPUT_PCM_RATES, "audio.input.format")
     output_format, output_rate = _format(audio_out.get("format"), (OUTPUT_PCM_RATE,), "audio.output.format")
     transcription = audio_in.get("transcription")
-    refuse_unsupported(session, SESSION_UNSUPPORTED, "session.")
+    refuse_unsupported(session, SESSION_UNSUPPORTED, unsupported_feature("session."))
     prompt = (transcription or {}).get("prompt")
     check_length(prompt, "audio.input.transcription.prompt", max_text_chars)
     language = (transcription or {}).get("language")
@@ -185,16 +188,14 @@ def _settings(session: dict, kind: str, max_text_chars: int) -> SessionSettings:
         max_tokens=_max_tokens(session.get("max_output_tokens"), None, "max_output_tokens"))
 
 
-def refuse_unsupported(spec: dict, fields: tuple, prefix: str = "") -> None:
-    """Raises ProtocolError (code `unsupported_feature`, param `prefix` + the field's path) for the first of
-    `fields` (SESSION_UNSUPPORTED / RESPONSE_UNSUPPORTED) that `spec` sets to a value that would change the answer."""
-    for path, why, inert in fields:
-        value = spec
-        for key in path.split("."):
-            value = value.get(key) if isinstance(value, dict) else None
-        if value not in inert:
-            raise ProtocolError(f"{prefix}{path} is not supported by this server: {why}", code="unsupported_feature",
-                                param=prefix + path)
+def unsupported_feature(prefix: str):
+    """The realtime error for a field that validation.refuse_unsupported refuses in a session or response object
+    (SESSION_UNSUPPORTED / RESPONSE_UNSUPPORTED): a factory of ProtocolError code `unsupported_feature`, param
+    `prefix` + the field's path (e.g. "session.tools")."""
+    def error(path: str, why: str) -> ProtocolError:
+        return ProtocolError(f"{prefix}{path} is not supported by this server: {why}", code="unsupported_feature",
+                             param=prefix + path)
+    return error
 
 
 def check_length(text: str | None, param: str, max_text_chars: int) -> None:
@@ -262,7 +263,7 @@ def response_settings(spec: dict, session: SessionSettings,
     RealtimeResponseCreateParams: strict types, no unknown fields). Raises ProtocolError (param
     "response.<field>") for a value this server does not accept, before anything runs, including
     `instructions` over `max_text_chars` (--max-text-chars)."""
-    refuse_unsupported(spec, RESPONSE_UNSUPPORTED, "response.")
+    refuse_unsupported(spec, RESPONSE_UNSUPPORTED, unsupported_feature("response."))
     check_length(spec.get("instructions"), "response.instructions", max_text_chars)
     conversation = spec.get("conversation")
     if conversation not in (None, "auto", "none"):

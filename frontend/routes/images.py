@@ -36,10 +36,11 @@ from starlette.datastructures import UploadFile
 from omni_frontend import admission
 from omni_frontend import images as codec
 from omni_frontend import pipeline_stream
-from omni_frontend.chat_protocol import refuse_unsupported
+from omni_frontend.chat_protocol import unsupported_parameter
 from omni_frontend.errors import APIError, bad_request
 from omni_frontend.pipelines import IMAGE, Pipeline
 from omni_frontend.routes.common import config, form_bool, pipeline_for, refuse_unread_fields, single_part, triton
+from omni_frontend.validation import refuse_unsupported
 
 router = APIRouter()
 FILES_PATH = "/files/images/"
@@ -232,7 +233,7 @@ def _extensions(options: ImageOptions) -> dict:
     """The extension fields passed on to the pipeline: the unknown fields but UNSUPPORTED_FIELDS (refused
     unless inert). Raises APIError 400."""
     extra = pipeline_stream.extension_fields(options.model_extra)
-    refuse_unsupported(extra, UNSUPPORTED_FIELDS)
+    refuse_unsupported(extra, UNSUPPORTED_FIELDS, unsupported_parameter)
     return {k: v for k, v in extra.items() if k not in UNSUPPORTED_FIELDS}
 
 

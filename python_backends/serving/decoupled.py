@@ -121,12 +121,17 @@ class AsyncDecoupledModel:
 
     Optional hooks: `setup(args)` (after the model config is parsed) and `teardown()`.
     `request_fields` (the REQUEST keys `handle` reads; `field_hints`: advice for fields it refuses) makes the
-    model answer REQUEST {"action": "fields"} with `events.fields_event` instead of calling `handle`.
+    model answer REQUEST {"action": "fields"} with `events.fields_event` instead of calling `handle`, and refuse
+    any other REQUEST holding a non-null key outside them before `handle` runs (`events.require_known_fields`:
+    400 `unsupported_parameter`), so `handle` reads only known fields and need not check them itself; a
+    REQUEST whose "action" is one of `control_actions` (those `handle` answers itself, e.g. "voices") is passed
+    to `handle` unchecked.
     Exposes per-model metrics (in-flight requests, requests by outcome) on Triton's metrics port.
     """
 
     request_fields: tuple[str, ...] | None = None
     field_hints: dict[str, str] = {}
+    control_actions: tuple[str, ...] = ()
 
     def initialize(self, args: dict) -> None:
         self.model_name, self.model_config, self.parameters = model_config.load(args)
@@ -181,10 +186,15 @@ class AsyncDecoupledModel:
         send_final(sender, ctx.request_id, error)
 
     async def _answer(self, ctx: RequestContext):
-        """The events of `handle(ctx)`, or the fields event for {"action": "fields"} (with `request_fields`)."""
-        if self.request_fields is not None and events.wants_fields(ctx.body()):
-            yield events.fields_event(self.request_fields, self.field_hints), None
-            return
+        """The events of `handle(ctx)`, or the fields event for {"action": "fields"} (with `request_fields`, which
+        the REQUEST of any action but `control_actions` must keep to)."""
+        if self.request_fields is not None:
+            body = ctx.body()
+            if events.wants_fields(body):
+                yield events.fields_event(self.request_fields, self.field_hints), None
+                return
+            if body.get("action") not in self.control_actions:
+                events.require_known_fields(body, self.request_fields, self.model_name, self.field_hints)
         async with contextlib.aclosing(self.handle(ctx)) as stream:
             async for item in stream:
                 yield item

@@ -612,6 +612,43 @@ def test_pipelines_publish_the_request_fields_they_read(voice_server):
     assert tts == {"type": "fields", "fields": ["input", "speed", "voice"], "hints": {}}   # speech_model.REQUEST_FIELDS
 
 
+def test_pipelines_refuse_an_unread_field_of_a_direct_triton_request(voice_server):
+    """A Triton client that skips the frontend gets the pipeline's own refusal (AsyncDecoupledModel checks every
+    REQUEST against the model's request_fields before its handler runs); {"action": "voices"} is answered whatever
+    else the REQUEST holds, as before."""
+    import asyncio
+
+    from omni_backends.voice.protocol import REQUEST_FIELDS as VOICE_FIELDS
+    from omni_frontend import pipeline_stream
+    from omni_frontend.errors import APIError
+    from omni_frontend.triton_client import TritonClient
+
+    async def refusal(client, model, body):
+        try:
+            return [event async for event, _ in pipeline_stream.events(client, model, body, "fields-refusal")]
+        except APIError as exc:
+            return exc
+
+    async def ask():
+        client = TritonClient(voice_server.grpc_url, 60)
+        try:
+            return (await refusal(client, "voice", {"messages": [], "min_tokens": 2, "zz": 1}),
+                    await refusal(client, "tts", {"input": "", "speaker": "x"}),
+                    await refusal(client, "tts", {"action": "voices", "bogus_field": 1}))
+        finally:
+            await client.close()
+
+    voice, tts, voices = asyncio.run(ask())
+    assert isinstance(voice, APIError) and isinstance(tts, APIError), (voice, tts)
+    assert (voice.status, voice.type, voice.param, voice.code, voice.message) == (
+        400, "invalid_request_error", "min_tokens", "unsupported_parameter",
+        f"min_tokens is not a request field of model voice (its fields: {', '.join(sorted(VOICE_FIELDS))})")
+    assert (tts.status, tts.type, tts.param, tts.code, tts.message) == (
+        400, "invalid_request_error", "speaker", "unsupported_parameter",
+        "speaker is not a request field of model tts (its fields: input, speed, voice)")
+    assert [event["type"] for event in voices] == ["voices"] and voices[0]["voices"], voices
+
+
 def test_unknown_chat_voice_is_a_400_before_any_model_work(voice_server):
     response = httpx.post(f"{voice_server.base_url}/v1/chat/completions", timeout=60, json={
         "model": "voice", "audio": {"voice": "nobody", "format": "wav"}, "messages": [{"role": "user", "content": "hi"}]})

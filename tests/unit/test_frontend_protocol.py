@@ -115,6 +115,32 @@ def test_contract_changing_fields_are_rejected_naming_the_field(field, value):
     assert (info.value.status, info.value.param, info.value.code) == (400, field, "unsupported_parameter")
 
 
+def test_one_walker_refuses_unsupported_fields_with_each_protocol_error():
+    """validation.refuse_unsupported serves the HTTP routes (APIError 400 `unsupported_parameter`) and the realtime
+    session (ProtocolError `unsupported_feature`, dotted paths): an absent or inert value passes, `false` is not
+    `0`, and the first refused field of the table is named."""
+    from omni_frontend.chat_protocol import UNSUPPORTED_FIELDS, unsupported_parameter
+    from omni_frontend.realtime import config as realtime
+    from omni_frontend.realtime.protocol import ProtocolError
+    from omni_frontend.validation import refuse_unsupported
+
+    refuse_unsupported({"logprobs": False, "tools": [], "user": "u"}, UNSUPPORTED_FIELDS, unsupported_parameter)
+    with pytest.raises(APIError) as info:
+        refuse_unsupported({"logprobs": 0, "tools": [{}]}, UNSUPPORTED_FIELDS, unsupported_parameter)
+    assert (info.value.status, info.value.param, info.value.code, info.value.message) == (
+        400, "tools", "unsupported_parameter", "tools is not supported: the served models do not call tools")
+    with pytest.raises(APIError, match="^logprobs is not supported: "):
+        refuse_unsupported({"logprobs": 0}, UNSUPPORTED_FIELDS, unsupported_parameter)
+    session_error = realtime.unsupported_feature("session.")
+    refuse_unsupported({"audio": {"input": None}, "truncation": "auto"}, realtime.SESSION_UNSUPPORTED, session_error)
+    with pytest.raises(ProtocolError) as info:
+        refuse_unsupported({"audio": {"input": {"noise_reduction": {"type": "near_field"}}}},
+                           realtime.SESSION_UNSUPPORTED, session_error)
+    assert (info.value.code, info.value.param, info.value.message) == (
+        "unsupported_feature", "session.audio.input.noise_reduction",
+        "session.audio.input.noise_reduction is not supported by this server: the input audio is not denoised")
+
+
 def test_a_pipeline_control_field_is_not_passed_on_as_an_extension_field():
     """Extension fields go to the pipeline REQUEST, whose "action" key asks a pipeline for its voices instead
     of an answer: a chat or speech request carrying it was answered 200 with no content."""

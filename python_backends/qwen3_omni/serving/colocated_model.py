@@ -90,7 +90,7 @@ class Mailbox:
 
 
 class TritonPythonModel(AsyncDecoupledModel):
-    request_fields = turns.REQUEST_FIELDS
+    request_fields, control_actions = turns.REQUEST_FIELDS, ("voices",)
 
     def setup(self, args: dict) -> None:
         # three engine threads and the request coroutines share the GIL: hand it over in 0.5 ms, not Python's 5 ms
@@ -142,7 +142,7 @@ class TritonPythonModel(AsyncDecoupledModel):
             yield events.voices_event(self.voices, self.default_voice, body,
                                       lambda v: turns.resolve_voice(v, self.voices)), None
             return
-        modalities, voice = turns.validate(body, self.voices, self.default_voice, self.model_name)
+        modalities, voice = turns.validate(body, self.voices, self.default_voice)
         pipeline = self.pipeline
         inputs, params, text = turns.thinker_request(pipeline.thinker, body, ctx.input(p.INPUT_AUDIO),
                                                      self.default_max_tokens)

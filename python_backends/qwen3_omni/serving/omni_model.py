@@ -70,7 +70,7 @@ def _drain(q: asyncio.Queue, first) -> list:
 
 
 class TritonPythonModel(AsyncDecoupledModel):
-    request_fields = turns.REQUEST_FIELDS
+    request_fields, control_actions = turns.REQUEST_FIELDS, ("voices",)
 
     def setup(self, args: dict) -> None:
         config = load_config(p.stage_checkpoint(self.parameters, self.model_name))
@@ -83,7 +83,7 @@ class TritonPythonModel(AsyncDecoupledModel):
             yield events.voices_event(self.voices, self.default_voice, body,
                                       lambda v: turns.resolve_voice(v, self.voices)), None
             return
-        modalities, voice = turns.validate(body, self.voices, self.default_voice, self.model_name)
+        modalities, voice = turns.validate(body, self.voices, self.default_voice)
         turn = _Turn(body, voice)
         out = FanIn()
         talker_q: asyncio.Queue | None = asyncio.Queue() if voice else None

@@ -18,7 +18,6 @@ from omni_backends.engine.sampling import check_context_length, request_sampling
 from omni_backends.errors import RequestError
 from omni_backends.qwen3_omni.prompt import ThinkerInputs
 from omni_backends.qwen3_omni.serving.protocol import TALKER_FIELDS
-from omni_backends.serving.events import require_known_fields
 
 MODALITIES = ("text", "audio")
 # the REQUEST keys a turn reads; `first_chunk_words` (the voice pipeline's first spoken chunk, which realtime sessions
@@ -27,11 +26,10 @@ REQUEST_FIELDS = ("messages", "modalities", "voice", "stop", *SAMPLING_FIELDS, *
                   "return_token_ids", "first_chunk_words")
 
 
-def validate(body: dict, voices: Sequence[str], default_voice: str, model: str) -> tuple[list[str], str | None]:
-    """(modalities, voice or None for text only) of a REQUEST to `model`. Raises RequestError (HTTP 400) for a
-    key outside REQUEST_FIELDS (code unsupported_parameter), empty messages, max_tokens <= 0, an unknown
-    modality, or an unknown voice (the message lists `voices`)."""
-    require_known_fields(body, REQUEST_FIELDS, model)
+def validate(body: dict, voices: Sequence[str], default_voice: str) -> tuple[list[str], str | None]:
+    """(modalities, voice or None for text only) of a REQUEST. Raises RequestError (HTTP 400) for empty messages,
+    max_tokens <= 0, an unknown modality, or an unknown voice (the message lists `voices`). A key outside
+    REQUEST_FIELDS was refused before (the models' `request_fields`, checked by AsyncDecoupledModel)."""
     messages, max_tokens = body.get("messages"), body.get("max_tokens")
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages must be a non-empty list", param="messages")

@@ -78,7 +78,6 @@ class TritonPythonModel(AsyncDecoupledModel):
 
     def _request(self, ctx) -> dict:
         body = ctx.body()
-        events.require_known_fields(body, REQUEST_FIELDS, self.model_name, FIELD_HINTS)
         task = body.get("task", self.task)
         if task != self.task:
             raise RequestError(f"model {self.model_name} serves task '{self.task}', not '{task}'", param="model")

@@ -23,7 +23,7 @@ REQUEST_FIELDS = ("input", "voice", "speed")
 
 
 class TritonPythonModel(AsyncDecoupledModel):
-    request_fields = REQUEST_FIELDS
+    request_fields, control_actions = REQUEST_FIELDS, ("voices",)
 
     def setup(self, args: dict) -> None:
         self.voices = engines.voices(engines.stage_engine(args["model_repository"]))
@@ -33,7 +33,6 @@ class TritonPythonModel(AsyncDecoupledModel):
         if events.wants_voices(body):
             yield events.voices_event(self.voices.names, self.voices.default, body, self.voices.resolve), None
             return
-        events.require_known_fields(body, REQUEST_FIELDS, self.model_name)
         text = body.get("input")
         if not isinstance(text, str) or not text.strip():
             raise RequestError("input must be a non-empty string", param="input")

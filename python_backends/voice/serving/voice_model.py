@@ -33,7 +33,7 @@ _END = object()
 
 
 class TritonPythonModel(AsyncDecoupledModel):
-    request_fields = REQUEST_FIELDS
+    request_fields, control_actions = REQUEST_FIELDS, ("voices",)
 
     def setup(self, args: dict) -> None:
         self.voices = engines.voices(engines.stage_engine(args["model_repository"]))
@@ -43,7 +43,6 @@ class TritonPythonModel(AsyncDecoupledModel):
         if events.wants_voices(body):
             yield events.voices_event(self.voices.names, self.voices.default, body, self.voices.resolve), None
             return
-        events.require_known_fields(body, REQUEST_FIELDS, self.model_name)
         modalities = body.get("modalities") or ["text", "audio"]
         voice = self.voices.resolve(body.get("voice")) if "audio" in modalities else None
         messages = body.get("messages")
