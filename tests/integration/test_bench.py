@@ -71,7 +71,9 @@ def test_chat_audio_sweep_json_is_complete_and_consistent(mock_server, tmp_path)
             assert m["rtf"] == pytest.approx(m["e2e_s"] / m["audio_duration_s"])
             text_times = [c["t"] for c in r["chunks"] if c["kind"] == "text"]
             assert m["itl_s"] == pytest.approx(np.diff(text_times).tolist()) and len(m["itl_s"]) == REPEAT - 1
-            assert sum(m["itl_s"]) > (REPEAT - 1) * 0.004  # deltas are sent 5 ms apart
+            # deltas are sent 5 ms apart: the stream cannot end sooner (their arrival gaps can shrink on a loaded
+            # host, where several deltas come in one read, so the gaps' sum is no bound)
+            assert m["e2e_s"] >= (REPEAT - 1) * 0.005 and sum(m["itl_s"]) > 0
             assert m["tpot_s"] == pytest.approx((m["e2e_s"] - m["ttft_s"]) / (REPEAT - 1))
             assert request_metrics(_record(r)) == m  # the JSON records alone reproduce the metrics
         metrics, throughput = summary["metrics"], summary["throughput"]
