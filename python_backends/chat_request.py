@@ -2,6 +2,12 @@
 
 Messages carry content parts {"type": "text", "text"} or {"type": "input_audio", "offset", "samples",
 "sample_rate"} pointing into the INPUT_AUDIO tensor (float32 mono 16 kHz [total_samples]).
+
+`check_request` is the one type check of a REQUEST body, run by every model that parses chat messages
+(voice, voice_llm, qwen3_omni, qwen3_omni_thinker, the co-located qwen3_omni) before any field is used: any JSON
+of the wrong shape is a RequestError (HTTP 400) whose param is the field's path, e.g.
+`messages[0].content[1].offset`, never a Python exception (a 500). Ranges of the sampling fields are checked
+where they are used (omni_backends.engine.sampling.request_sampling_params, also a 400).
 """
 from __future__ import annotations
 
@@ -10,21 +16,124 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from omni_backends.errors import RequestError
+from omni_backends.input_audio import SAMPLE_RATE, check_audio
+
+ROLES = ("system", "user", "assistant")
+PART_TYPES = ("text", "input_audio")
+MODALITIES = ("text", "audio")
+NUMBER_FIELDS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
+INTEGER_FIELDS = ("max_tokens", "min_tokens", "top_k", "seed")
+BOOLEAN_FIELDS = ("return_token_ids", "talker_inputs")
+
+
+def check_request(body: Mapping, *, parts: bool = True) -> None:
+    """Type check of a chat REQUEST body's fields (absent or null ones but `messages` are fine):
+    messages (`check_messages`), modalities (a non-empty list of "text" / "audio"), voice (a string), stop (a
+    string or a list of strings), the sampling numbers (NUMBER_FIELDS: numbers; INTEGER_FIELDS: integers; a JSON
+    boolean is neither) and BOOLEAN_FIELDS. `parts` False: message content must be a string (voice_llm).
+    Raises RequestError (HTTP 400) whose param names the field."""
+    check_messages(body.get("messages"), parts=parts)
+    modalities = body.get("modalities")
+    if modalities is not None and (not isinstance(modalities, list) or not modalities
+                                   or any(not isinstance(m, str) or m not in MODALITIES for m in modalities)):
+        raise RequestError(f"modalities must be a non-empty list of {list(MODALITIES)}, got {modalities!r}",
+                           param="modalities")
+    voice = body.get("voice")
+    if voice is not None and not isinstance(voice, str):
+        raise RequestError(f"voice must be a voice name (a string), got {_kind(voice)}", param="voice")
+    stop = body.get("stop")
+    if stop is not None and not isinstance(stop, str):
+        if not isinstance(stop, list):
+            raise RequestError(f"stop must be a string or a list of strings, got {_kind(stop)}", param="stop")
+        for i, item in enumerate(stop):
+            if not isinstance(item, str):
+                raise RequestError(f"stop[{i}] must be a string, got {_kind(item)}", param=f"stop[{i}]")
+    for name in NUMBER_FIELDS:
+        value = body.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise RequestError(f"{name} must be a number, got {_kind(value)}", param=name)
+    for name in INTEGER_FIELDS:
+        value = body.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise RequestError(f"{name} must be an integer, got {_kind(value)}", param=name)
+    for name in BOOLEAN_FIELDS:
+        value = body.get(name)
+        if value is not None and not isinstance(value, bool):
+            raise RequestError(f"{name} must be a boolean, got {_kind(value)}", param=name)
+
+
+def check_messages(messages, *, parts: bool = True) -> None:
+    """Type check of `messages`: a non-empty list of objects {"role": one of ROLES, "content": a string, null, or
+    (with `parts`) a list of part objects}; a part is {"type": "text", "text": str} or {"type": "input_audio",
+    "offset": int >= 0 (default 0), "samples": int > 0, "sample_rate": 16000 (the default)}; null is an absent field.
+    Raises RequestError (HTTP 400) whose param is the path of the first bad value, e.g. `messages[0].content[1].offset`."""
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("messages must be a non-empty list", param="messages")
+    for i, message in enumerate(messages):
+        path = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise RequestError(f"{path} must be an object {{role, content}}, got {_kind(message)}", param=path)
+        role = message.get("role")
+        if not isinstance(role, str) or role not in ROLES:
+            raise RequestError(f"{path}.role must be one of {list(ROLES)}, got {role!r}", param=f"{path}.role")
+        content = message.get("content")
+        if isinstance(content, str) or (content is None and parts):
+            continue
+        if not parts:
+            raise RequestError(f"{path}.content must be a string, got {_kind(content)}", param=f"{path}.content")
+        if not isinstance(content, list):
+            raise RequestError(f"{path}.content must be a string or a list of content parts, got {_kind(content)}",
+                               param=f"{path}.content")
+        for j, part in enumerate(content):
+            _check_part(part, f"{path}.content[{j}]")
+
+
+def _check_part(part, path: str) -> None:
+    if not isinstance(part, dict):
+        raise RequestError(f"{path} must be a content part object {{type, ...}}, got {_kind(part)}", param=path)
+    kind = part.get("type")
+    if not isinstance(kind, str) or kind not in PART_TYPES:
+        raise RequestError(f"{path}.type: content part type {kind!r} is not supported (supported: "
+                           f"{', '.join(PART_TYPES)})", param=f"{path}.type", code="unsupported_content")
+    if kind == "text":
+        if not isinstance(part.get("text"), str):
+            raise RequestError(f"{path}.text must be a string, got {_kind(part.get('text'))}", param=f"{path}.text")
+        return
+    for name, least, default in (("offset", 0, 0), ("samples", 1, None)):
+        value = part.get(name)
+        value = default if value is None else value   # null: an absent field
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise RequestError(f"{path}.{name} must be an integer >= {least}, got {value!r}", param=f"{path}.{name}")
+    rate = SAMPLE_RATE if part.get("sample_rate") is None else part["sample_rate"]
+    if isinstance(rate, bool) or rate != SAMPLE_RATE:
+        raise RequestError(f"{path}.sample_rate must be {SAMPLE_RATE}, got {rate!r}", param=f"{path}.sample_rate")
+
+
+def _kind(value) -> str:
+    """The JSON type of `value` and a short repr, for error messages."""
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "a number",
+             float: "a number", type(None): "null"}
+    return f"{names.get(type(value), type(value).__name__)} ({str(value)[:40]!r})"
 
 
 def audio_clips(messages: Sequence[Mapping], input_audio: np.ndarray | None) -> list[np.ndarray]:
-    """The input_audio parts' samples, in message order: float32 [samples] mono 16 kHz each.
+    """The input_audio parts' samples, in message order: float32 [samples] mono 16 kHz each, of messages
+    that passed `check_messages` (this checks them again).
 
-    Raises RequestError when a part points outside INPUT_AUDIO or is not 16 kHz.
+    Raises RequestError when INPUT_AUDIO holds a NaN or infinite sample (input_audio.check_audio), or a part
+    points outside INPUT_AUDIO (param: the part's path).
     """
+    check_messages(messages)
+    audio = check_audio(np.zeros(0, np.float32) if input_audio is None else input_audio, "INPUT_AUDIO",
+                        allow_empty=True)
     clips = []
-    audio = np.zeros(0, np.float32) if input_audio is None else np.asarray(input_audio, np.float32).reshape(-1)
-    for part in _parts(messages):
-        if part.get("type") != "input_audio":
+    for path, part in _parts(messages):
+        if part["type"] != "input_audio":
             continue
-        start, count = int(part.get("offset", 0)), int(part.get("samples", 0))
-        if part.get("sample_rate", 16000) != 16000 or start < 0 or count <= 0 or start + count > audio.size:
-            raise RequestError("input_audio part must be 16 kHz and lie inside INPUT_AUDIO", param="messages")
+        start, count = part.get("offset") or 0, part["samples"]
+        if start + count > audio.size:
+            raise RequestError(f"{path}: the input_audio part (offset {start}, {count} samples) must lie inside "
+                               f"INPUT_AUDIO ({audio.size} samples)", param=path)
         clips.append(audio[start:start + count])
     return clips
 
@@ -44,7 +153,9 @@ def text_chars(messages: Sequence[Mapping]) -> int:
 
 
 def _parts(messages: Sequence[Mapping]):
-    for message in messages:
+    """(path, part) of every content part of checked messages, in order."""
+    for i, message in enumerate(messages):
         content = message.get("content")
-        if not isinstance(content, str):
-            yield from content or []
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                yield f"messages[{i}].content[{j}]", part

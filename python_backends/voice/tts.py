@@ -72,8 +72,10 @@ def resolve_voice(voice: str | None, names: Sequence[str], default: str = DEFAUL
     """The shipped voice for a requested name: itself, its alias target (OpenAI's names: `aliases`), or
     `default` for None. Defaults: Kokoro's voices.
 
-    Raises RequestError (param "voice") naming the available voices when it is unknown.
+    Raises RequestError (param "voice") naming the available voices when it is unknown or not a string.
     """
+    if voice is not None and not isinstance(voice, str):   # a list or an object is no name (and not hashable)
+        raise RequestError(f"voice must be a voice name (a string), got {voice!r}"[:200], param="voice")
     name = aliases.get(voice or default, voice or default)
     if name not in names:
         raise RequestError(f"unknown voice {voice!r}; available: {', '.join(names)} "
@@ -82,8 +84,8 @@ def resolve_voice(voice: str | None, names: Sequence[str], default: str = DEFAUL
 
 
 def check_speed(speed: float) -> float:
-    """Return `speed` if it lies in [0.25, 4.0]; else raise RequestError (param "speed")."""
-    if not MIN_SPEED <= speed <= MAX_SPEED:
+    """Return `speed` if it is a number in [0.25, 4.0]; else raise RequestError (param "speed")."""
+    if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not MIN_SPEED <= speed <= MAX_SPEED:
         raise RequestError(f"speed must be between {MIN_SPEED} and {MAX_SPEED}, got {speed}", param="speed")
     return speed
 

@@ -341,6 +341,57 @@ def test_a_field_neither_layout_reads_is_refused_by_the_route_naming_it(server, 
     assert "talker_top_p" in error["message"] and "return_token_ids" in error["message"]
 
 
+def _triton_error(server, model: str, body: dict, audio: np.ndarray) -> str | None:
+    """The error message of one REQUEST + INPUT_AUDIO sent straight to `model` (tritonclient, gRPC streaming), or
+    None when it was answered up to its `done` event."""
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    got: queue.Queue = queue.Queue()
+    triton = grpcclient.InferenceServerClient(server.grpc_url)
+    triton.start_stream(callback=lambda result, error: got.put((result, error)))
+    inputs = [grpcclient.InferInput("REQUEST", [1], "BYTES"), grpcclient.InferInput("INPUT_AUDIO", [audio.size], "FP32")]
+    inputs[0].set_data_from_numpy(np.array([json.dumps(body).encode()], dtype=np.object_))
+    inputs[1].set_data_from_numpy(audio.astype(np.float32))
+    triton.async_stream_infer(model, inputs)
+    try:
+        while True:
+            result, error = got.get(timeout=120)
+            if error is not None:
+                return error.message()
+            if json.loads(result.as_numpy("EVENT")[0])["type"] == "done":
+                return None
+    finally:
+        triton.stop_stream(cancel_requests=True)
+        triton.close()
+
+
+@pytest.mark.parametrize("model", ["qwen3_omni", COLOCATED, "qwen3_omni_thinker"])
+def test_wrong_json_shapes_and_non_finite_audio_sent_to_the_models_are_a_400_envelope(server, model):
+    """Straight to the Triton models (no frontend validation): a REQUEST of well-formed JSON of the wrong shape
+    and NaN input audio are a 400 OpenAI envelope naming the field (not a Python exception: a 500 and a traceback),
+    in both layouts and from the thinker stage itself; the model keeps serving."""
+    nan = np.full(16000, np.nan, np.float32)
+    part = {"type": "input_audio", "offset": 0, "samples": nan.size, "sample_rate": 16000}
+    base = {"modalities": ["text"], "max_tokens": 4} if model != "qwen3_omni_thinker" else {"max_tokens": 4,
+                                                                                           "talker_inputs": False}
+    for body, audio, param in (
+            ({"messages": [1]}, None, "messages[0]"),
+            ({"messages": [{"role": "user", "content": [5]}]}, None, "messages[0].content[0]"),
+            ({"messages": [{"role": "user", "content": [{**part, "offset": "a"}]}]}, None,
+             "messages[0].content[0].offset"),
+            ({"messages": [{"role": "user", "content": [{"type": "text", "text": ["hi"]}]}]}, None,
+             "messages[0].content[0].text"),
+            ({"messages": _messages("hi"), "stop": {"s": 1}}, None, "stop"),
+            ({"messages": [{"role": "user", "content": [part]}]}, nan, "INPUT_AUDIO")):
+        message = _triton_error(server, model, {**base, **body}, np.zeros(16000, np.float32) if audio is None else audio)
+        assert message is not None, f"{model} answered {body}"
+        error = json.loads(message)["error"]
+        assert (error["status"], error["type"], error["param"]) == (400, "invalid_request_error", param), error
+    assert _triton_error(server, model, {**base, "messages": _messages("hi")}, np.zeros(16000, np.float32)) is None
+
+
 def test_input_audio_runs_through_the_audio_encoder(server, reference):
     tone = (0.3 * np.sin(2 * np.pi * 220 * np.arange(16000) / 16000)).astype(np.float32)
     wav_bytes = io.BytesIO()

@@ -752,3 +752,77 @@ def test_whole_wav_answers_carry_real_sizes_and_only_streams_use_unknown_sizes(v
         first = next(json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: "))
     header = base64.b64decode(first["audio"])[:44]
     assert header[:4] == b"RIFF" and header[4:8] == header[40:44] == b"\xff\xff\xff\xff"
+
+
+def _triton_error(server, model: str, body: dict, audio: np.ndarray | None = None) -> str | None:
+    """The error message of one REQUEST (+ INPUT_AUDIO) sent straight to decoupled `model` with tritonclient
+    (gRPC streaming), or None when it was answered up to its `done` event."""
+    import queue
+
+    got: queue.Queue = queue.Queue()
+    triton = grpcclient.InferenceServerClient(server.grpc_url)
+    triton.start_stream(callback=lambda result, error: got.put((result, error)))
+    inputs = [grpcclient.InferInput("REQUEST", [1], "BYTES")]
+    inputs[0].set_data_from_numpy(np.array([json.dumps(body).encode()], dtype=np.object_))
+    if audio is not None:
+        inputs.append(grpcclient.InferInput("INPUT_AUDIO", [audio.size], "FP32"))
+        inputs[1].set_data_from_numpy(audio.astype(np.float32))
+    triton.async_stream_infer(model, inputs)
+    try:
+        while True:
+            result, error = got.get(timeout=120)
+            if error is not None:
+                return error.message() if isinstance(error, InferenceServerException) else str(error)
+            if json.loads(result.as_numpy("EVENT")[0])["type"] == "done":
+                return None
+    finally:
+        triton.stop_stream(cancel_requests=True)
+        triton.close()
+
+
+def _envelope_400(message: str | None) -> dict:
+    assert message is not None, "the bad request was answered"
+    error = json.loads(message)["error"]   # not a Python exception's text (a 500)
+    assert error["status"] == 400 and error["type"] == "invalid_request_error", error
+    return error
+
+
+def test_wrong_json_shapes_and_non_finite_audio_sent_to_the_models_are_a_400_envelope(voice_server, client):
+    """Straight to the Triton models (no frontend validation): a REQUEST of well-formed JSON of the wrong shape
+    (also a speech REQUEST's voice / speed) and NaN input audio are refused by voice, voice_llm, tts, voice_asr_stream
+    and voice_vad with the OpenAI envelope (HTTP 400, param naming the field), not a Python exception (500); the
+    models keep serving."""
+    nan = np.full(16000, np.nan, np.float32)
+    part = {"type": "input_audio", "offset": 0, "samples": nan.size, "sample_rate": 16000}
+    text = {"modalities": ["text"], "max_tokens": 4}
+    for model, body, param in (
+            ("voice", {"messages": [1]}, "messages[0]"),
+            ("voice", {"messages": [{"role": "user", "content": [5]}]}, "messages[0].content[0]"),
+            ("voice", {"messages": [{"role": "user", "content": [{**part, "offset": "a"}]}]},
+             "messages[0].content[0].offset"),
+            ("voice", {"messages": [{"role": "user", "content": "hi"}], "stop": 5}, "stop"),
+            ("voice", {"messages": [{"role": "user", "content": "hi"}], "voice": ["alloy"], "modalities": ["audio"]},
+             "voice"),
+            ("voice_llm", {"messages": [{"role": "user", "content": "hi"}], "stop": [1]}, "stop[0]"),
+            ("voice_llm", {"messages": [{"role": "user", "content": [5]}]}, "messages[0].content"),
+            ("tts", {"input": "hi", "speed": "fast"}, "speed"),
+            ("tts", {"input": "hi", "voice": {"id": ["alloy"]}}, "voice")):
+        request = body if model == "tts" else {**text, **body}   # tts reads no modalities / max_tokens
+        audio = np.zeros(16000, np.float32) if model == "voice" else None   # only voice takes INPUT_AUDIO here
+        error = _envelope_400(_triton_error(voice_server, model, request, audio))
+        assert error["param"] == param, (model, body, error)
+    for model, body in (("voice", {**text, "messages": [{"role": "user", "content": [part]}]}),
+                        ("voice_asr_stream", {})):
+        error = _envelope_400(_triton_error(voice_server, model, body, nan))
+        assert "must hold finite mono 16 kHz samples" in error["message"], (model, error)
+    with grpcclient.InferenceServerClient(voice_server.grpc_url) as triton:
+        audio = grpcclient.InferInput("AUDIO", [1, nan.size], "FP32")
+        audio.set_data_from_numpy(nan[None, :])
+        with pytest.raises(InferenceServerException) as refused:
+            triton.infer("voice_vad", [audio], sequence_id=77, sequence_start=True, sequence_end=True)
+        assert _envelope_400(refused.value.message())["param"] == "AUDIO"
+    assert httpx.get(f"{voice_server.base_url}/health").status_code == 200
+    assert "Paris" in client.chat.completions.create(model="voice", modalities=["text"], temperature=0,
+                                                     messages=[{"role": "user", "content": QUESTION}]).choices[0].message.content
+    tone = (0.3 * np.sin(2 * np.pi * 220 * np.arange(16000) / 16000)).astype(np.float32)
+    assert _triton_error(voice_server, "voice_asr_stream", {}, tone) is None

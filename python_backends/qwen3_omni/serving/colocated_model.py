@@ -142,7 +142,7 @@ class TritonPythonModel(AsyncDecoupledModel):
             yield events.voices_event(self.voices, self.default_voice, body,
                                       lambda v: turns.resolve_voice(v, self.voices)), None
             return
-        modalities, voice = turns.validate(body, self.voices, self.default_voice)
+        modalities, voice = turns.validate(body, self.voices, self.default_voice, ctx.input(p.INPUT_AUDIO))
         pipeline = self.pipeline
         inputs, params, text = turns.thinker_request(pipeline.thinker, body, ctx.input(p.INPUT_AUDIO),
                                                      self.default_max_tokens)

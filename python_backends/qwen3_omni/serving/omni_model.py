@@ -83,7 +83,7 @@ class TritonPythonModel(AsyncDecoupledModel):
             yield events.voices_event(self.voices, self.default_voice, body,
                                       lambda v: turns.resolve_voice(v, self.voices)), None
             return
-        modalities, voice = turns.validate(body, self.voices, self.default_voice)
+        modalities, voice = turns.validate(body, self.voices, self.default_voice, ctx.input(p.INPUT_AUDIO))
         turn = _Turn(body, voice)
         out = FanIn()
         talker_q: asyncio.Queue | None = asyncio.Queue() if voice else None

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from omni_backends.chat_request import audio_clips, text_chars
+from omni_backends.chat_request import audio_clips, check_request, text_chars
 from omni_backends.engine import SamplingParams, TextStream
 from omni_backends.engine.limits import check_prompt_chars
 from omni_backends.engine.sampling import REQUEST_FIELDS as SAMPLING_FIELDS
@@ -26,13 +26,16 @@ REQUEST_FIELDS = ("messages", "modalities", "voice", "stop", *SAMPLING_FIELDS, *
                   "return_token_ids", "first_chunk_words")
 
 
-def validate(body: dict, voices: Sequence[str], default_voice: str) -> tuple[list[str], str | None]:
-    """(modalities, voice or None for text only) of a REQUEST. Raises RequestError (HTTP 400) for empty messages,
-    max_tokens <= 0, an unknown modality, or an unknown voice (the message lists `voices`). A key outside
-    REQUEST_FIELDS was refused before (the models' `request_fields`, checked by AsyncDecoupledModel)."""
-    messages, max_tokens = body.get("messages"), body.get("max_tokens")
-    if not isinstance(messages, list) or not messages:
-        raise RequestError("messages must be a non-empty list", param="messages")
+def validate(body: dict, voices: Sequence[str], default_voice: str,
+             input_audio: np.ndarray | None = None) -> tuple[list[str], str | None]:
+    """(modalities, voice or None for text only) of a REQUEST with its INPUT_AUDIO. Raises RequestError (HTTP 400)
+    for a field of the wrong JSON type (`chat_request.check_request`, param: its path), empty messages,
+    max_tokens <= 0, an unknown modality, an unknown voice (the message lists `voices`), an input_audio part
+    outside `input_audio` or a NaN / infinite sample in it. A key outside REQUEST_FIELDS was refused before (the
+    models' `request_fields`, checked by AsyncDecoupledModel)."""
+    check_request(body)
+    audio_clips(body["messages"], input_audio)
+    max_tokens = body.get("max_tokens")
     if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens <= 0):
         raise RequestError(f"max_tokens must be a positive integer, got {max_tokens!r}", param="max_tokens")
     modalities = body.get("modalities") or list(MODALITIES)
@@ -61,9 +64,8 @@ def thinker_request(thinker, body: dict, input_audio: np.ndarray | None,
     that many tokens), seed, presence_penalty, frequency_penalty, repetition_penalty; stop strings end the
     text. A prompt too long for the context is refused from its length before it is tokenized. Raises
     RequestError naming a bad field (or a prompt that does not fit)."""
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise RequestError("messages must be a non-empty list", param="messages")
+    check_request(body)  # any field of the wrong JSON type: a 400 naming it, before it is used
+    messages = body["messages"]
     params = request_sampling_params(body, thinker.sampling_params(max_tokens=default_max_tokens, temperature=0.0))
     check_prompt_chars(text_chars(messages), params.max_tokens, thinker.context_length, thinker.longest_token)
     inputs = thinker.prompts.build(messages, audio_clips(messages, input_audio))

@@ -10,9 +10,8 @@ Streamed transcription (segment by segment) is the decoupled twin voice_asr_stre
 """
 from __future__ import annotations
 
-import numpy as np
-
 from omni_backends.errors import RequestError
+from omni_backends.input_audio import check_audio
 from omni_backends.paths import resolve_checkpoint
 from omni_backends.serving import events, model_config
 from omni_backends.serving.batch_model import BatchStageModel
@@ -30,9 +29,7 @@ class TritonPythonModel(BatchStageModel):
             options = events.read_json(inputs["OPTIONS"]) if "OPTIONS" in inputs else {}
         except ValueError as exc:
             raise RequestError(f"OPTIONS must be JSON: {exc}", param="OPTIONS") from None
-        audio = inputs["AUDIO"]
-        if audio.size == 0 or not np.isfinite(audio).all():
-            raise RequestError("AUDIO must hold finite mono 16 kHz samples", param="AUDIO")
+        audio = check_audio(inputs["AUDIO"], "AUDIO")
         result = self.asr.transcribe(audio, **transcribe_options(options), cancel=self.cancel_token,
                                      concurrent=self.concurrent)
         return {"RESULT": events.json_tensor(result_dict(result))}

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
-from omni_backends.errors import RequestError
+from omni_backends.input_audio import check_audio
 from omni_backends.serving.decoupled import AsyncDecoupledModel
 from omni_backends.voice.asr import Transcription, join_segments
 from omni_backends.voice.serving.asr_model import load_asr, result_dict, segment_dict, transcribe_options
@@ -33,12 +33,10 @@ class TritonPythonModel(AsyncDecoupledModel):
         self._whisper.shutdown(wait=False, cancel_futures=True)
 
     async def handle(self, ctx):
-        pcm = ctx.input(INPUT_AUDIO)
-        if pcm is None or pcm.size == 0:
-            raise RequestError("INPUT_AUDIO must hold mono 16 kHz samples", param="file")
+        pcm = check_audio(ctx.input(INPUT_AUDIO), INPUT_AUDIO, param="file")  # missing, empty, NaN / inf: 400
         options = transcribe_options(ctx.body())
         loop = asyncio.get_running_loop()
-        stream = await loop.run_in_executor(self._whisper, lambda: self.asr.stream(pcm.reshape(-1), **options))
+        stream = await loop.run_in_executor(self._whisper, lambda: self.asr.stream(pcm, **options))
         found = []
         while (segment := await loop.run_in_executor(self._whisper, next, stream.segments, None)) is not None:
             ctx.check()

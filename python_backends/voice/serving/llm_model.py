@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import triton_python_backend_utils as pb_utils
 
+from omni_backends.chat_request import check_request
 from omni_backends.serving import events, model_config
 from omni_backends.serving.engine_model import EngineStageModel
 from omni_backends.engine import TextStream
@@ -30,8 +31,9 @@ class TritonPythonModel(EngineStageModel):
 
     def make_prompt(self, request):
         body = events.decode_request(pb_utils.get_input_tensor_by_name(request, events.REQUEST).as_numpy())
+        check_request(body, parts=False)  # a field of the wrong JSON type: a 400 naming it
         stop = body.get("stop") or []
-        return self.chat.prepare(body.get("messages") or [], self.chat.sampling_params(body),
+        return self.chat.prepare(body["messages"], self.chat.sampling_params(body),
                                  [stop] if isinstance(stop, str) else stop)
 
     def finished(self, stream: TextStream) -> bool:

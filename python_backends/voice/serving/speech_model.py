@@ -37,7 +37,7 @@ class TritonPythonModel(AsyncDecoupledModel):
         if not isinstance(text, str) or not text.strip():
             raise RequestError("input must be a non-empty string", param="input")
         voice = self.voices.resolve(body.get("voice"))
-        speed = check_speed(float(body.get("speed") or 1.0))
+        speed = float(check_speed(1.0 if body.get("speed") is None else body["speed"]))
         chunker = SentenceChunker()
         chunks = [c for c in chunker.feed(text) + chunker.flush() if any(ch.isalnum() for ch in c)]
         if not chunks:

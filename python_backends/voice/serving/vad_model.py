@@ -25,6 +25,7 @@ import traceback
 import triton_python_backend_utils as pb_utils
 
 from omni_backends.errors import RequestError
+from omni_backends.input_audio import check_audio
 from omni_backends.serving import events, model_config
 from omni_backends.serving.metrics import StageMetrics
 from omni_backends.voice.vad import SileroVAD, VADOptions, VADStream
@@ -72,6 +73,8 @@ class TritonPythonModel:
 
     def _prepare(self, request, now: float) -> tuple[VADStream, bool]:
         corrid = int(_scalar(request, "CORRID"))
+        # NaN / inf would poison the session's recurrent state for good: refused before any state is touched
+        audio = check_audio(pb_utils.get_input_tensor_by_name(request, "AUDIO").as_numpy(), "AUDIO", allow_empty=True)
         start, end = bool(_scalar(request, "START")), bool(_scalar(request, "END"))
         options = pb_utils.get_input_tensor_by_name(request, "OPTIONS")
         parsed = None
@@ -90,7 +93,7 @@ class TritonPythonModel:
                 stream.options = parsed
         else:
             raise RequestError(f"sequence {corrid} is not started (send START first)", code="sequence_not_started")
-        stream.feed(pb_utils.get_input_tensor_by_name(request, "AUDIO").as_numpy().reshape(-1))
+        stream.feed(audio)
         if end:
             self.streams.pop(corrid, None)
         else:

@@ -17,12 +17,11 @@ import asyncio
 
 import numpy as np
 
-from omni_backends.errors import RequestError
 from omni_backends.serving.fanin import FanIn
 from omni_backends.serving import bls, events
 from omni_backends.serving.decoupled import AsyncDecoupledModel
 from omni_backends.voice.chunker import SentenceChunker
-from omni_backends.chat_request import audio_clips
+from omni_backends.chat_request import audio_clips, check_request
 from omni_backends.voice.protocol import REQUEST_FIELDS, SAMPLING_FIELDS, chunker_options, text_messages
 from omni_backends.voice.serving.speech_model import speak
 from omni_backends.voice import engines
@@ -43,14 +42,14 @@ class TritonPythonModel(AsyncDecoupledModel):
         if events.wants_voices(body):
             yield events.voices_event(self.voices.names, self.voices.default, body, self.voices.resolve), None
             return
+        check_request(body)  # any field of the wrong JSON type: a 400 naming it, before it is used
         modalities = body.get("modalities") or ["text", "audio"]
         voice = self.voices.resolve(body.get("voice")) if "audio" in modalities else None
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise RequestError("messages must be a non-empty list", param="messages")
+        messages = body["messages"]
         chunking = chunker_options(body)  # checked before any model work
+        clips = audio_clips(messages, ctx.input(INPUT_AUDIO))  # NaN / inf samples, parts outside INPUT_AUDIO: 400
         transcripts = []
-        for clip in audio_clips(messages, ctx.input(INPUT_AUDIO)):
+        for clip in clips:
             transcripts.append(await _transcribe(ctx, clip))
             yield {"type": "input_audio.transcription", "text": transcripts[-1]}, None
         llm_body = {"messages": text_messages(messages, transcripts), **{k: body.get(k) for k in SAMPLING_FIELDS}}
