@@ -285,6 +285,53 @@ def test_cancelled_stream_stops_every_stage_and_the_next_request_is_served(serve
     assert reply.choices[0].message.audio.data
 
 
+def _code2wav(server, frames: int, corrid: int, timeout_s: float):
+    """One direct qwen3_omni_code2wav request: a whole sequence (START + END) of `frames` zero frames."""
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    codes = grpcclient.InferInput("CODES", [1, 16, frames], "INT64")
+    codes.set_data_from_numpy(np.zeros((1, 16, frames), np.int64))
+    try:
+        return client.infer("qwen3_omni_code2wav", [codes], sequence_id=corrid, sequence_start=True,
+                            sequence_end=True, client_timeout=timeout_s)
+    finally:
+        client.close()
+
+
+def test_code2wav_refuses_a_sequence_longer_than_the_talker_can_speak_at_once(server):
+    """More frames than the talker's max_frames (4095, 327.6 s) is refused before any decoding: a 400 naming the
+    limit, at once (it used to vocode every frame, ~1 min of the one instance on 2 cores)."""
+    from tritonclient.utils import InferenceServerException
+
+    started = time.monotonic()
+    with pytest.raises(InferenceServerException) as refused:
+        _code2wav(server, 4096, 7_100_000_001, timeout_s=30)
+    message = refused.value.message()
+    assert "too_many_frames" in message, message
+    error = json.loads(message[message.index("{"):])
+    assert error["error"]["status"] == 400 and error["error"]["param"] == "CODES", error
+    assert "4095" in error["error"]["message"] and "4096" in error["error"]["message"], error
+    assert time.monotonic() - started < 10
+    assert len(_code2wav(server, 4095 - 4090, 7_100_000_002, timeout_s=60).as_numpy("PCM")[0]) > 0
+
+
+def test_code2wav_stops_a_request_whose_client_left_and_serves_the_next_one(server):
+    """A long direct request whose client deadline passes stops between decode pieces: the next sequence is
+    answered within seconds, not after the abandoned frames were all vocoded (~40 s on 2 cores)."""
+    from tritonclient.utils import InferenceServerException
+
+    with pytest.raises(InferenceServerException, match="(?i)deadline"):
+        _code2wav(server, 3000, 7_100_000_003, timeout_s=2)
+    started = time.monotonic()
+    assert len(_code2wav(server, 5, 7_100_000_004, timeout_s=120).as_numpy("PCM")[0]) > 0
+    assert time.monotonic() - started < 15, "the abandoned request kept the stage busy"
+    assert wait_for(lambda: (metric_value(server.metrics_url, "omni_requests_total", model="qwen3_omni_code2wav",
+                                          outcome="cancelled") or 0) >= 1, 10)
+    assert wait_for(lambda: metric_value(server.metrics_url, "omni_inflight_requests",
+                                         model="qwen3_omni_code2wav") == 0, 10)
+
+
 @pytest.mark.parametrize("change, param", [
     ({"messages": []}, "messages"),
     ({"audio": {"voice": "nobody", "format": "wav"}}, "voice"),

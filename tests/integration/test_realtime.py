@@ -682,3 +682,49 @@ def test_bench_realtime_workload(voice_server, tmp_path):
     assert result["speculations"]["adopted"] == 1
     vad = result["vad_cost"]
     assert vad["sessions"] == 1 and 0 < vad["core_fraction_per_session"] < 1
+
+
+def test_abandoned_vad_sequences_free_their_slots_so_a_new_session_is_served(tmp_path):
+    """Sequences STARTed on voice_vad and never ENDed (a crashed client) hold its sequence slots only for the
+    model's idle timeout: with every slot taken (the real config, max_candidate_sequences cut to 4 to keep the
+    test cheap), a new sequence is served within that timeout (30 s), not after an hour. The realtime session
+    refreshes its sequence well before it (VAD_REFRESH_S) so a long-silent session never loses it."""
+    import re
+    import shutil
+
+    import tritonclient.grpc as grpcclient
+
+    from omni_backends.voice.models import prepare_voice_models
+    from omni_frontend.realtime.stages import VAD_REFRESH_S
+    from tests.harness import MAIN_REPOSITORY, start_server
+
+    repo = tmp_path / "repo"
+    shutil.copytree(MAIN_REPOSITORY / "voice_vad", repo / "voice_vad")
+    config = repo / "voice_vad" / "config.pbtxt"
+    text = config.read_text()
+    assert "max_candidate_sequences: 1024" in text
+    config.write_text(text.replace("max_candidate_sequences: 1024", "max_candidate_sequences: 4"))
+    idle_s = int(re.search(r"max_sequence_idle_microseconds: (\d+)", text).group(1)) / 1e6
+    prepare_voice_models()
+    (tmp_path / "server").mkdir()
+    server = start_server(tmp_path / "server", "--pipelines", "", "--model-repository", str(repo), "--no-prepare",
+                          "--extra-pipeline", "vad-only=transcription:voice_vad")
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+
+    def feed(corrid, start=False, end=False, timeout_s=30.0):
+        audio = grpcclient.InferInput("AUDIO", [1, 1600], "FP32")
+        audio.set_data_from_numpy(np.zeros((1, 1600), np.float32))
+        return client.infer("voice_vad", [audio], sequence_id=corrid, sequence_start=start, sequence_end=end,
+                            client_timeout=timeout_s)
+
+    try:
+        for corrid in range(9_100_001, 9_100_005):   # every slot, never ended
+            feed(corrid, start=True)
+        started = time.monotonic()
+        feed(9_200_000, start=True, end=True, timeout_s=75)   # queued until an abandoned sequence idles out
+        waited = time.monotonic() - started
+        assert waited < idle_s + 15, f"a new sequence waited {waited:.0f} s"
+        assert idle_s <= 60 and VAD_REFRESH_S <= idle_s / 2, (idle_s, VAD_REFRESH_S)
+    finally:
+        client.close()
+        server.stop()

@@ -276,3 +276,44 @@ def test_max_output_tokens_inf_sends_the_documented_maximum(session_tokens, resp
     assert updated["session"]["max_output_tokens"] == session_tokens
     assert client.triton.streams[0]["body"]["max_tokens"] == sent
     assert done_events(client)[0]["response"]["max_output_tokens"] == echoed
+
+
+def test_a_vad_sequence_idle_past_the_refresh_is_ended_and_a_new_one_started_with_continuous_offsets(monkeypatch):
+    """voice_vad drops a sequence after 30 s without a request (so abandoned ones cannot hold its slots for long);
+    a session that sent no audio for VAD_REFRESH_S ends its sequence and starts a new one with the next audio, and
+    the events' sample offsets keep counting from the session's first sample."""
+    import json
+
+    import numpy as np
+
+    from omni_frontend.realtime import stages
+
+    calls = []
+
+    class Triton:
+        async def infer(self, model, inputs, sequence_id=0, sequence_start=False, sequence_end=False):
+            calls.append((sequence_id, sequence_start, sequence_end, inputs["AUDIO"].size))
+            found = [] if sequence_end else [{"type": "speech_started", "audio_start": 100, "sample": 612}]
+            return {"EVENTS": np.array([[json.dumps(found).encode()]], dtype=np.object_)}
+
+    now = [1000.0]
+    monkeypatch.setattr(stages.time, "monotonic", lambda: now[0])
+    vad = stages.VADSequence(Triton(), "voice_vad", {})
+
+    async def run():
+        first = await vad.feed(np.zeros(1600, np.float32))
+        now[0] += stages.VAD_REFRESH_S - 1
+        second = await vad.feed(np.zeros(1600, np.float32))        # still live: same sequence
+        now[0] += stages.VAD_REFRESH_S + 1
+        third = await vad.feed(np.zeros(800, np.float32))          # idle too long: END, then a new START
+        return first, second, third
+
+    first, second, third = asyncio.run(run())
+    (a, start_a, _, _), (b, start_b, end_b, _), (c, _, end_c, _), (d, start_d, end_d, _) = calls
+    assert start_a and a == b and not start_b and not end_b
+    assert c == a and end_c and d != a and start_d and not end_d
+    assert first[0]["audio_start"] == second[0]["audio_start"] == 100
+    assert third[0]["audio_start"] == 3200 + 100 and third[0]["sample"] == 3200 + 612
+    vad.restart()                                                     # after a failure the session counts anew
+    asyncio.run(vad.feed(np.zeros(10, np.float32)))
+    assert calls[-1][1] and vad.base == 0 and vad.fed == 10

@@ -13,6 +13,17 @@ timeout, after which Triton frees its slot) without a request, so a turn whose A
 holds its streamer state for good, and within about a second once the BLS parent that started it is
 gone (its stub crashed or was reloaded: `SequenceLeases`).
 
+Limits (a request is one call of `execute`, and the stage has one instance: one caller must not stall every
+turn's speech):
+- A sequence carries at most `max_frames` frames in all (config parameter; default 4095, the talker's own
+  `max_frames`, i.e. the longest turn the pipeline speaks: 4095 x 80 ms = 327.6 s). A request that would take
+  its sequence past it is refused at once (400 naming the limit) and the sequence is dropped.
+- A request bringing many frames at once (a direct client sending a whole turn) is decoded in pieces of
+  `4 * chunk_frames` frames, the same windows a streamed turn gets; between pieces the stage asks whether
+  the caller is still there (`request.is_cancelled()`, or the BLS side channel for the orchestrator's
+  requests) and drops the sequence of one that left (a client deadline, a closed stream): its request gets
+  a "cancelled" error and the other sequences of the batch go on.
+
 Metrics (`StageMetrics`): in-flight = live sequences (START until END, ABORT or idle timeout); step
 time (phase "decode").
 """
@@ -30,7 +41,7 @@ from omni_backends.errors import RequestError
 from omni_backends.qwen3_omni.code2wav import Code2WavStreamer
 from omni_backends.qwen3_omni.loading import load_code2wav
 from omni_backends.qwen3_omni.serving import protocol as p
-from omni_backends.serving import model_config
+from omni_backends.serving import model_config, sidechannel
 from omni_backends.serving.metrics import StageMetrics
 from omni_backends.serving.sequences import SequenceLeases
 
@@ -44,6 +55,10 @@ class TritonPythonModel:
                                          **p.code2wav_settings(parameters, max_batch))
         self.streamer.warmup()
         self.metrics = StageMetrics(self.model_name)
+        # frames per sequence (the longest turn the talker speaks) and per decode between cancellation checks
+        self.max_frames = model_config.int_parameter(parameters, "max_frames", 4095)
+        self.piece_frames = 4 * self.streamer.chunk_frames
+        self._frames: dict[int, int] = {}         # live sequence -> frames received so far
         self._sequences: set[int] = set()
         self.leases = SequenceLeases(model_config.sequence_idle_seconds(config))
         self._lock = threading.Lock()             # execute vs the sweeper
@@ -69,34 +84,58 @@ class TritonPythonModel:
 
     def _execute(self, requests):
         new_codes, final, errors = {}, [], {}
+        owner: dict[int, int] = {}                # sequence -> index of its request in this batch
         for i, request in enumerate(requests):
             seq = int(request.correlation_id())
             try:
                 self._admit(request, seq, new_codes, final)
+                owner[seq] = i
             except RequestError as exc:
                 errors[i] = exc.envelope()
                 self._forget(seq, "rejected")
         started = time.monotonic()
+        pcm: dict[int, list[np.ndarray]] = {}
         try:
-            pcm = self.streamer.step(new_codes, final=final) if new_codes or final else {}
+            # decode in pieces of piece_frames frames per sequence, dropping the sequences whose caller left
+            offset, rounds = 0, 0
+            while new_codes or final:
+                if rounds and (gone := [s for s in [*new_codes, *final] if _abandoned(requests[owner[s]])]):
+                    for seq in gone:
+                        errors[owner[seq]] = f"{self.model_name}: request cancelled (the caller left)"
+                        new_codes.pop(seq, None)
+                        if seq in final:
+                            final.remove(seq)
+                        self._forget(seq, "cancelled")
+                    if not (new_codes or final):
+                        break
+                piece = {s: c[:, offset:offset + self.piece_frames] for s, c in new_codes.items()}
+                done = [s for s in final   # a final sequence ends with its last piece
+                        if new_codes.get(s) is None or new_codes[s].shape[-1] <= offset + self.piece_frames]
+                for seq, samples in self.streamer.step(piece, final=done).items():
+                    pcm.setdefault(seq, []).append(samples)
+                offset, rounds = offset + self.piece_frames, rounds + 1
+                new_codes = {s: c for s, c in new_codes.items() if c.shape[-1] > offset}
+                for seq in done:
+                    final.remove(seq)
+                    self._sequences.discard(seq)
+                    self._frames.pop(seq, None)
+                    self.leases.forget(seq)
+                    self.metrics.finished("ok")
         except Exception as exc:  # noqa: BLE001 - the whole batch fails, each request gets the error
             pb_utils.Logger.log_error(f"{self.model_name} decode failed:\n{traceback.format_exc()}")
             for seq in [*new_codes, *final]:
                 self._forget(seq, "error")
             error = pb_utils.TritonError(f"{self.model_name}: {exc}")
             return [pb_utils.InferenceResponse(error=error) for _ in requests]
-        if new_codes or final:
+        if pcm:
             self.metrics.observe("decode", time.monotonic() - started)
-        for seq in final:
-            self._sequences.discard(seq)
-            self.leases.forget(seq)
-            self.metrics.finished("ok")
         responses = []
         for i, request in enumerate(requests):
             if i in errors:
                 responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(errors[i])))
                 continue
-            samples = pcm.get(int(request.correlation_id()), np.zeros(0, np.float32))
+            parts = pcm.get(int(request.correlation_id()))
+            samples = np.concatenate(parts) if parts else np.zeros(0, np.float32)
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(p.PCM, samples[None])]))
         return responses
 
@@ -120,13 +159,33 @@ class TritonPythonModel:
         codes = tensor(p.CODES)
         if codes is None or codes.ndim != 2 or codes.shape[0] != self.streamer.groups:
             raise RequestError(f"{p.CODES} must be int64 [{self.streamer.groups}, frames]")
+        frames = self._frames.get(seq, 0) + codes.shape[-1]
+        if frames > self.max_frames:
+            raise RequestError(f"{p.CODES}: a code2wav sequence carries at most {self.max_frames} frames "
+                               f"({self.max_frames * 0.08:.1f} s of audio, the talker's max_frames); this request "
+                               f"would bring it to {frames}", param=p.CODES, code="too_many_frames")
+        self._frames[seq] = frames
         new_codes[seq] = torch.from_numpy(codes.astype(np.int64))
         if p.flag(tensor(p.END)):
             final.append(seq)
 
     def _forget(self, seq: int, outcome: str) -> None:
         self.leases.forget(seq)
+        self._frames.pop(seq, None)
         if seq in self._sequences:
             self._sequences.discard(seq)
             self.streamer.cancel(seq)
             self.metrics.finished(outcome)
+
+
+def _abandoned(request) -> bool:
+    """The client cancelled the request (a deadline, a closed stream), or its BLS parent raised its side-channel
+    cancel flag or died."""
+    request_id = request.request_id()
+    try:
+        gone = sidechannel.stop_requested(request_id, request.is_cancelled)
+    except Exception:  # noqa: BLE001 - is_cancelled() is best effort
+        return False
+    if gone:
+        sidechannel.clear(request_id)
+    return gone

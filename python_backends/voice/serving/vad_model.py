@@ -41,7 +41,7 @@ class TritonPythonModel:
         self.model_name, self.model_config, self.parameters = model_config.load(args)
         self.metrics = StageMetrics(self.model_name)
         self.vad = SileroVAD(threads=model_config.int_parameter(self.parameters, "threads", 1))
-        self.idle_timeout_s = model_config.int_parameter(self.parameters, "idle_timeout_s", 3600)
+        self.idle_timeout_s = model_config.int_parameter(self.parameters, "idle_timeout_s", 30)
         self.streams: dict[int, tuple[VADStream, float]] = {}  # correlation id -> (stream, last request time)
 
     def finalize(self) -> None:
