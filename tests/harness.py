@@ -221,3 +221,33 @@ def triton_stream(grpc_url: str, model: str, inputs: dict, timeout_s: float = 30
     client.close()
     assert all(error is None for _, error in responses), [str(e) for _, e in responses if e]
     return [result for result, _ in responses if result.get_response().outputs]
+
+
+def triton_stream_error(grpc_url: str, model: str, body: dict, audio=None) -> str | None:
+    """The error message of one REQUEST (the JSON `body`) + optional INPUT_AUDIO (float32 samples) sent straight
+    to decoupled `model` over gRPC streaming (tritonclient), or None when it was answered up to its `done` event."""
+    import queue
+
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    got: queue.Queue = queue.Queue()
+    triton = grpcclient.InferenceServerClient(grpc_url)
+    triton.start_stream(callback=lambda result, error: got.put((result, error)))
+    inputs = [grpcclient.InferInput("REQUEST", [1], "BYTES")]
+    inputs[0].set_data_from_numpy(np.array([json.dumps(body).encode()], dtype=np.object_))
+    if audio is not None:
+        inputs.append(grpcclient.InferInput("INPUT_AUDIO", [audio.size], "FP32"))
+        inputs[1].set_data_from_numpy(audio.astype(np.float32))
+    triton.async_stream_infer(model, inputs)
+    try:
+        while True:
+            result, error = got.get(timeout=120)
+            if error is not None:
+                return error.message() if isinstance(error, InferenceServerException) else str(error)
+            if json.loads(result.as_numpy("EVENT")[0])["type"] == "done":
+                return None
+    finally:
+        triton.stop_stream(cancel_requests=True)
+        triton.close()

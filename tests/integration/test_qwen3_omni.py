@@ -28,7 +28,7 @@ from transformers import AutoTokenizer, Qwen3OmniMoeForConditionalGeneration, Wh
 from omni_backends.paths import QWEN3_OMNI_TINY, model_home
 from omni_backends.qwen3_omni.prompt import PromptBuilder
 from tests.harness import (MAIN_REPOSITORY, cancel_storm, inflight, metric_value, settle_limit_s, settle_time,
-                           start_server, triton_stream, wait_for)
+                           start_server, triton_stream, triton_stream_error, wait_for)
 
 pytestmark = pytest.mark.integration
 
@@ -388,30 +388,6 @@ def test_a_field_neither_layout_reads_is_refused_by_the_route_naming_it(server, 
     assert "talker_top_p" in error["message"] and "return_token_ids" in error["message"]
 
 
-def _triton_error(server, model: str, body: dict, audio: np.ndarray) -> str | None:
-    """The error message of one REQUEST + INPUT_AUDIO sent straight to `model` (tritonclient, gRPC streaming), or
-    None when it was answered up to its `done` event."""
-    import queue
-
-    import tritonclient.grpc as grpcclient
-
-    got: queue.Queue = queue.Queue()
-    triton = grpcclient.InferenceServerClient(server.grpc_url)
-    triton.start_stream(callback=lambda result, error: got.put((result, error)))
-    inputs = [grpcclient.InferInput("REQUEST", [1], "BYTES"), grpcclient.InferInput("INPUT_AUDIO", [audio.size], "FP32")]
-    inputs[0].set_data_from_numpy(np.array([json.dumps(body).encode()], dtype=np.object_))
-    inputs[1].set_data_from_numpy(audio.astype(np.float32))
-    triton.async_stream_infer(model, inputs)
-    try:
-        while True:
-            result, error = got.get(timeout=120)
-            if error is not None:
-                return error.message()
-            if json.loads(result.as_numpy("EVENT")[0])["type"] == "done":
-                return None
-    finally:
-        triton.stop_stream(cancel_requests=True)
-        triton.close()
 
 
 @pytest.mark.parametrize("model", ["qwen3_omni", COLOCATED, "qwen3_omni_thinker"])
@@ -432,11 +408,12 @@ def test_wrong_json_shapes_and_non_finite_audio_sent_to_the_models_are_a_400_env
              "messages[0].content[0].text"),
             ({"messages": _messages("hi"), "stop": {"s": 1}}, None, "stop"),
             ({"messages": [{"role": "user", "content": [part]}]}, nan, "INPUT_AUDIO")):
-        message = _triton_error(server, model, {**base, **body}, np.zeros(16000, np.float32) if audio is None else audio)
+        message = triton_stream_error(server.grpc_url, model, {**base, **body},
+                                      np.zeros(16000, np.float32) if audio is None else audio)
         assert message is not None, f"{model} answered {body}"
         error = json.loads(message)["error"]
         assert (error["status"], error["type"], error["param"]) == (400, "invalid_request_error", param), error
-    assert _triton_error(server, model, {**base, "messages": _messages("hi")}, np.zeros(16000, np.float32)) is None
+    assert triton_stream_error(server.grpc_url, model, {**base, "messages": _messages("hi")}, np.zeros(16000, np.float32)) is None
 
 
 def test_input_audio_runs_through_the_audio_encoder(server, reference):

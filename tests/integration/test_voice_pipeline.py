@@ -23,7 +23,7 @@ from tritonclient.utils import InferenceServerException
 from omni_backends.voice.audio import resample
 from tests.sentences import ROUND_TRIP, word_error_rate
 from tests.harness import (ROOT, cancel_storm, inflight, metric_value, settle_limit_s, settle_time, start_server,
-                           wait_for)
+                           triton_stream_error, wait_for)
 
 pytestmark = pytest.mark.integration
 QUESTION = "What is the capital of France?"
@@ -754,30 +754,6 @@ def test_whole_wav_answers_carry_real_sizes_and_only_streams_use_unknown_sizes(v
     assert header[:4] == b"RIFF" and header[4:8] == header[40:44] == b"\xff\xff\xff\xff"
 
 
-def _triton_error(server, model: str, body: dict, audio: np.ndarray | None = None) -> str | None:
-    """The error message of one REQUEST (+ INPUT_AUDIO) sent straight to decoupled `model` with tritonclient
-    (gRPC streaming), or None when it was answered up to its `done` event."""
-    import queue
-
-    got: queue.Queue = queue.Queue()
-    triton = grpcclient.InferenceServerClient(server.grpc_url)
-    triton.start_stream(callback=lambda result, error: got.put((result, error)))
-    inputs = [grpcclient.InferInput("REQUEST", [1], "BYTES")]
-    inputs[0].set_data_from_numpy(np.array([json.dumps(body).encode()], dtype=np.object_))
-    if audio is not None:
-        inputs.append(grpcclient.InferInput("INPUT_AUDIO", [audio.size], "FP32"))
-        inputs[1].set_data_from_numpy(audio.astype(np.float32))
-    triton.async_stream_infer(model, inputs)
-    try:
-        while True:
-            result, error = got.get(timeout=120)
-            if error is not None:
-                return error.message() if isinstance(error, InferenceServerException) else str(error)
-            if json.loads(result.as_numpy("EVENT")[0])["type"] == "done":
-                return None
-    finally:
-        triton.stop_stream(cancel_requests=True)
-        triton.close()
 
 
 def _envelope_400(message: str | None) -> dict:
@@ -809,11 +785,11 @@ def test_wrong_json_shapes_and_non_finite_audio_sent_to_the_models_are_a_400_env
             ("tts", {"input": "hi", "voice": {"id": ["alloy"]}}, "voice")):
         request = body if model == "tts" else {**text, **body}   # tts reads no modalities / max_tokens
         audio = np.zeros(16000, np.float32) if model == "voice" else None   # only voice takes INPUT_AUDIO here
-        error = _envelope_400(_triton_error(voice_server, model, request, audio))
+        error = _envelope_400(triton_stream_error(voice_server.grpc_url, model, request, audio))
         assert error["param"] == param, (model, body, error)
     for model, body in (("voice", {**text, "messages": [{"role": "user", "content": [part]}]}),
                         ("voice_asr_stream", {})):
-        error = _envelope_400(_triton_error(voice_server, model, body, nan))
+        error = _envelope_400(triton_stream_error(voice_server.grpc_url, model, body, nan))
         assert "must hold finite mono 16 kHz samples" in error["message"], (model, error)
     with grpcclient.InferenceServerClient(voice_server.grpc_url) as triton:
         audio = grpcclient.InferInput("AUDIO", [1, nan.size], "FP32")
@@ -825,4 +801,4 @@ def test_wrong_json_shapes_and_non_finite_audio_sent_to_the_models_are_a_400_env
     assert "Paris" in client.chat.completions.create(model="voice", modalities=["text"], temperature=0,
                                                      messages=[{"role": "user", "content": QUESTION}]).choices[0].message.content
     tone = (0.3 * np.sin(2 * np.pi * 220 * np.arange(16000) / 16000)).astype(np.float32)
-    assert _triton_error(voice_server, "voice_asr_stream", {}, tone) is None
+    assert triton_stream_error(voice_server.grpc_url, "voice_asr_stream", {}, tone) is None
