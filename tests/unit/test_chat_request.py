@@ -122,7 +122,7 @@ def test_the_llm_stage_takes_string_content_only(content, param):
 @pytest.mark.parametrize("body, param", BAD_SHAPES[:30], ids=[p for _, p in BAD_SHAPES[:30]])
 def test_the_qwen3_omni_turn_validation_uses_the_shared_check(body, param):
     with pytest.raises(RequestError) as err:
-        turn.validate({"max_tokens": 4, **body}, ["ethan"], "ethan", "qwen3_omni", np.zeros(10, np.float32))
+        turn.validate({"max_tokens": 4, **body}, ["ethan"], "ethan", np.zeros(10, np.float32))
     assert err.value.param == param
 
 
@@ -141,7 +141,7 @@ def test_non_finite_input_audio_is_a_400_from_every_audio_entry(value):
         audio_clips(GOOD["messages"], pcm)    # voice, qwen3_omni, qwen3_omni_thinker, the co-located qwen3_omni
     assert (err.value.status, err.value.param) == (400, "INPUT_AUDIO")
     with pytest.raises(RequestError) as err:
-        turn.validate({**GOOD, "voice": None}, ["ethan"], "ethan", "qwen3_omni", pcm)
+        turn.validate({**GOOD, "voice": None}, ["ethan"], "ethan", pcm)
     assert err.value.param == "INPUT_AUDIO"
     for kwargs in ({}, {"allow_empty": True}, {"param": "file"}):   # voice_asr, voice_vad, voice_asr_stream
         with pytest.raises(RequestError, match="AUDIO must hold finite mono 16 kHz samples"):
