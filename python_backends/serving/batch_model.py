@@ -100,7 +100,7 @@ class BatchStageModel:
 
     def _check(self, job: _Job) -> None:
         """Sets the job's CancelToken if its caller gave up (call with self._checking held)."""
-        if not job.token.is_set() and _abandoned(job.request):
+        if not job.token.is_set() and sidechannel.request_abandoned(job.request):
             job.token.set()
 
     def execute(self, requests):
@@ -214,17 +214,6 @@ class BatchStageModel:
         finally:
             self.metrics.finished(outcome)
 
-
-def _abandoned(request) -> bool:
-    """The client cancelled the request, or its BLS parent raised its side-channel cancel flag."""
-    request_id = request.request_id()
-    try:
-        gone = sidechannel.stop_requested(request_id, request.is_cancelled)
-    except Exception:  # noqa: BLE001 - is_cancelled() is best effort (older backends lack it)
-        return False
-    if gone:
-        sidechannel.clear(request_id)
-    return gone
 
 
 def _stack(rows: list[np.ndarray]) -> np.ndarray:

@@ -78,6 +78,19 @@ def stop_requested(request_id: str | None, is_cancelled: Callable[[], bool]) -> 
     return is_cancelled()
 
 
+def request_abandoned(request) -> bool:
+    """A non-decoupled request's caller left: the client cancelled it (a deadline, a closed stream), or its BLS
+    parent raised the cancel flag or died. Clears the request's side-channel files when it did."""
+    request_id = request.request_id()
+    try:
+        gone = stop_requested(request_id, request.is_cancelled)
+    except Exception:  # noqa: BLE001 - is_cancelled() is best effort (older backends lack it)
+        return False
+    if gone:
+        clear(request_id)
+    return gone
+
+
 def _path(request_id: str, kind: str) -> Path | None:
     return FLAG_DIR / f"{request_id}.{kind}" if _SAFE.match(request_id or "") else None
 

@@ -97,9 +97,9 @@ class TritonPythonModel:
         pcm: dict[int, list[np.ndarray]] = {}
         try:
             # decode in pieces of piece_frames frames per sequence, dropping the sequences whose caller left
-            offset, rounds = 0, 0
+            offset, rounds, left = 0, 0, sidechannel.request_abandoned
             while new_codes or final:
-                if rounds and (gone := [s for s in [*new_codes, *final] if _abandoned(requests[owner[s]])]):
+                if rounds and (gone := [s for s in [*new_codes, *final] if left(requests[owner[s]])]):
                     for seq in gone:
                         errors[owner[seq]] = f"{self.model_name}: request cancelled (the caller left)"
                         new_codes.pop(seq, None)
@@ -177,15 +177,3 @@ class TritonPythonModel:
             self.streamer.cancel(seq)
             self.metrics.finished(outcome)
 
-
-def _abandoned(request) -> bool:
-    """The client cancelled the request (a deadline, a closed stream), or its BLS parent raised its side-channel
-    cancel flag or died."""
-    request_id = request.request_id()
-    try:
-        gone = sidechannel.stop_requested(request_id, request.is_cancelled)
-    except Exception:  # noqa: BLE001 - is_cancelled() is best effort
-        return False
-    if gone:
-        sidechannel.clear(request_id)
-    return gone
