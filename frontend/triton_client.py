@@ -131,16 +131,18 @@ class TritonClient:
                     call.cancel()
 
     async def infer(self, model: str, inputs: dict[str, np.ndarray], request_id: str | None = None, *,
-                    sequence_id: int = 0, sequence_start: bool = False, sequence_end: bool = False) -> dict[str, np.ndarray]:
-        """One non-decoupled inference (ModelInfer); raises APIError like `stream`. For a sequence-batched
-        model pass its correlation id as `sequence_id` and flag the first/last request."""
+                    sequence_id: int = 0, sequence_start: bool = False, sequence_end: bool = False,
+                    timeout_s: float | None = None) -> dict[str, np.ndarray]:
+        """One non-decoupled inference (ModelInfer); raises APIError like `stream` (504 after `timeout_s`, the
+        client's default when None). For a sequence-batched model pass its correlation id as `sequence_id` and
+        flag the first/last request."""
         request = _get_inference_request(
             model_name=model, inputs=_infer_inputs(inputs), model_version="", request_id=request_id or uuid.uuid4().hex,
             outputs=None, sequence_id=sequence_id, sequence_start=sequence_start, sequence_end=sequence_end,
             priority=0, timeout=None, parameters=None)
         with self.availability.track(model) as failure:
             try:
-                reply = await first_of(self._stub.ModelInfer(request, timeout=self.timeout_s), failure)
+                reply = await first_of(self._stub.ModelInfer(request, timeout=timeout_s or self.timeout_s), failure)
             except grpc.aio.AioRpcError as exc:
                 raise _rpc_error(exc) from exc
         return _outputs(reply)

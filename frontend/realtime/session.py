@@ -121,7 +121,7 @@ class RealtimeSession:
         self.vad_queue: list[np.ndarray] = []
         self.vad_wakeup = asyncio.Event()
         self.vad_task: asyncio.Task | None = None
-        self.vad_asleep = False  # the client was told the pipeline sleeps (once, until the VAD answers again)
+        self.vad_failure: str | None = None  # the code of the VAD failure last reported (once, until it answers)
         self.speech_item_id: str | None = None  # the item a detected turn will become
         self.speech_start: int | None = None
         self.response: Response | None = None
@@ -421,19 +421,17 @@ class RealtimeSession:
                 found = await vad.feed(chunk)
             except APIError as exc:
                 exc = self._stage_error(exc)
-                if exc.code != "pipeline_sleeping":
-                    await self.error(ProtocolError(f"voice activity detection failed: {exc.message}", code="vad_error",
-                                                   type="server_error"))
-                elif not self.vad_asleep:
-                    self.vad_asleep = True
-                    await self.error(ProtocolError(f"turn detection paused: {exc.message}", code=exc.code,
-                                                   type=exc.type))
-                # start a new sequence with the next chunk (the model may have dropped this one, or been reloaded)
+                if exc.code != self.vad_failure:   # each kind of failure once, not once per append
+                    self.vad_failure = exc.code
+                    await self.error(self._vad_error(exc))
+                # start a new sequence with the next chunk (the model may have dropped this one, refused its START,
+                # or been reloaded); END this one first so that it frees its slot now, not after the idle timeout
                 await self._abandon_speculation()
                 self.vad_origin, scored = self.vad_origin + scored + chunk.size, 0
+                await vad.close()
                 vad.restart()
                 continue
-            self.vad_asleep = False
+            self.vad_failure = None
             scored += chunk.size
             for turn in found:
                 await self._on_turn(turn)
@@ -441,6 +439,16 @@ class RealtimeSession:
                 keep = self.vad_origin + scored - vad.options["prefix_padding_ms"] * STAGE_RATE // 1000 - STAGE_RATE
                 if keep > self.buffer_start:
                     self._take(keep)
+
+    @staticmethod
+    def _vad_error(exc: APIError) -> ProtocolError:
+        """The `error` event for a failed VAD call: sleeping and too many sessions keep their code; anything
+        else is a `vad_error`."""
+        if exc.code == "pipeline_sleeping":
+            return ProtocolError(f"turn detection paused: {exc.message}", code=exc.code, type=exc.type)
+        if exc.code == "too_many_sequences":
+            return ProtocolError(f"turn detection refused: {exc.message}", code=exc.code, type=exc.type)
+        return ProtocolError(f"voice activity detection failed: {exc.message}", code="vad_error", type="server_error")
 
     async def _on_turn(self, turn: dict) -> None:
         ms = lambda sample: int((self.vad_origin + sample) * 1000 // STAGE_RATE)  # noqa: E731

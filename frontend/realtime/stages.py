@@ -15,6 +15,9 @@ from omni_frontend.triton_client import TritonClient
 # max_sequence_idle_microseconds (30 s), after which Triton frees the slot and the model forgets the state, so
 # a session silent for long never feeds a sequence that is gone (a request without START would be refused).
 VAD_REFRESH_S = 10.0
+# A VAD request is answered in milliseconds; one that waits longer is stuck (e.g. queued behind sequence slots that
+# abandoned clients hold) and fails with 504 instead of hanging the session's turn detection.
+VAD_TIMEOUT_S = 5.0
 _OFFSETS = ("audio_start", "audio_end", "sample")   # the sample offsets of a VAD event
 
 
@@ -29,7 +32,8 @@ class VADSequence:
         self.restart()
 
     def restart(self) -> None:
-        """Forget the sequence (e.g. after a failed request): the next `feed` starts a new one, offsets from 0."""
+        """Forget the sequence (`close` it first if it may hold a slot, e.g. after a failed request): the next
+        `feed` starts a new one, offsets from 0."""
         self.correlation_id = secrets.randbits(63) or 1
         self.started = False
         self.fed = self.base = 0          # samples fed since restart; of them, before the current sequence
@@ -43,7 +47,7 @@ class VADSequence:
         start, self.started = not self.started, True
         self.last_feed = time.monotonic()
         outputs = await self.client.infer(self.model, self._inputs(pcm), sequence_id=self.correlation_id,
-                                          sequence_start=start)
+                                          sequence_start=start, timeout_s=VAD_TIMEOUT_S)
         self.fed += int(np.asarray(pcm).size)
         found = json.loads(outputs["EVENTS"].reshape(-1)[0])
         for event in found:
@@ -53,13 +57,14 @@ class VADSequence:
         return found
 
     async def close(self) -> None:
-        """End the sequence (frees its state in the model); errors are ignored (the session is over)."""
+        """End the sequence (frees its state in the model and its Triton slot, also after a refused START);
+        errors are ignored (the model drops idle sequences on its own)."""
         if not self.started:
             return
         self.started = False
         try:
             await self.client.infer(self.model, self._inputs(np.zeros(0, np.float32)), sequence_id=self.correlation_id,
-                                    sequence_end=True)
+                                    sequence_end=True, timeout_s=VAD_TIMEOUT_S)
         except Exception:  # noqa: BLE001 - the model drops idle sequences on its own
             pass
 

@@ -684,16 +684,19 @@ def test_bench_realtime_workload(voice_server, tmp_path):
     assert vad["sessions"] == 1 and 0 < vad["core_fraction_per_session"] < 1
 
 
-def test_abandoned_vad_sequences_free_their_slots_so_a_new_session_is_served(tmp_path):
-    """Sequences STARTed on voice_vad and never ENDed (a crashed client) hold its sequence slots only for the
-    model's idle timeout: with every slot taken (the real config, max_candidate_sequences cut to 4 and the idle
-    timeout to 3 s to keep the test cheap; the real one is checked to be <= 60 s), a new sequence is served within
-    that timeout, not after an hour (it was 1 h). The realtime session
-    refreshes its sequence well before it (VAD_REFRESH_S) so a long-silent session never loses it."""
+def test_abandoned_vad_sequences_are_refused_at_once_and_free_their_slots(tmp_path):
+    """Sequences STARTed on voice_vad and never ENDed (a crashed client) no longer wedge new ones (a new sequence
+    waited unanswered for an hour, then up to the idle timeout): past the model's `max_sequences` live sequences a
+    START is refused at once with 429 `too_many_sequences`, an END without audio frees a refused START's Triton
+    slot, and when abandoned STARTs hold every Triton slot a new sequence is served once they idle out.
+    The real config (1024 live, 16384 slots, 30 s idle) is checked against its bounds and served cut to 4 / 6 /
+    3 s to keep the test cheap. The realtime session refreshes its sequence well before the idle timeout
+    (VAD_REFRESH_S) so a long-silent session never loses it."""
     import re
     import shutil
 
     import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
 
     from omni_backends.voice.models import prepare_voice_models
     from omni_frontend.realtime.stages import VAD_REFRESH_S
@@ -703,11 +706,14 @@ def test_abandoned_vad_sequences_free_their_slots_so_a_new_session_is_served(tmp
     shutil.copytree(MAIN_REPOSITORY / "voice_vad", repo / "voice_vad")
     config = repo / "voice_vad" / "config.pbtxt"
     text = config.read_text()
-    assert "max_candidate_sequences: 1024" in text
+    slots = int(re.search(r"max_candidate_sequences: (\d+)", text).group(1))
+    live = int(re.search(r'key: "max_sequences" value \{ string_value: "(\d+)"', text).group(1))
     idle_s = int(re.search(r"max_sequence_idle_microseconds: (\d+)", text).group(1)) / 1e6
-    assert idle_s <= 60 and VAD_REFRESH_S <= idle_s / 2, (idle_s, VAD_REFRESH_S)   # the real config's bounds
+    assert live >= 1024 and slots >= 8 * live, (live, slots)   # refused STARTs must not fill Triton's slots
+    assert idle_s <= 60 and VAD_REFRESH_S <= idle_s / 2, (idle_s, VAD_REFRESH_S)
     served_idle_s = 3   # the same mechanism, 10x faster to wait for
-    config.write_text(text.replace("max_candidate_sequences: 1024", "max_candidate_sequences: 4")
+    config.write_text(text.replace(f"max_candidate_sequences: {slots}", "max_candidate_sequences: 6")
+                      .replace(f'string_value: "{live}"', 'string_value: "4"')
                       .replace(f"max_sequence_idle_microseconds: {int(idle_s * 1e6)}",
                                f"max_sequence_idle_microseconds: {served_idle_s * 1_000_000}"))
     prepare_voice_models()
@@ -716,19 +722,28 @@ def test_abandoned_vad_sequences_free_their_slots_so_a_new_session_is_served(tmp
                           "--extra-pipeline", "vad-only=transcription:voice_vad")
     client = grpcclient.InferenceServerClient(server.grpc_url)
 
-    def feed(corrid, start=False, end=False, timeout_s=30.0):
-        audio = grpcclient.InferInput("AUDIO", [1, 1600], "FP32")
-        audio.set_data_from_numpy(np.zeros((1, 1600), np.float32))
+    def feed(corrid, start=False, end=False, timeout_s=30.0, samples=1600):
+        audio = grpcclient.InferInput("AUDIO", [1, samples], "FP32")
+        audio.set_data_from_numpy(np.zeros((1, samples), np.float32))
         return client.infer("voice_vad", [audio], sequence_id=corrid, sequence_start=start, sequence_end=end,
                             client_timeout=timeout_s)
 
     try:
-        for corrid in range(9_100_001, 9_100_005):   # every slot, never ended
+        for corrid in range(9_100_001, 9_100_005):   # every live sequence the model serves, never ended
             feed(corrid, start=True)
         started = time.monotonic()
-        feed(9_200_000, start=True, end=True, timeout_s=75)   # queued until an abandoned sequence idles out
+        with pytest.raises(InferenceServerException) as refused:
+            feed(9_100_010, start=True, timeout_s=10)
+        assert time.monotonic() - started < 5 and "too_many_sequences" in refused.value.message(), refused.value
+        assert feed(9_100_010, end=True, samples=0).as_numpy("PROBS").size == 0   # frees its slot, scores nothing
+        for corrid in (9_100_011, 9_100_012):   # refused, never ended: now Triton's slots are all held
+            with pytest.raises(InferenceServerException):
+                feed(corrid, start=True, timeout_s=10)
+        started = time.monotonic()
+        feed(9_200_000, start=True, end=True, timeout_s=75)   # queued until the abandoned ones idle out
         waited = time.monotonic() - started
         assert served_idle_s - 1 <= waited < served_idle_s + 15, f"a new sequence waited {waited:.0f} s"
+        feed(9_200_001, start=True)   # the model dropped the idle states with their slots: served at once
     finally:
         client.close()
         server.stop()

@@ -222,6 +222,30 @@ def test_a_sleeping_pipeline_refuses_responses_vad_and_transcription_with_pipeli
     assert client.triton.vad_starts == [True, True]  # before the sleep, then a new sequence after the wake
 
 
+def test_a_refused_vad_sequence_is_reported_once_ended_at_once_and_retried_with_the_next_audio():
+    """voice_vad refuses a START while every live sequence it serves is taken (429 too_many_sequences). The
+    session says so once (not once per append), ENDs each refused sequence at once (a refused START holds a
+    Triton slot until its END or the idle timeout) and starts a new one with the next audio: served, it detects
+    turns again."""
+    async def run():
+        client = Client(None)
+        client.triton.vad_refusals = 3
+        await client.start()
+        for _ in range(3):
+            await client.append()
+        await client.append([STARTED])
+        await until(lambda: "input_audio_buffer.speech_started" in client.kinds())
+        await client.session.close()
+        return client
+
+    client = asyncio.run(run())
+    assert errors(client) == [("rate_limit_error", "too_many_sequences")]
+    message = next(e for e in client.sent if e["type"] == "error")["error"]["message"]
+    assert message.startswith("turn detection refused: ") and "1024 live sequences" in message
+    assert client.triton.vad_starts == [True, True, True, True]
+    assert len(set(client.triton.vad_ends)) == 4   # the three refused, and the served one at close
+
+
 def test_a_pipeline_is_falling_asleep_while_its_unloads_drain_and_waking_while_it_loads():
     """ModelControl's transitions: refused (in `sleeping`, not among the awake models /health judges) from the
     moment a sleep starts until its wake has loaded every model, and reported as falling_asleep / waking
@@ -291,7 +315,7 @@ def test_a_vad_sequence_idle_past_the_refresh_is_ended_and_a_new_one_started_wit
     calls = []
 
     class Triton:
-        async def infer(self, model, inputs, sequence_id=0, sequence_start=False, sequence_end=False):
+        async def infer(self, model, inputs, sequence_id=0, sequence_start=False, sequence_end=False, timeout_s=None):
             calls.append((sequence_id, sequence_start, sequence_end, inputs["AUDIO"].size))
             found = [] if sequence_end else [{"type": "speech_started", "audio_start": 100, "sample": 612}]
             return {"EVENTS": np.array([[json.dumps(found).encode()]], dtype=np.object_)}

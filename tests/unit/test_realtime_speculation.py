@@ -31,7 +31,8 @@ class StageDouble:
     """The Triton calls of a realtime session. `turns`: lists of VAD turn events, one list returned per VAD
     request that has audio (sample offsets in 16 kHz samples); `asr_gate` / `pipeline_gate`: set to let
     those stages answer; `hold`: the pipeline keeps its stream open after the reply (until cancelled); `fail`:
-    an APIError the pipeline raises after the reply instead. Models load and unload as Triton's model control
+    an APIError the pipeline raises after the reply instead; `vad_refusals`: how many VAD STARTs to refuse as
+    voice_vad does with every live sequence taken (429 too_many_sequences). Models load and unload as Triton's model control
     does them (`loaded`); a call to an unloaded model fails as Triton's does ("unknown model")."""
 
     def __init__(self):
@@ -43,6 +44,8 @@ class StageDouble:
         self.fail: APIError | None = None
         self.asr_calls: list[int] = []  # samples per transcription
         self.vad_starts: list[bool] = []  # sequence_start of each VAD request with audio
+        self.vad_refusals = 0
+        self.vad_ends: list[int] = []  # the sequence id of each VAD request with END
         self.streams: list[dict] = []  # {"body", "cancelled", "finished"} per pipeline request
         self.loaded = set(REGISTRY["voice"].models)
 
@@ -60,11 +63,18 @@ class StageDouble:
             raise APIError(500, f"inference failed: Request for unknown model: '{model}' has no available versions",
                            code="inference_error")
 
-    async def infer(self, model, inputs, request_id=None, *, sequence_id=0, sequence_start=False, sequence_end=False):
+    async def infer(self, model, inputs, request_id=None, *, sequence_id=0, sequence_start=False, sequence_end=False,
+                    timeout_s=None):
         self._check_loaded(model)
         if model == "voice_vad":
+            if sequence_end:
+                self.vad_ends.append(sequence_id)
             if inputs["AUDIO"].size:
                 self.vad_starts.append(sequence_start)
+            if sequence_start and self.vad_refusals:
+                self.vad_refusals -= 1
+                self.turns.pop(0)
+                raise APIError(429, "voice_vad serves at most 1024 live sequences", code="too_many_sequences")
             found = self.turns.pop(0) if inputs["AUDIO"].size and self.turns else []
             return {"EVENTS": np.array([json.dumps(found).encode()], dtype=np.object_)}
         assert model == "voice_asr"

@@ -14,8 +14,11 @@ id; the first carries START, the last END; requests of different sequences are b
                               "audio_end", "sample"} (paused / resumed only with pause_duration_ms); sample
                               offsets count 16 kHz samples from the sequence's first sample
 A request of a sequence that was never started (no START) or bad OPTIONS gets an OpenAI-envelope
-error (400). State is dropped at END, at a new START for the same id, and after `idle_timeout_s`
-without requests. Logic: omni_backends.voice.vad.
+error (400); a START while `max_sequences` sequences are live gets 429 `too_many_sequences` at once (Triton
+would otherwise queue it behind its slots, unanswered). An END without audio for a sequence the model does
+not hold (dropped, refused) is answered with nothing scored. State is dropped at END, at a new START for the
+same id, and after the sequence batcher's
+`max_sequence_idle_microseconds` without requests (Triton frees the slot then). Logic: omni_backends.voice.vad.
 """
 from __future__ import annotations
 
@@ -41,7 +44,10 @@ class TritonPythonModel:
         self.model_name, self.model_config, self.parameters = model_config.load(args)
         self.metrics = StageMetrics(self.model_name)
         self.vad = SileroVAD(threads=model_config.int_parameter(self.parameters, "threads", 1))
-        self.idle_timeout_s = model_config.int_parameter(self.parameters, "idle_timeout_s", 30)
+        # Triton frees an idle sequence's slot after max_sequence_idle_microseconds; the state goes with it
+        idle_us = self.model_config.get("sequence_batching", {}).get("max_sequence_idle_microseconds") or 1_000_000
+        self.idle_timeout_s = int(idle_us) / 1e6
+        self.max_sequences = model_config.int_parameter(self.parameters, "max_sequences", 1024)
         self.streams: dict[int, tuple[VADStream, float]] = {}  # correlation id -> (stream, last request time)
 
     def finalize(self) -> None:
@@ -49,8 +55,7 @@ class TritonPythonModel:
 
     def execute(self, requests):
         now = time.monotonic()
-        for corrid in [c for c, (_, seen) in self.streams.items() if now - seen > self.idle_timeout_s]:
-            del self.streams[corrid]
+        self._drop_idle(now, self.idle_timeout_s)
         responses: list = [None] * len(requests)
         batch: list[tuple[int, VADStream, bool]] = []  # (request index, stream, ends)
         for index, request in enumerate(requests):
@@ -86,11 +91,20 @@ class TritonPythonModel:
                     raise
                 raise RequestError(f"OPTIONS must be a JSON object: {exc}", param="OPTIONS") from None
         if start:
+            if corrid not in self.streams and len(self.streams) >= self.max_sequences:
+                # Triton frees idle slots on its own clock: a START that got one may be the first request since
+                self._drop_idle(now, 0.9 * self.idle_timeout_s)
+            if corrid not in self.streams and len(self.streams) >= self.max_sequences:
+                raise RequestError(f"{self.model_name} serves at most {self.max_sequences} live sequences: END the "
+                                   "ones no longer used, or retry once others end", code="too_many_sequences",
+                                   status=429)
             stream = VADStream(parsed or VADOptions())
         elif corrid in self.streams:
             stream = self.streams[corrid][0]
             if parsed is not None:
                 stream.options = parsed
+        elif end and audio.size == 0:
+            stream = VADStream(VADOptions())   # nothing to free: the sequence was dropped or refused
         else:
             raise RequestError(f"sequence {corrid} is not started (send START first)", code="sequence_not_started")
         stream.feed(audio)
@@ -99,6 +113,10 @@ class TritonPythonModel:
         else:
             self.streams[corrid] = (stream, now)
         return stream, end
+
+    def _drop_idle(self, now: float, older_than_s: float) -> None:
+        for corrid in [c for c, (_, seen) in self.streams.items() if now - seen > older_than_s]:
+            del self.streams[corrid]
 
     def _score(self, batch: list[tuple[int, VADStream, bool]], responses: list) -> None:
         try:
