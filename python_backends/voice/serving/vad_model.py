@@ -17,8 +17,8 @@ A request of a sequence that was never started (no START) or bad OPTIONS gets an
 error (400); a START while `max_sequences` sequences are live gets 429 `too_many_sequences` at once (Triton
 would otherwise queue it behind its slots, unanswered). An END without audio for a sequence the model does
 not hold (dropped, refused) is answered with nothing scored. State is dropped at END, at a new START for the
-same id, and after the sequence batcher's
-`max_sequence_idle_microseconds` without requests (Triton frees the slot then). Logic: omni_backends.voice.vad.
+same id, and after the sequence batcher's `max_sequence_idle_microseconds` without requests (when Triton frees
+the slot). Logic: omni_backends.voice.vad.
 """
 from __future__ import annotations
 
@@ -92,7 +92,8 @@ class TritonPythonModel:
                 raise RequestError(f"OPTIONS must be a JSON object: {exc}", param="OPTIONS") from None
         if start:
             if corrid not in self.streams and len(self.streams) >= self.max_sequences:
-                # Triton frees idle slots on its own clock: a START that got one may be the first request since
+                # Triton frees idle slots on its own clock, a moment before this model looks: a START that got a
+                # freed slot lets go of the states whose slots Triton freed (or is about to)
                 self._drop_idle(now, 0.9 * self.idle_timeout_s)
             if corrid not in self.streams and len(self.streams) >= self.max_sequences:
                 raise RequestError(f"{self.model_name} serves at most {self.max_sequences} live sequences: END the "
