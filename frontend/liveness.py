@@ -37,10 +37,15 @@ class HeartbeatReader:
         stale = set(_stale(models, values[HEARTBEAT], stale_after_s))
         return [m for m in models if m in stale or values[HEALTHY].get(m, 1.0) == 0]
 
-    async def _by_model(self, names: tuple[str, ...]) -> dict[str, dict[str, float]]:
+    async def metrics_text(self) -> str:
+        """Triton's whole metrics page (Prometheus text: nv_* and the stubs' omni_* families). Raises
+        httpx.HTTPError if it cannot be read."""
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=2.0)
-        text = (await self._client.get(self.metrics_url)).raise_for_status().text
+        return (await self._client.get(self.metrics_url)).raise_for_status().text
+
+    async def _by_model(self, names: tuple[str, ...]) -> dict[str, dict[str, float]]:
+        text = await self.metrics_text()
         lines = "\n".join(line for line in text.splitlines() if line.startswith(names))  # skip nv_* metrics
         values: dict[str, dict[str, float]] = {name: {} for name in names}
         for family in text_string_to_metric_families(lines):

@@ -81,4 +81,13 @@ async def get_model(model_id: str, request: Request):
 
 @router.get("/metrics")
 async def metrics(request: Request):
-    return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    """Prometheus text: the frontend's omni_frontend_* families, then Triton's own page (nv_* and the stages'
+    omni_* families, read from Triton's metrics port, which listens on 127.0.0.1 only), so that one scrape of the
+    public port sees everything. Triton's part is replaced by a comment line when it cannot be read."""
+    page = generate_latest(request.app.state.metrics.registry).decode()
+    if request.app.state.liveness is not None:
+        try:
+            page += await request.app.state.liveness.metrics_text()
+        except httpx.HTTPError as exc:
+            page += f"# triton metrics unreachable: {type(exc).__name__}\n"
+    return Response(page, media_type=CONTENT_TYPE_LATEST)

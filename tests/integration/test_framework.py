@@ -144,11 +144,21 @@ def test_model_failure_mid_stream_is_reported_and_server_survives(mock_server):
         model="mock", messages=[{"role": "user", "content": "ok?"}]).choices[0].message.content == "tok0tok1tok2"
 
 
-def test_frontend_metrics(mock_server):
+def test_frontend_metrics_carry_tritons_too(mock_server):
+    """The public port's /metrics is one scrape for everything: the frontend's families and Triton's (whose own
+    port listens on 127.0.0.1 only, unreachable from outside a container), parseable as one Prometheus page."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     httpx.get(f"{mock_server.base_url}/v1/models")
     text = httpx.get(f"{mock_server.base_url}/metrics").text
     assert 'omni_frontend_requests_total{method="GET",route="/v1/models",status="200"}' in text
     assert "omni_frontend_request_seconds_bucket" in text
+    families = {family.name: family for family in text_string_to_metric_families(text)}
+    beats = {s.labels["model"]: s.value for s in families["omni_model_heartbeat_seconds"].samples}
+    assert "mock_stream" in beats and abs(beats["mock_stream"] - time.time()) < 30, beats
+    assert "nv_inference_count" in families and "omni_inflight_requests" in families
+    triton = httpx.get(mock_server.metrics_url).text   # the same families as Triton's own page
+    assert {f.name for f in text_string_to_metric_families(triton)} <= set(families)
 
 
 def _live_stubs(server) -> list[str]:
