@@ -13,7 +13,19 @@ from __future__ import annotations
 
 import time
 
+from omni_backends.errors import RequestError
 from omni_backends.serving import sidechannel
+
+
+def check_room(model_name: str, live: int, limit: int) -> None:
+    """Refuse a new sequence's START while `live` sequences already fill the stage's `limit` (the config
+    parameter `max_sequences`). Triton's `oldest` strategy has no refusal: past its `max_candidate_sequences`
+    slots a new sequence waits, unanswered, until a slot frees (an END or the idle timeout), so each stateful
+    stage keeps more slots than `limit` and answers the START beyond `limit` itself, at once.
+    Raises RequestError 429 `too_many_sequences`."""
+    if live >= limit:
+        raise RequestError(f"{model_name} serves at most {limit} live sequences: END the ones no longer used, or "
+                           "retry once others end", code="too_many_sequences", status=429)
 
 
 class SequenceLeases:

@@ -316,6 +316,56 @@ def test_code2wav_refuses_a_sequence_longer_than_the_talker_can_speak_at_once(se
     assert len(_code2wav(server, 4095 - 4090, 7_100_000_002, timeout_s=60).as_numpy("PCM")[0]) > 0
 
 
+def test_code2wav_refuses_a_start_beyond_its_live_sequences_at_once(server):
+    """Triton's `oldest` sequence batcher cannot refuse: with its slots held by STARTs never ENDed (a leaking direct
+    client) a new turn's code2wav sequence waited unanswered for the 120 s idle timeout, and every chat's speech
+    with it. Now the stage serves `max_sequences` (256) live sequences and refuses the next START at once (429
+    `too_many_sequences`), Triton keeping 16x more slots; a sequence ENDed makes room for a new one. The talker
+    and voice_vad take the same check (`sequences.check_room`; voice_vad's test is in test_realtime.py)."""
+    import re
+
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    text = (MAIN_REPOSITORY / "qwen3_omni_code2wav" / "config.pbtxt").read_text()
+    live = int(re.search(r'key: "max_sequences" value \{ string_value: "(\d+)"', text).group(1))
+    assert int(re.search(r"max_candidate_sequences: (\d+)", text).group(1)) >= 16 * live
+    assert 'key: "max_sequences" value { string_value: "%d" }' % live in (
+        MAIN_REPOSITORY / "qwen3_omni_talker" / "config.pbtxt").read_text()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    base = 7_200_000_000
+
+    def feed(corrid, start=False, end=False):
+        codes = grpcclient.InferInput("CODES", [1, 16, 0], "INT64")
+        codes.set_data_from_numpy(np.zeros((1, 16, 0), np.int64))
+        return client.infer("qwen3_omni_code2wav", [codes], sequence_id=corrid, sequence_start=start,
+                            sequence_end=end, client_timeout=30)
+
+    opened = []
+    try:
+        for corrid in range(base, base + live):
+            feed(corrid, start=True)
+            opened.append(corrid)
+        started = time.monotonic()
+        with pytest.raises(InferenceServerException) as refused:
+            feed(base + live, start=True)
+        message = refused.value.message()
+        error = json.loads(message[message.index("{"):])["error"]
+        assert error["code"] == "too_many_sequences" and error["status"] == 429 and str(live) in error["message"]
+        assert time.monotonic() - started < 10
+        feed(opened.pop(0), end=True)
+        feed(base + live + 1, start=True, end=True)   # room again
+    finally:
+        for corrid in [base + live, *opened]:
+            try:
+                feed(corrid, end=True)
+            except InferenceServerException:
+                pass   # the refused one is not live: its END only frees the Triton slot
+        client.close()
+    assert wait_for(lambda: metric_value(server.metrics_url, "omni_inflight_requests",
+                                         model="qwen3_omni_code2wav") == 0, 10)
+
+
 def test_code2wav_stops_a_request_whose_client_left_and_serves_the_next_one(server):
     """A long direct request whose client deadline passes stops between decode pieces: the next sequence is
     answered within seconds, not after the abandoned frames were all vocoded (~40 s on 2 cores)."""

@@ -18,6 +18,8 @@ turn's speech):
 - A sequence carries at most `max_frames` frames in all (config parameter; default 4095, the talker's own
   `max_frames`, i.e. the longest turn the pipeline speaks: 4095 x 80 ms = 327.6 s). A request that would take
   its sequence past it is refused at once (400 naming the limit) and the sequence is dropped.
+- At most `max_sequences` sequences (config parameter; default 256) are live: a START beyond them is refused
+  at once (429 `too_many_sequences`) rather than left to wait for one of Triton's slots (there are many more).
 - A request bringing many frames at once (a direct client sending a whole turn) is decoded in pieces of
   `4 * chunk_frames` frames, the same windows a streamed turn gets; between pieces the stage asks whether
   the caller is still there (`request.is_cancelled()`, or the BLS side channel for the orchestrator's
@@ -43,7 +45,7 @@ from omni_backends.qwen3_omni.loading import load_code2wav
 from omni_backends.qwen3_omni.serving import protocol as p
 from omni_backends.serving import model_config, sidechannel
 from omni_backends.serving.metrics import StageMetrics
-from omni_backends.serving.sequences import SequenceLeases
+from omni_backends.serving.sequences import SequenceLeases, check_room
 
 
 class TritonPythonModel:
@@ -57,6 +59,7 @@ class TritonPythonModel:
         self.metrics = StageMetrics(self.model_name)
         # frames per sequence (the longest turn the talker speaks) and per decode between cancellation checks
         self.max_frames = model_config.int_parameter(parameters, "max_frames", 4095)
+        self.max_sequences = model_config.int_parameter(parameters, "max_sequences", 256)
         self.piece_frames = 4 * self.streamer.chunk_frames
         self._frames: dict[int, int] = {}         # live sequence -> frames received so far
         self._sequences: set[int] = set()
@@ -150,6 +153,7 @@ class TritonPythonModel:
             self._forget(seq, "cancelled")
             return
         if p.flag(tensor(p.START)) and seq not in self._sequences:
+            check_room(self.model_name, len(self._sequences), self.max_sequences)
             self._sequences.add(seq)
             self.metrics.started()
         if seq in self._sequences:

@@ -9,8 +9,9 @@ needs more text — the talker waits for the thinker, it never pads. A sequence 
 max_frames after END (FINISH_REASON on its last response), on ABORT, or when its live request is
 cancelled, or after `max_sequence_idle_microseconds` (the config's sequence-batching idle timeout,
 after which Triton itself frees the sequence's slot) without a request, or within about a second once
-the BLS parent that started it is gone (its stub crashed or was reloaded: `SequenceLeases`). Tensors:
-`omni_backends.qwen3_omni.serving.protocol`.
+the BLS parent that started it is gone (its stub crashed or was reloaded: `SequenceLeases`). At most
+`max_sequences` (config parameter, default 256) are live: a START beyond them is refused at once (429
+`too_many_sequences`). Tensors: `omni_backends.qwen3_omni.serving.protocol`.
 
 The worker is supervised: if it crashes, every live sequence ends with a 503 error on its open
 request, the talker starts empty and a new worker thread takes over (omni_model_healthy is 0 meanwhile).
@@ -36,7 +37,7 @@ from omni_backends.qwen3_omni.talker import Talker, TalkerPrompt
 from omni_backends.serving import events, model_config, sidechannel
 from omni_backends.serving.decoupled import send_final, send_response
 from omni_backends.serving.metrics import StageMetrics
-from omni_backends.serving.sequences import SequenceLeases
+from omni_backends.serving.sequences import SequenceLeases, check_room
 from omni_backends.serving.tensors import from_triton, on_gpu
 from omni_backends.supervisor import Supervisor
 
@@ -74,6 +75,7 @@ class TritonPythonModel:
                              max_running=model_config.int_parameter(parameters, "max_running", 32))
         self.talker.warmup()
         self.max_frames = model_config.int_parameter(parameters, "max_frames", 4095)
+        self.max_sequences = model_config.int_parameter(parameters, "max_sequences", 256)
         self.metrics = StageMetrics(self.model_name)
         self._commands: queue.Queue = queue.Queue()
         self._sequences: set[int] = set()                 # live sequences (START seen, not ended)
@@ -171,6 +173,8 @@ class TritonPythonModel:
                 send_final(command.sender, command.request_id)
                 return
             if command.start:
+                if seq not in self._sequences:
+                    check_room(self.model_name, len(self._sequences), self.max_sequences)
                 self.talker.add_request(seq, command.prompt, str(command.params.get("voice") or ""),
                                         turns.talker_sampling(self.talker, command.params, self.max_frames))
                 self._sequences.add(seq)

@@ -31,6 +31,7 @@ from omni_backends.errors import RequestError
 from omni_backends.input_audio import check_audio
 from omni_backends.serving import events, model_config
 from omni_backends.serving.metrics import StageMetrics
+from omni_backends.serving.sequences import check_room
 from omni_backends.voice.vad import SileroVAD, VADOptions, VADStream
 
 
@@ -45,8 +46,7 @@ class TritonPythonModel:
         self.metrics = StageMetrics(self.model_name)
         self.vad = SileroVAD(threads=model_config.int_parameter(self.parameters, "threads", 1))
         # Triton frees an idle sequence's slot after max_sequence_idle_microseconds; the state goes with it
-        idle_us = self.model_config.get("sequence_batching", {}).get("max_sequence_idle_microseconds") or 1_000_000
-        self.idle_timeout_s = int(idle_us) / 1e6
+        self.idle_timeout_s = model_config.sequence_idle_seconds(self.model_config, 30.0)
         self.max_sequences = model_config.int_parameter(self.parameters, "max_sequences", 1024)
         self.streams: dict[int, tuple[VADStream, float]] = {}  # correlation id -> (stream, last request time)
 
@@ -95,10 +95,8 @@ class TritonPythonModel:
                 # Triton frees idle slots on its own clock, a moment before this model looks: a START that got a
                 # freed slot lets go of the states whose slots Triton freed (or is about to)
                 self._drop_idle(now, 0.9 * self.idle_timeout_s)
-            if corrid not in self.streams and len(self.streams) >= self.max_sequences:
-                raise RequestError(f"{self.model_name} serves at most {self.max_sequences} live sequences: END the "
-                                   "ones no longer used, or retry once others end", code="too_many_sequences",
-                                   status=429)
+            if corrid not in self.streams:
+                check_room(self.model_name, len(self.streams), self.max_sequences)
             stream = VADStream(parsed or VADOptions())
         elif corrid in self.streams:
             stream = self.streams[corrid][0]
