@@ -18,13 +18,13 @@ import binascii
 from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
+from pydantic import BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
 
 from omni_frontend import audio as audio_codec
 from omni_frontend import pipeline_stream
 from omni_frontend.config import RequestLimits
 from omni_frontend.errors import APIError, bad_request
-from omni_frontend.validation import refuse_unsupported
+from omni_frontend.validation import RequestModel, refuse_unsupported
 
 INPUT_SAMPLE_RATE = 16000
 AudioFormat = Literal["wav", "pcm16", "flac", "mp3", "opus", "aac"]
@@ -99,7 +99,7 @@ Voice = Annotated[str, BeforeValidator(_voice_id), WithJsonSchema({"anyOf": [
     {"type": "string"}, {"type": "object", "required": ["id"], "properties": {"id": {"type": "string"}}}]})]
 
 
-class AudioParams(BaseModel):
+class AudioParams(RequestModel):
     """Chat's `audio` object, validated as strictly as /v1/audio/speech: a non-empty voice (`Voice`: a name or
     {"id": name}; the pipeline rejects names it does not have), a known format, no other keys."""
 
@@ -108,18 +108,18 @@ class AudioParams(BaseModel):
     format: AudioFormat = "wav"
 
 
-class StreamOptions(BaseModel):
+class StreamOptions(RequestModel):
     model_config = ConfigDict(strict=True)  # nested models keep their own config: strict as ChatRequest
     include_usage: bool = False
 
 
-class Message(BaseModel):
+class Message(RequestModel):
     model_config = ConfigDict(extra="allow", strict=True)
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Annotated[str | list[dict] | None, WithJsonSchema(_CONTENT_SCHEMA)] = None
 
 
-class ChatRequest(BaseModel):
+class ChatRequest(RequestModel):
     """The OpenAI request fields we honour; unknown fields (extra_body) are passed to the pipeline, and
     the route refuses those it does not read before admission (a 400 naming the field;
     routes.common.refuse_unread_fields).

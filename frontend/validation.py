@@ -8,8 +8,9 @@ JSON may spell a lone UTF-16 surrogate ("\\ud800"); Python's json module turns i
 no UTF-8 encoder accepts, so it would fail deep inside a stage. Multipart form fields, query
 strings and paths cannot carry one (Starlette decodes them as UTF-8 or Latin-1).
 
-Value formats more than one route checks live here too (LANGUAGE_CODE), and the walker that refuses fields this
-server does not honour (refuse_unsupported), for the HTTP routes and the realtime session alike.
+Value formats more than one route checks live here too (LANGUAGE_CODE), the walker that refuses fields this
+server does not honour (refuse_unsupported), for the HTTP routes and the realtime session alike, and the base of
+the JSON body models (RequestModel: null means the default).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import re
 from collections.abc import Callable, Mapping
 
 from fastapi import Request
+from pydantic import BaseModel, model_validator
 from starlette.requests import HTTPConnection
 from starlette.exceptions import HTTPException
 
@@ -25,6 +27,22 @@ from omni_frontend.errors import APIError, bad_request
 # an ISO-639-1 (or -3) language code as Whisper takes it: /v1/audio/transcriptions `language`, realtime
 # `audio.input.transcription.language`
 LANGUAGE_CODE = re.compile(r"[a-z]{2,3}")
+
+
+class RequestModel(BaseModel):
+    """Base of the JSON request-body models: JSON null for an optional field means its default, as OpenAI's API
+    reads its nullable fields (`"n": null`, `"stream": null`, `"response_format": null`); clients that serialise
+    unset fields as null (hand-written models, proxies) send exactly that. Required fields stay required (null
+    for one is a 400 naming it); fields whose default is None took null already."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data):
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        return {key: value for key, value in data.items()
+                if value is not None or key not in fields or fields[key].is_required() or fields[key].default is None}
 
 
 def refuse_unsupported(spec: dict, fields: Mapping[str, tuple[tuple, str]],

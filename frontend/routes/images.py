@@ -29,7 +29,7 @@ import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 from sse_starlette.sse import EventSourceResponse
 from starlette.datastructures import UploadFile
 
@@ -40,7 +40,7 @@ from omni_frontend.chat_protocol import unsupported_parameter
 from omni_frontend.errors import APIError, bad_request
 from omni_frontend.pipelines import IMAGE, Pipeline
 from omni_frontend.routes.common import config, form_bool, pipeline_for, refuse_unread_fields, single_part, triton
-from omni_frontend.validation import refuse_unsupported
+from omni_frontend.validation import RequestModel, refuse_unsupported
 
 router = APIRouter()
 FILES_PATH = "/files/images/"
@@ -60,7 +60,7 @@ _ROUTED_KEYS = ("task", "prompt", "n", "partial_images", "width", "height", "see
                 "negative_prompt", "true_cfg_scale")
 
 
-class ImageOptions(BaseModel):
+class ImageOptions(RequestModel):
     """The fields both routes share (OpenAI's, then the diffusion extensions). Types are strict, as
     OpenAI's API is typed: `"n": "2"` or `"stream": "true"` in JSON is a 400 naming the field; the edits
     form's strings are converted by `_typed` first."""
@@ -74,7 +74,7 @@ class ImageOptions(BaseModel):
     output_format: Literal["png", "jpeg", "webp"] = "png"
     output_compression: int | None = Field(default=None, ge=0, le=100)
     background: Literal["transparent", "opaque", "auto"] | None = None
-    quality: str | None = None
+    quality: Literal["auto", "low", "medium", "high", "standard", "hd"] | None = None   # gpt-image-1's, dall-e-3's
     stream: bool = False
     partial_images: int = Field(default=0, ge=0, le=3)
     user: str | None = None

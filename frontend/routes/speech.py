@@ -23,7 +23,7 @@ from typing import Literal
 import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 from sse_starlette.sse import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
@@ -34,12 +34,13 @@ from omni_frontend.observability import RequestTimer
 from omni_frontend.pipelines import CHAT, SPEECH
 from omni_frontend.chat_protocol import Voice
 from omni_frontend.routes.common import config, pipeline_for, refuse_unread_fields, triton
+from omni_frontend.validation import RequestModel
 
 router = APIRouter()
 _ROUTED_KEYS = ("input", "voice", "speed")   # the speech REQUEST keys the route fills (refuse_unread_fields)
 
 
-class SpeechRequest(BaseModel):
+class SpeechRequest(RequestModel):
     model_config = ConfigDict(extra="allow", strict=True)
     input: str
     model: str | None = None

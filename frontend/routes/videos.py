@@ -28,7 +28,7 @@ from typing import Literal
 from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 from starlette.datastructures import UploadFile
 
 from omni_frontend.config import FrontendConfig
@@ -38,6 +38,7 @@ from omni_frontend.routes.common import config, pipeline_for, single_part
 from omni_frontend.videos import encoding
 from omni_frontend.videos.runner import VideoRunner, save_reference
 from omni_frontend.videos.store import COMPLETED, VideoStore
+from omni_frontend.validation import RequestModel
 
 router = APIRouter()
 _SIZE = re.compile(r"^(\d{1,5})x(\d{1,5})$")
@@ -46,7 +47,7 @@ MAX_PROMPT_CHARS = 10_000
 POLL_AFTER_MS = 500  # the openai SDK's `videos.poll` waits this long between polls (header below)
 
 
-class VideoCreateRequest(BaseModel):
+class VideoCreateRequest(RequestModel):
     """POST /v1/videos fields (JSON: strict types; multipart: strings converted)."""
 
     model_config = ConfigDict(extra="forbid")

@@ -69,3 +69,18 @@ def test_store_holds_at_most_max_bytes_and_keeps_the_newest():
     assert [store.get(k) is not None for k in keys] == [False, False, False, True, True]
     big, _ = store.put(bytes(1000), "image/png")   # one image over the bound is still served, alone
     assert store.get(big) is not None and all(store.get(k) is None for k in keys)
+
+
+@pytest.mark.parametrize("quality", ["ultra", "", "HIGH"])
+def test_an_unknown_quality_is_refused_naming_the_field(quality):
+    """`quality` took any string and the response claimed "high": now OpenAI's values only (gpt-image-1's auto / low /
+    medium / high, dall-e-3's standard / hd), anything else a 400 naming `quality` (the route maps the error)."""
+    from pydantic import ValidationError
+
+    from omni_frontend.routes.images import ImageOptions, _quality
+
+    with pytest.raises(ValidationError) as info:
+        ImageOptions.model_validate({"prompt": "a cube", "quality": quality})
+    assert info.value.errors()[0]["loc"] == ("quality",)
+    for known, echoed in (("low", "low"), ("medium", "medium"), ("hd", "high"), ("auto", "high"), (None, "high")):
+        assert _quality(ImageOptions.model_validate({"prompt": "a cube", "quality": known})) == echoed

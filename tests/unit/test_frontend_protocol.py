@@ -189,6 +189,33 @@ def test_chat_json_types_are_strict_in_nested_objects_too(fields, param):
     assert ".".join(str(p) for p in info.value.errors()[0]["loc"]) == param
 
 
+def test_json_null_means_the_default_for_every_optional_field_of_every_body_model():
+    """OpenAI types its optional request fields as nullable and reads null as "not given" (chat `n`, `stream`; images
+    `n`, `stream`, `response_format`, `output_format`, `partial_images`; speech `response_format`, `speed`, ...):
+    clients that serialise unset fields as null got 400s. Every JSON body model now takes null as the default;
+    required fields stay required."""
+    from omni_frontend.chat_protocol import AudioParams, StreamOptions
+    from omni_frontend.routes.images import ImageOptions
+    from omni_frontend.routes.speech import SpeechRequest
+    from omni_frontend.routes.videos import VideoCreateRequest
+
+    required = {ChatRequest: {"model": "voice", "messages": USER}, AudioParams: {"voice": "alloy"}, StreamOptions: {},
+                SpeechRequest: {"input": "hi", "voice": "alloy"}, ImageOptions: {"prompt": "a cube"},
+                VideoCreateRequest: {"prompt": "a cube"}}
+    defaulted = set()
+    for model, body in required.items():
+        for name, field in model.model_fields.items():
+            if field.is_required():
+                with pytest.raises(pydantic.ValidationError) as info:
+                    model.model_validate({**body, name: None})
+                assert info.value.errors()[0]["loc"] == (name,), (model, name)
+            elif field.default is not None:
+                assert getattr(model.model_validate({**body, name: None}), name) == field.default, (model, name)
+                defaulted.add(f"{model.__name__}.{name}")
+    assert {"ChatRequest.n", "ChatRequest.stream", "ImageOptions.n", "ImageOptions.stream", "ImageOptions.response_format",
+            "ImageOptions.output_format", "ImageOptions.partial_images", "SpeechRequest.speed"} <= defaulted, defaulted
+
+
 def test_request_limits():
     limits = RequestLimits(max_text_chars=10, max_messages=2, max_audio_seconds=0.6)
     for request, param, code in [
