@@ -122,6 +122,9 @@ class RealtimeSession:
         self.vad_wakeup = asyncio.Event()
         self.vad_task: asyncio.Task | None = None
         self.vad_failure: str | None = None  # the code of the VAD failure last reported (once, until it answers)
+        # one ASR request at a time per session, turns in order: one append holding many turns (or a client
+        # committing in a loop) must not take the shared ASR stage from every other client
+        self.asr_slot = asyncio.Semaphore(1)
         self.speech_item_id: str | None = None  # the item a detected turn will become
         self.speech_start: int | None = None
         self.response: Response | None = None
@@ -340,11 +343,12 @@ class RealtimeSession:
         await self.send({"type": "conversation.item.done", "item": item.wire(), "previous_item_id": previous})
 
     async def _asr(self, pcm: np.ndarray) -> dict:
-        """The ASR stage's RESULT for float32 16 kHz audio. Raises APIError (503 `pipeline_sleeping` while the
-        pipeline sleeps)."""
-        self.control.check(self.pipeline)
-        return await transcribe(self.triton, self.pipeline.asr, pcm, self.settings.transcription_language,
-                                self.settings.transcription_prompt)
+        """The ASR stage's RESULT for float32 16 kHz audio, after the session's earlier ASR calls (`asr_slot`).
+        Raises APIError (503 `pipeline_sleeping` while the pipeline sleeps)."""
+        async with self.asr_slot:
+            self.control.check(self.pipeline)
+            return await transcribe(self.triton, self.pipeline.asr, pcm, self.settings.transcription_language,
+                                    self.settings.transcription_prompt)
 
     def _stage_error(self, exc: APIError) -> APIError:
         """What to report for a failed stage call: `exc`, or the pipeline's `pipeline_sleeping` error when it

@@ -246,6 +246,35 @@ def test_a_refused_vad_sequence_is_reported_once_ended_at_once_and_retried_with_
     assert len(set(client.triton.vad_ends)) == 4   # the three refused, and the served one at close
 
 
+def test_a_sessions_turns_are_transcribed_one_at_a_time_in_order():
+    """One append holding many turns (or a client committing in a loop) started one ASR request per turn at once,
+    so one session held the shared ASR stage and every other client's transcription waited behind it (~1 min for
+    64 turns on 2 cores). A session now keeps one ASR request in flight, its turns in order."""
+    async def run():
+        client = Client(None)
+        await client.start()
+        await client.session.handle({"type": "session.update", "session": {"type": "realtime", "audio": {
+            "input": {"turn_detection": {"type": "server_vad", "create_response": False}}}}})
+        client.triton.asr_gate.clear()
+        for turn in range(3):
+            base = turn * 10 * CHUNK
+            await client.turn({1: [{"type": "speech_started", "audio_start": base + CHUNK}],
+                               9: [{"type": "speech_stopped", "audio_end": base + 8 * CHUNK}]}, chunks=10)
+        await until(lambda: client.kinds().count("input_audio_buffer.committed") == 3)
+        await asyncio.sleep(0.05)
+        in_flight = len(client.triton.asr_calls)
+        client.triton.asr_gate.set()
+        await until(lambda: client.kinds().count("conversation.item.input_audio_transcription.completed") == 3)
+        await client.session.close()
+        return client, in_flight
+
+    client, in_flight = asyncio.run(run())
+    assert in_flight == 1 and len(client.triton.asr_calls) == 3
+    committed = [e["item_id"] for e in client.sent if e["type"] == "input_audio_buffer.committed"]
+    completed = [e["item_id"] for e in client.sent if e["type"] == "conversation.item.input_audio_transcription.completed"]
+    assert completed == committed
+
+
 def test_a_pipeline_is_falling_asleep_while_its_unloads_drain_and_waking_while_it_loads():
     """ModelControl's transitions: refused (in `sleeping`, not among the awake models /health judges) from the
     moment a sleep starts until its wake has loaded every model, and reported as falling_asleep / waking
