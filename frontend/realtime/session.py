@@ -43,6 +43,7 @@ log = logging.getLogger("omni_frontend.realtime")
 MAX_APPEND_BYTES = 10 * 1024 * 1024  # decoded audio per append event (its base64 stays under uvicorn's 16 MiB frame limit)
 MAX_BUFFER_S = 600  # uncommitted input audio kept at most
 MIN_COMMIT_MS = 100  # OpenAI: a commit needs at least 100 ms of audio
+VAD_MAX_S = 5  # audio per VAD request at most: a long append is scored in pieces, other sessions' in between
 # client events that change no state a speculation depends on (every other one abandons it)
 _KEEPS_SPECULATION = ("input_audio_buffer.append", "conversation.item.retrieve")
 # the most words of a spoken response's first chunk (the pipeline REQUEST's `first_chunk_words`; chat's default is
@@ -419,7 +420,11 @@ class RealtimeSession:
             self.vad_wakeup.clear()
             if not self.vad_queue:
                 continue
-            chunk, self.vad_queue = np.concatenate(self.vad_queue), []
+            queued = np.concatenate(self.vad_queue)
+            chunk, rest = queued[:VAD_MAX_S * STAGE_RATE], queued[VAD_MAX_S * STAGE_RATE:]
+            self.vad_queue = [rest] if rest.size else []
+            if rest.size:
+                self.vad_wakeup.set()
             try:
                 self.control.check(self.pipeline)  # asleep, its VAD model is unloaded: the audio is not scored
                 found = await vad.feed(chunk)

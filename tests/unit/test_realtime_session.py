@@ -275,6 +275,28 @@ def test_a_sessions_turns_are_transcribed_one_at_a_time_in_order():
     assert completed == committed
 
 
+def test_a_long_append_is_scored_by_the_vad_in_pieces():
+    """An append of 12 s went to the shared VAD stage as one request (up to 10 MiB, ~218 s of audio: the stage busy
+    for every session meanwhile); now in pieces of at most VAD_MAX_S seconds, all of it, in order."""
+    import base64
+
+    import numpy as np
+
+    from omni_frontend.realtime.session import VAD_MAX_S
+
+    async def run():
+        client = Client(None)
+        await client.start()
+        pcm = np.full(12 * 16000, 3000, "<i2").tobytes()
+        await client.session.handle({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()})
+        await until(lambda: sum(client.triton.vad_samples) == 12 * 16000)
+        await client.session.close()
+        return client
+
+    sizes = [n for n in asyncio.run(run()).triton.vad_samples if n]
+    assert sizes == [VAD_MAX_S * 16000, VAD_MAX_S * 16000, (12 - 2 * VAD_MAX_S) * 16000], sizes
+
+
 def test_a_pipeline_is_falling_asleep_while_its_unloads_drain_and_waking_while_it_loads():
     """ModelControl's transitions: refused (in `sleeping`, not among the awake models /health judges) from the
     moment a sleep starts until its wake has loaded every model, and reported as falling_asleep / waking

@@ -46,6 +46,7 @@ class StageDouble:
         self.vad_starts: list[bool] = []  # sequence_start of each VAD request with audio
         self.vad_refusals = 0
         self.vad_ends: list[int] = []  # the sequence id of each VAD request with END
+        self.vad_samples: list[int] = []  # the audio samples of each VAD request
         self.streams: list[dict] = []  # {"body", "cancelled", "finished"} per pipeline request
         self.loaded = set(REGISTRY["voice"].models)
 
@@ -69,6 +70,7 @@ class StageDouble:
         if model == "voice_vad":
             if sequence_end:
                 self.vad_ends.append(sequence_id)
+            self.vad_samples.append(inputs["AUDIO"].size)
             if inputs["AUDIO"].size:
                 self.vad_starts.append(sequence_start)
             if sequence_start and self.vad_refusals:
