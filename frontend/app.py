@@ -67,12 +67,34 @@ async def _close_clients(app: FastAPI) -> None:
         await app.state.liveness.close()
 
 
+class HeadAsGetMiddleware:
+    """Pure ASGI middleware: HEAD on a GET route answers what GET would, without the body (RFC 9110 9.3.2;
+    uptime checkers, load balancers and `curl -I` send HEAD). The routes see GET; the body they produce is not
+    sent (uvicorn, which sees the HEAD, sends none either), its headers are."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            return await self.app(scope, receive, send)
+
+        async def headers_only(message):
+            if message["type"] == "http.response.body":
+                if message.get("more_body", False):
+                    return
+                message = {"type": "http.response.body", "body": b"", "more_body": False}
+            await send(message)
+
+        await self.app({**scope, "method": "GET"}, receive, headers_only)
+
+
 def create_app(config: FrontendConfig, crashed_stubs: CrashedStubs | None = None) -> FastAPI:
     """The app for `config`; its Triton client opens lazily and closes on shutdown.
 
     Edge checks before any route work: request bodies past `config.limits.max_body_bytes` get 413
     unparsed, and JSON text must be valid Unicode (omni_frontend.validation). Middlewares, outermost
-    first: observability (request id, access log, metrics), catch-all 500, body limit, admission
+    first: observability (request id, access log, metrics), HEAD as GET, catch-all 500, body limit, admission
     slot release, Bearer auth.
 
     crashed_stubs: the launcher's `TritonServer.crashed_stubs` (stub processes that died), for stage
@@ -97,6 +119,7 @@ def create_app(config: FrontendConfig, crashed_stubs: CrashedStubs | None = None
     app.add_middleware(admission.AdmissionMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.limits.max_body_bytes)
     app.add_middleware(errors.CatchAllMiddleware)
+    app.add_middleware(HeadAsGetMiddleware)
     app.add_middleware(observability.ObservabilityMiddleware, metrics=app.state.metrics)  # outermost
     for module in (system, chat, speech, transcriptions, images, videos, realtime, admin):
         app.include_router(module.router)

@@ -2,7 +2,9 @@
 text (require_valid_text).
 
 Every string of a JSON request body (values and keys, at any depth, extension fields included) must
-be encodable Unicode before anything reaches a tokenizer, phonemizer or encoder.
+be encodable Unicode before anything reaches a tokenizer, phonemizer or encoder; every text field of a
+multipart form must be valid UTF-8 (read_form: Starlette reads an invalid one as Latin-1, a text the client
+never sent).
 
 JSON may spell a lone UTF-16 surrogate ("\\ud800"); Python's json module turns it into a str that
 no UTF-8 encoder accepts, so it would fail deep inside a stage. Multipart form fields, query
@@ -16,8 +18,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
+from contextlib import aclosing
 
 from fastapi import Request
+from starlette.datastructures import FormData
+from starlette.formparsers import MultiPartException, MultiPartParser
 from pydantic import BaseModel, model_validator
 from starlette.requests import HTTPConnection
 from starlette.exceptions import HTTPException
@@ -69,6 +74,44 @@ def same_json(value, other) -> bool:
     """`value == other` as JSON values: 0 == False in Python, but a JSON boolean is not the number 0 (and vice
     versa)."""
     return value == other and isinstance(value, bool) == isinstance(other, bool)
+
+
+class _InvalidField(MultiPartException):
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
+class _StrictMultiPartParser(MultiPartParser):
+    """Starlette's multipart parser, except that a text field which is not valid UTF-8 is an error (Starlette
+    decodes it as Latin-1)."""
+
+    def on_part_end(self) -> None:
+        part = self._current_part
+        if part.file is None:
+            try:
+                part.data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise _InvalidField(part.field_name, f"form field {part.field_name} is not valid UTF-8: byte "
+                                                     f"{exc.start} is {part.data[exc.start:exc.start + 1]!r}") from None
+        super().on_part_end()
+
+
+async def read_form(request: Request, max_part_size: int) -> FormData:
+    """`request.form(max_part_size=...)` with every multipart text field checked to be UTF-8. Raises APIError 400:
+    code `invalid_unicode` naming the field (as for a JSON body's invalid text), or Starlette's message for a
+    malformed body."""
+    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+        return await request.form(max_part_size=max_part_size)
+    try:
+        async with aclosing(request.stream()) as stream:
+            form = await _StrictMultiPartParser(request.headers, stream, max_part_size=max_part_size).parse()
+    except _InvalidField as exc:
+        raise bad_request(exc.message, param=exc.field, code="invalid_unicode") from None
+    except MultiPartException as exc:
+        raise APIError(400, exc.message) from None
+    request._form = form   # Starlette closes the uploaded files with the request, as for its own parse
+    return form
 
 
 class BodyLimitMiddleware:

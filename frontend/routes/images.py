@@ -40,7 +40,7 @@ from omni_frontend.chat_protocol import unsupported_parameter
 from omni_frontend.errors import APIError, bad_request
 from omni_frontend.pipelines import IMAGE, Pipeline
 from omni_frontend.routes.common import config, form_bool, pipeline_for, refuse_unread_fields, single_part, triton
-from omni_frontend.validation import RequestModel, refuse_unsupported
+from omni_frontend.validation import RequestModel, read_form, refuse_unsupported
 
 router = APIRouter()
 FILES_PATH = "/files/images/"
@@ -157,7 +157,7 @@ async def edits(request: Request):
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
         raise APIError(415, "/v1/images/edits takes multipart/form-data (image files and form fields)",
                        code="unsupported_media_type")
-    form = await request.form(max_part_size=cfg.limits.max_upload_bytes + 1)
+    form = await read_form(request, cfg.limits.max_upload_bytes + 1)
     fields = {k: v for k, v in form.multi_items() if not isinstance(v, UploadFile)}
     try:
         options = ImageOptions.model_validate(_typed(fields))

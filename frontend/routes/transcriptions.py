@@ -32,7 +32,7 @@ from omni_frontend.errors import APIError, bad_request
 from omni_frontend.pipeline_stream import until_disconnect
 from omni_frontend.pipelines import TRANSCRIPTION, Pipeline
 from omni_frontend.routes.common import config, form_bool, pipeline_for, single_part, triton
-from omni_frontend.validation import LANGUAGE_CODE
+from omni_frontend.validation import LANGUAGE_CODE, read_form
 
 router = APIRouter()
 _FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
@@ -135,7 +135,7 @@ async def transcriptions(request: Request):
     pipeline work; so is a second `file` part (one file per request, as OpenAI's)."""
     cfg = config(request)
     limits = cfg.limits
-    form = await request.form(max_part_size=limits.max_upload_bytes + 1)
+    form = await read_form(request, limits.max_upload_bytes + 1)
     upload = single_part(form, "file")
     if not isinstance(upload, UploadFile):
         raise bad_request("multipart field 'file' is required", param="file")

@@ -38,7 +38,7 @@ from omni_frontend.routes.common import config, pipeline_for, single_part
 from omni_frontend.videos import encoding
 from omni_frontend.videos.runner import VideoRunner, save_reference
 from omni_frontend.videos.store import COMPLETED, VideoStore
-from omni_frontend.validation import RequestModel
+from omni_frontend.validation import RequestModel, read_form
 
 router = APIRouter()
 _SIZE = re.compile(r"^(\d{1,5})x(\d{1,5})$")
@@ -111,7 +111,7 @@ async def _fields(request: Request, max_bytes: int) -> tuple[dict, bytes | None,
     """(fields, reference image bytes or None, came from a form) of a JSON or multipart body."""
     content_type = request.headers.get("content-type", "")
     if content_type.startswith(("multipart/form-data", "application/x-www-form-urlencoded")):
-        form = await request.form(max_part_size=max_bytes + 1)
+        form = await read_form(request, max_bytes + 1)
         single_part(form, "input_reference")   # one reference image: a second part is a 400
         fields, image = {}, None
         for key, value in form.multi_items():

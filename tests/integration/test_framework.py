@@ -161,6 +161,34 @@ def test_frontend_metrics_carry_tritons_too(mock_server):
     assert {f.name for f in text_string_to_metric_families(triton)} <= set(families)
 
 
+def test_head_answers_as_get_without_a_body_and_multipart_text_must_be_utf8(mock_server):
+    """HEAD on GET routes was 405 (a HEAD-based health probe saw the server as down): now GET's status and headers,
+    no body; a POST-only route still says 405. A multipart text field that is not UTF-8 was read as Latin-1 (a
+    prompt the client never sent); now a 400 naming the field, as invalid text in a JSON body."""
+    with httpx.Client(base_url=mock_server.base_url, timeout=30) as client:
+        for path in ("/health", "/v1/models", "/metrics"):
+            head, get = client.head(path), client.get(path)
+            assert head.status_code == get.status_code == 200 and head.content == b"", path
+            assert head.headers["content-type"] == get.headers["content-type"], path
+        assert client.head("/v1/chat/completions").status_code == 405
+        wav = io.BytesIO()
+        soundfile.write(wav, np.zeros(1600, np.float32), 16000, format="WAV")
+        reply = client.post("/v1/audio/transcriptions", files={"file": ("a.wav", wav.getvalue(), "audio/wav")},
+                            data={"model": "mock-asr", "prompt": "café ÿ"})
+        assert reply.status_code == 200, reply.text   # httpx sends str fields as UTF-8: valid
+        body, boundary = b"", b"b0undary"
+        for name, value, extra in ((b"model", b"mock-asr", b""), (b"prompt", b"a red\xff cube", b""),
+                                   (b"file", wav.getvalue(), b'; filename="a.wav"\r\nContent-Type: audio/wav')):
+            body += b"--" + boundary + b'\r\nContent-Disposition: form-data; name="' + name + b'"' + extra + \
+                b"\r\n\r\n" + value + b"\r\n"
+        body += b"--" + boundary + b"--\r\n"
+        reply = client.post("/v1/audio/transcriptions", content=body,
+                            headers={"content-type": "multipart/form-data; boundary=b0undary"})
+        assert reply.status_code == 400, reply.text
+        error = reply.json()["error"]
+        assert error["code"] == "invalid_unicode" and error["param"] == "prompt", error
+
+
 def _live_stubs(server) -> list[str]:
     """Models whose stub process runs now (from the stubs' command lines)."""
     names = []
