@@ -134,6 +134,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="a request expected to wait longer gets 429 at once; a queued one gives up with 429 after it "
                         "(default: %(default)s)")
     g = p.add_argument_group("request limits, checked before any model work (docs/reliability.md)")
+    g.add_argument("--http-head-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="a connection must send each request head (request line and headers) within this; otherwise "
+                        "it is closed, so silent or trickling connections cannot hold the frontend's sockets "
+                        "(default: %(default)s)")
     g.add_argument("--max-body-bytes", type=int, default=limits.max_body_bytes,
                    help="request body size; larger bodies get 413 unparsed (default: %(default)s)")
     g.add_argument("--max-text-chars", type=int, default=limits.max_text_chars,
@@ -145,6 +149,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.max_queued_videos < 0 or args.max_running_videos < 1 or args.video_ttl < 0:
         p.error("--max-queued-videos and --video-ttl must be >= 0, --max-running-videos >= 1")
+    if not args.http_head_timeout > 0:
+        p.error("--http-head-timeout must be > 0 seconds")
     if not 0 <= args.realtime_speculation_ms <= 60_000:
         p.error("--realtime-speculation-ms must be in [0, 60000]")
     ports = [flag for flag in PORT_FLAGS if getattr(args, flag) is not None and not (flag == "port" and args.no_frontend)]
@@ -267,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         import uvicorn
 
         from omni_frontend.app import create_app
+        from omni_frontend.http_protocol import with_head_timeout
         from omni_frontend.config import FrontendConfig
 
         limits = RequestLimits(max_body_bytes=args.max_body_bytes, max_text_chars=args.max_text_chars,
@@ -281,9 +288,11 @@ def main(argv: list[str] | None = None) -> int:
                                         else args.realtime_speculation_ms),
                          crashed_stubs=server.crashed_stubs)
         # httptools: uvicorn's C HTTP parser (its pure-Python h11 fallback cost ~1 ms more per streamed
-        # request in scripts/profile_ttft.py: serving overhead over the engine 9.3 vs 10.3 ms)
+        # request in scripts/profile_ttft.py: serving overhead over the engine 9.3 vs 10.3 ms), with a deadline
+        # for each request head (omni_frontend.http_protocol)
         uv = _uvicorn_server()(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
-                                              http="httptools", timeout_graceful_shutdown=5))
+                                              http=with_head_timeout(args.http_head_timeout),
+                                              timeout_graceful_shutdown=5))
         # uvicorn re-raises every signal it caught, the LAST first: exit with the FIRST one's code instead
         # (SIGTERM then Ctrl-C during the graceful shutdown is still a 143, as a supervisor expects).
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -20,6 +20,7 @@ import base64
 import binascii
 import contextlib
 import math
+import os
 import re
 import secrets
 import uuid
@@ -29,7 +30,8 @@ from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from pydantic import ConfigDict, Field, ValidationError
-from starlette.datastructures import UploadFile
+from starlette.datastructures import Headers, UploadFile
+from starlette.responses import MalformedRangeHeader, RangeNotSatisfiable
 
 from omni_frontend.config import FrontendConfig
 from omni_frontend.errors import APIError, bad_request
@@ -264,8 +266,29 @@ async def download_video(video_id: str, request: Request,
     path = runner.store.job_dir(video_id) / encoding.FILE_NAMES[variant]
     if not path.exists():
         raise APIError(404, f"the {variant} of video '{video_id}' is gone", code="content_not_found")
-    return FileResponse(path, media_type=encoding.CONTENT_TYPES[variant], content_disposition_type="inline",
-                        filename=f"{video_id}{path.suffix}")
+    return _VideoFile(path, media_type=encoding.CONTENT_TYPES[variant], content_disposition_type="inline",
+                      filename=f"{video_id}{path.suffix}")
+
+
+class _VideoFile(FileResponse):
+    """Starlette's FileResponse (byte ranges, as players and download managers ask), whose range errors keep the
+    API's shape: a malformed `Range` is ignored (RFC 9110 allows it: the whole file, 200) where Starlette answered
+    a plain-text 400, and one outside the file is a 416 in the error envelope with `Content-Range: bytes */size`
+    where Starlette's had an empty body."""
+
+    async def __call__(self, scope, receive, send):
+        http_range = Headers(scope=scope).get("range")
+        if http_range is not None:
+            size = os.stat(self.path).st_size
+            try:
+                self._parse_range_header(http_range, size)
+            except MalformedRangeHeader:
+                scope = {**scope, "headers": [(k, v) for k, v in scope["headers"] if k.lower() != b"range"]}
+            except RangeNotSatisfiable:
+                error = APIError(416, f"Range {http_range!r} is outside the file's {size} bytes",
+                                 param="range", code="range_not_satisfiable", headers={"content-range": f"bytes */{size}"})
+                return await error.response()(scope, receive, send)
+        await super().__call__(scope, receive, send)
 
 
 @router.delete("/v1/videos/{video_id}")

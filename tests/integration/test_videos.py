@@ -112,6 +112,16 @@ def test_create_poll_download_with_the_sdk(wan_server, reference, tmp_path):
     assert np.array_equal(np.asarray(image.convert("RGB")), expected[0])   # lossless first frame
     sheet = Image.open(io.BytesIO(client.videos.download_content(video.id, variant="spritesheet").read()))
     assert (sheet.format, sheet.size) == ("JPEG", (4 * 64, 4 * 64))         # 16 frames on a 4 x 4 grid
+    # byte ranges, as players ask; a malformed Range is ignored (whole file), one outside the file a 416 envelope
+    url = f"{wan_server.base_url}/v1/videos/{video.id}/content"
+    part = httpx.get(url, headers={"range": "bytes=4-11"})
+    assert part.status_code == 206 and part.content == data[4:12]
+    for malformed in ("bytes=5-1", "garbage"):
+        whole = httpx.get(url, headers={"range": malformed})
+        assert whole.status_code == 200 and whole.content == data, malformed
+    outside = httpx.get(url, headers={"range": f"bytes={len(data) + 10}-"})
+    assert outside.status_code == 416 and outside.headers["content-range"] == f"bytes */{len(data)}"
+    assert outside.json()["error"]["code"] == "range_not_satisfiable"
     page = client.videos.list(limit=1)
     assert [v.id for v in page.data] == [video.id]
     assert client.videos.delete(video.id).deleted

@@ -137,10 +137,11 @@ def test_queue_wait_is_bounded_and_a_long_expected_wait_is_refused_at_once():
 
 
 @contextlib.contextmanager
-def _served(app):
-    """A real uvicorn serving `app` on a free port in a thread; yields its http://127.0.0.1:PORT."""
+def _served(app, **config):
+    """A real uvicorn serving `app` on a free port in a thread (`config`: more uvicorn.Config arguments); yields
+    its http://127.0.0.1:PORT."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **config))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
@@ -151,6 +152,65 @@ def _served(app):
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+def test_a_connection_that_does_not_send_its_request_head_in_time_is_closed():
+    """Silent connections and trickled request heads (slowloris) were held for good (each a socket and a file
+    descriptor; ~20k of them make the frontend refuse everyone). With the launcher's protocol
+    (omni_frontend.http_protocol) a head must arrive within the timeout of the connection opening or of the
+    request's first byte: silent, partial-head and kept-alive-then-partial connections are closed; a whole request
+    sent slowly but in time, and a long body after its head, are served."""
+    import socket
+
+    from omni_frontend.http_protocol import with_head_timeout
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(body))]})
+        await send({"type": "http.response.body", "body": body})
+
+    def reply(sock, ending: bytes) -> bytes:
+        data = b""
+        while not data.endswith(ending):
+            data += sock.recv(4096) or b"<closed>"
+            assert not data.endswith(b"<closed>"), data
+        return data
+
+    def closed_within(sock, seconds: float) -> bool:
+        sock.settimeout(seconds)
+        try:
+            while sock.recv(4096):
+                pass
+            return True
+        except socket.timeout:
+            return False
+        except ConnectionError:
+            return True
+
+    with _served(app, http=with_head_timeout(0.5), timeout_keep_alive=30) as url:
+        port = int(url.rsplit(":", 1)[1])
+        silent, partial, kept = (socket.create_connection(("127.0.0.1", port)) for _ in range(3))
+        partial.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")
+        kept.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nok")
+        assert reply(kept, b"ok").startswith(b"HTTP/1.1 200")
+        kept.sendall(b"GET / HTTP/1.1\r\n")   # the next request on the kept-alive connection, never finished
+        assert all(closed_within(sock, 3) for sock in (silent, partial, kept))
+        with socket.create_connection(("127.0.0.1", port)) as slow:
+            for piece in (b"POST / HTTP/1.1\r\n", b"Host: x\r\n", b"Content-Length: 4\r\n\r\n"):
+                slow.sendall(piece)
+                time.sleep(0.1)
+            time.sleep(1.0)   # the body may take longer than the head's deadline
+            slow.sendall(b"body")
+            assert reply(slow, b"body").startswith(b"HTTP/1.1 200")
+    with pytest.raises(ValueError):
+        with_head_timeout(0)
 
 
 @pytest.fixture(scope="module")
