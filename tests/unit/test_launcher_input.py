@@ -142,3 +142,9 @@ def test_tritons_http_endpoint_is_off_unless_a_port_is_given():
     assert "--allow-http=false" in command(None) and not any(a.startswith("--http-port") for a in command(None))
     assert "--http-port=2" in command(2) and "--allow-http=false" not in command(2)
     assert serve.parse_args(["--triton-http-port", "8002"]).triton_http_port == 8002
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan"])
+def test_the_request_head_timeout_must_be_positive(capsys, value):
+    assert "--http-head-timeout must be > 0 seconds" in _refused(capsys, ["--http-head-timeout", value])
+    assert serve.parse_args(["--http-head-timeout", "2.5"]).http_head_timeout == 2.5
