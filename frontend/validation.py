@@ -7,8 +7,8 @@ multipart form must be valid UTF-8 (read_form: Starlette reads an invalid one as
 never sent).
 
 JSON may spell a lone UTF-16 surrogate ("\\ud800"); Python's json module turns it into a str that
-no UTF-8 encoder accepts, so it would fail deep inside a stage. Multipart form fields, query
-strings and paths cannot carry one (Starlette decodes them as UTF-8 or Latin-1).
+no UTF-8 encoder accepts, so it would fail deep inside a stage. Multipart form fields (read as UTF-8 only),
+query strings and paths cannot carry one.
 
 Value formats more than one route checks live here too (LANGUAGE_CODE), the walker that refuses fields this
 server does not honour (refuse_unsupported), for the HTTP routes and the realtime session alike, and the base of
