@@ -117,8 +117,8 @@ class Conversation:
         return self.items[-1].id if self.items else None
 
     def messages(self, instructions: str, items: list[Item] | None = None) -> list[dict]:
-        """Chat messages for the pipeline: the instructions as the system message, then the items' text
-        (user audio by its transcript), newest items kept within HISTORY_CHARS."""
+        """Chat messages for the pipeline, never none: the instructions as the system message, then the items'
+        text (user audio by its transcript), newest items kept within HISTORY_CHARS."""
         kept, size = [], 0
         for item in reversed(self.items if items is None else items):
             text = item.text
@@ -128,7 +128,9 @@ class Conversation:
                 break
             kept.append({"role": item.role, "content": text})
             size += len(text)
-        system = [{"role": "system", "content": instructions}] if instructions else []
+        # the instructions; also when empty if nothing else is sent: a response on an empty conversation without
+        # instructions (the assistant speaks first) sends the empty system prompt, not an empty message list
+        system = [{"role": "system", "content": instructions}] if instructions or not kept else []
         return system + kept[::-1]
 
 

@@ -310,14 +310,22 @@ class RealtimeSession:
     # -- turns -------------------------------------------------------------------------------------
     def _take(self, end: int, start: int | None = None, keep: bool = False) -> np.ndarray:
         """Remove the buffer's samples before absolute index `end` (`keep`: leave the buffer as it is);
-        returns those from `start` on."""
-        audio = np.concatenate(self.buffer) if self.buffer else np.zeros(0, np.float32)
-        cut = max(0, min(end - self.buffer_start, audio.size))
+        returns those from `start` on, as a new array. The buffer is sliced chunk by chunk, never joined whole: a
+        turn holds only its own samples (a view of the joined buffer kept the whole of it alive for every turn,
+        ~14 MB a turn for one 218 s append) and taking n turns from a long append is O(n), not O(n^2) copying."""
+        cut = max(0, min(end - self.buffer_start, sum(chunk.size for chunk in self.buffer)))
         begin = 0 if start is None else max(0, min(start - self.buffer_start, cut))
-        taken, rest = audio[begin:cut], audio[cut:]
+        taken, rest, offset = [], [], 0
+        for chunk in self.buffer:
+            low, high = offset, offset + chunk.size
+            if max(begin, low) < min(cut, high):
+                taken.append(chunk[max(begin, low) - low:min(cut, high) - low])
+            if high > cut:
+                rest.append(chunk[max(cut - low, 0):])
+            offset = high
         if not keep:
-            self.buffer, self.buffer_start = ([rest] if rest.size else []), self.buffer_start + cut
-        return taken
+            self.buffer, self.buffer_start = rest, self.buffer_start + cut
+        return np.concatenate(taken) if taken else np.zeros(0, np.float32)
 
     async def _commit(self, audio: np.ndarray, item_id: str) -> None:
         speculation, self.speculation = self.speculation, None

@@ -229,11 +229,15 @@ def test_odd_pcm16_payload_is_rejected():
 
 def test_history_and_truncate():
     conversation = Conversation()
+    # the assistant speaks first, without instructions: the empty system prompt, never an empty message list
+    # (the pipeline refused that: a pipeline_error and response.done failed)
+    assert conversation.messages("") == [{"role": "system", "content": ""}]
     user = Item("item_u", "user", [Part("input_text", text="Tell me a story.")])
     reply = Item("item_a", "assistant", [Part("output_audio", text="One two three. Four five six.",
                                               spoken=[("One two three.", 1000.0), ("Four five six.", 1000.0)])])
     conversation.add(user)
     conversation.add(reply)
+    assert conversation.messages("")[0] == {"role": "user", "content": "Tell me a story."}
     assert conversation.messages("Be brief.") == [{"role": "system", "content": "Be brief."},
                                                   {"role": "user", "content": "Tell me a story."},
                                                   {"role": "assistant", "content": "One two three. Four five six."}]
