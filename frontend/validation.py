@@ -93,7 +93,7 @@ class _StrictMultiPartParser(MultiPartParser):
                 part.data.decode("utf-8")
             except UnicodeDecodeError as exc:
                 raise _InvalidField(part.field_name, f"form field {part.field_name} is not valid UTF-8: byte "
-                                                     f"{exc.start} is {part.data[exc.start:exc.start + 1]!r}") from None
+                                                     f"{exc.start} is 0x{part.data[exc.start]:02x}") from None
         super().on_part_end()
 
 

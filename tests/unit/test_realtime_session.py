@@ -104,6 +104,7 @@ def test_every_ending_closes_the_opened_part_and_item_in_order_with_the_usage_so
             client.triton.turns.append([STARTED])
             await client.session.handle({"type": "input_audio_buffer.append", "audio": "AAAA" * (CHUNK // 2)})
         await until(lambda: done_events(client))
+        client.items = {item.id: item for item in client.session.conversation.items}   # close lets go of them
         await client.session.close()
         return client
 
@@ -123,7 +124,7 @@ def test_every_ending_closes_the_opened_part_and_item_in_order_with_the_usage_so
     if ending == "pipeline failure":
         assert errors(client) == [("service_unavailable", "stage_unavailable")]
         assert client.kinds().index("error") < client.kinds().index("response.output_audio.done")
-    assert client.session.conversation.get(item_id).status == "incomplete"
+    assert client.items[item_id].status == "incomplete"
 
 
 def test_a_completed_response_closes_its_item_completed_with_the_final_usage():
@@ -295,6 +296,33 @@ def test_a_long_append_is_scored_by_the_vad_in_pieces():
 
     sizes = [n for n in asyncio.run(run()).triton.vad_samples if n]
     assert sizes == [VAD_MAX_S * 16000, VAD_MAX_S * 16000, (12 - 2 * VAD_MAX_S) * 16000], sizes
+
+
+def test_turns_own_their_audio_and_a_closed_session_lets_go_of_it():
+    """One 218 s append of many turns grew the frontend by 100-600 MB per session, kept after close: each turn's
+    audio was a view of a copy of the whole buffer, and a closed session lives on in reference cycles (its ended
+    tasks' frames) until a full garbage collection. Now a turn's audio is its own array, and close drops the
+    buffer and the items."""
+    async def run():
+        client = Client(None)
+        await client.start()
+        await client.session.handle({"type": "session.update", "session": {"type": "realtime", "audio": {
+            "input": {"turn_detection": {"type": "server_vad", "create_response": False}}}}})
+        client.triton.asr_gate.clear()   # a turn's audio is dropped once transcribed: look at it before
+        for turn in range(3):
+            base = turn * 10 * CHUNK
+            await client.turn({1: [{"type": "speech_started", "audio_start": base + CHUNK}],
+                               9: [{"type": "speech_stopped", "audio_end": base + 8 * CHUNK}]}, chunks=10)
+        await until(lambda: client.kinds().count("input_audio_buffer.committed") == 3)
+        audio = [part.audio for item in client.session.conversation.items for part in item.parts]
+        client.triton.asr_gate.set()
+        await until(lambda: client.kinds().count("conversation.item.input_audio_transcription.completed") == 3)
+        await client.session.close()
+        return client.session, audio
+
+    session, audio = asyncio.run(run())
+    assert len(audio) == 3 and all(a.size >= 7 * CHUNK and a.base is None for a in audio)   # speech + padding
+    assert session.buffer == [] and session.vad_queue == [] and session.conversation.items == []
 
 
 def test_a_pipeline_is_falling_asleep_while_its_unloads_drain_and_waking_while_it_loads():
