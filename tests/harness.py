@@ -114,6 +114,21 @@ def _start_server(tmp_dir: Path, *args: str, ready_timeout_s: float, env: dict |
     raise RuntimeError(f"server not healthy after {ready_timeout_s}s:\n{server.log()[-5000:]}")
 
 
+def stub_processes(pid: int) -> list:
+    """The Triton Python-backend stub processes (psutil.Process) under process `pid` that run now: zombies, and
+    processes that exit while being looked at (psutil raises for those), are skipped."""
+    import psutil
+
+    stubs = []
+    for process in psutil.Process(pid).children(recursive=True):
+        try:
+            if process.status() != psutil.STATUS_ZOMBIE and "triton_python_backend_stub" in " ".join(process.cmdline()):
+                stubs.append(process)
+        except psutil.Error:
+            continue
+    return stubs
+
+
 def metric_value(metrics_url: str, name: str, **labels: str) -> float | None:
     """One sample of a Prometheus metric from Triton's metrics endpoint (None if absent)."""
     from prometheus_client.parser import text_string_to_metric_families

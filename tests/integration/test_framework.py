@@ -21,7 +21,7 @@ import tritonclient.grpc as grpcclient
 from omni_frontend.tritonserver import EXIT_TIMEOUT_S, free_port, free_ports
 from tests.conftest import MOCK_ARGS
 from tests.harness import (TEST_REPOSITORY, cancel_storm, inflight, metric_value, settle_limit_s, settle_time,
-                           start_server, triton_stream, wait_for)
+                           start_server, stub_processes, triton_stream, wait_for)
 
 pytestmark = pytest.mark.integration
 
@@ -192,11 +192,10 @@ def test_head_answers_as_get_without_a_body_and_multipart_text_must_be_utf8(mock
 def _live_stubs(server) -> list[str]:
     """Models whose stub process runs now (from the stubs' command lines)."""
     names = []
-    for p in psutil.Process(server.process.pid).children(recursive=True):
+    for p in stub_processes(server.process.pid):
         try:
-            if p.status() != psutil.STATUS_ZOMBIE and "triton_python_backend_stub" in p.name():
-                names.append(p.cmdline()[1].split("/")[-3])
-        except psutil.Error:
+            names.append(p.cmdline()[1].split("/")[-3])
+        except psutil.Error:   # exited since
             continue
     return sorted(names)
 

@@ -23,7 +23,7 @@ from tritonclient.utils import InferenceServerException
 from omni_backends.voice.audio import resample
 from tests.sentences import ROUND_TRIP, word_error_rate
 from tests.harness import (ROOT, cancel_storm, inflight, metric_value, settle_limit_s, settle_time, start_server,
-                           triton_stream_error, wait_for)
+                           stub_processes, triton_stream_error, wait_for)
 
 pytestmark = pytest.mark.integration
 QUESTION = "What is the capital of France?"
@@ -231,10 +231,7 @@ def test_a_stop_signal_while_models_load_removes_the_run_copy_and_every_stub(tmp
                                    env={**os.environ, "TMPDIR": str(run_tmp), "OMNI_MODEL_HOME": str(tmp_path / "models")},
                                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
-        def loading_stub():
-            return [p for p in psutil.Process(process.pid).children(recursive=True)
-                    if "triton_python_backend_stub" in " ".join(p.cmdline())]
-        assert wait_for(loading_stub, 60, 0.02), (tmp_path / "serve.log").read_text()
+        assert wait_for(lambda: stub_processes(process.pid), 60, 0.02), (tmp_path / "serve.log").read_text()
         children = psutil.Process(process.pid).children(recursive=True)
         assert any(p.name.startswith("omni-triton-repository-") for p in run_tmp.iterdir())
         assert "Omni-Triton ready" not in (tmp_path / "serve.log").read_text()   # still loading
