@@ -320,15 +320,8 @@ class RealtimeSession:
         turn holds only its own samples (a view of the joined buffer kept the whole of it alive for every turn,
         ~14 MB a turn for one 218 s append) and taking n turns from a long append is O(n), not O(n^2) copying."""
         cut = max(0, min(end - self.buffer_start, sum(chunk.size for chunk in self.buffer)))
-        begin = 0 if start is None else max(0, min(start - self.buffer_start, cut))
-        taken, rest, offset = [], [], 0
-        for chunk in self.buffer:
-            low, high = offset, offset + chunk.size
-            if max(begin, low) < min(cut, high):
-                taken.append(chunk[max(begin, low) - low:min(cut, high) - low])
-            if high > cut:
-                rest.append(chunk[max(cut - low, 0):])
-            offset = high
+        head, rest = _split(self.buffer, cut)
+        taken = _split(head, 0 if start is None else max(0, min(start - self.buffer_start, cut)))[1]
         if not keep:
             self.buffer, self.buffer_start = rest, self.buffer_start + cut
         return np.concatenate(taken) if taken else np.zeros(0, np.float32)
@@ -434,10 +427,9 @@ class RealtimeSession:
             self.vad_wakeup.clear()
             if not self.vad_queue:
                 continue
-            queued = np.concatenate(self.vad_queue)
-            chunk, rest = queued[:VAD_MAX_S * STAGE_RATE], queued[VAD_MAX_S * STAGE_RATE:]
-            self.vad_queue = [rest] if rest.size else []
-            if rest.size:
+            head, self.vad_queue = _split(self.vad_queue, VAD_MAX_S * STAGE_RATE)
+            chunk = np.concatenate(head) if head else np.zeros(0, np.float32)   # (appends of no samples)
+            if self.vad_queue:
                 self.vad_wakeup.set()
             try:
                 self.control.check(self.pipeline)  # asleep, its VAD model is unloaded: the audio is not scored
@@ -701,6 +693,20 @@ class _Output:
                 index = self.session.conversation.index(item.id)
                 previous = self.session.conversation.items[index - 1].id if index else None
                 await send({"type": "conversation.item.done", "item": item.wire(), "previous_item_id": previous})
+
+
+def _split(chunks: list[np.ndarray], at: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The samples of `chunks` (in order) before sample `at` and from it on, as two lists of views of the chunks (none
+    joined: splitting a long append again and again copies nothing); empty pieces are left out."""
+    before, after, offset = [], [], 0
+    for chunk in chunks:
+        cut = min(max(at - offset, 0), chunk.size)
+        if cut:
+            before.append(chunk[:cut])
+        if cut < chunk.size:
+            after.append(chunk[cut:])
+        offset += chunk.size
+    return before, after
 
 
 async def _drop(speculation: tuple[Speculation, Response]) -> None:

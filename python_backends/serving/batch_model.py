@@ -215,7 +215,6 @@ class BatchStageModel:
             self.metrics.finished(outcome)
 
 
-
 def _stack(rows: list[np.ndarray]) -> np.ndarray:
     """Stack per-row outputs into [rows, ...], zero-padding variable-length 1-D rows (e.g. audio) to the longest."""
     if rows[0].ndim == 1 and len({r.shape for r in rows}) > 1:

@@ -180,4 +180,3 @@ class TritonPythonModel:
             self._sequences.discard(seq)
             self.streamer.cancel(seq)
             self.metrics.finished(outcome)
-

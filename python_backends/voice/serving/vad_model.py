@@ -91,11 +91,11 @@ class TritonPythonModel:
                     raise
                 raise RequestError(f"OPTIONS must be a JSON object: {exc}", param="OPTIONS") from None
         if start:
-            if corrid not in self.streams and len(self.streams) >= self.max_sequences:
-                # Triton frees idle slots on its own clock, a moment before this model looks: a START that got a
-                # freed slot lets go of the states whose slots Triton freed (or is about to)
-                self._drop_idle(now, 0.9 * self.idle_timeout_s)
             if corrid not in self.streams:
+                if len(self.streams) >= self.max_sequences:
+                    # Triton frees idle slots on its own clock, a moment before this model looks: a START that got
+                    # a freed slot lets go of the states whose slots Triton freed (or is about to)
+                    self._drop_idle(now, 0.9 * self.idle_timeout_s)
                 check_room(self.model_name, len(self.streams), self.max_sequences)
             stream = VADStream(parsed or VADOptions())
         elif corrid in self.streams:
