@@ -144,6 +144,17 @@ def test_model_failure_mid_stream_is_reported_and_server_survives(mock_server):
         model="mock", messages=[{"role": "user", "content": "ok?"}]).choices[0].message.content == "tok0tok1tok2"
 
 
+def test_json_null_for_optional_fields_is_their_default_through_the_server(mock_server):
+    """`"n": null`, `"stream": null` (what clients that serialise unset fields send) were 400s: now the defaults, a
+    whole non-streamed answer; null for a required field is still a 400 naming it."""
+    body = {"model": "mock", "messages": [{"role": "user", "content": "ok?"}]}
+    reply = httpx.post(f"{mock_server.base_url}/v1/chat/completions", json={**body, "n": None, "stream": None,
+                                                                            "stream_options": None}, timeout=30)
+    assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"] == "tok0tok1tok2", reply.text
+    refused = httpx.post(f"{mock_server.base_url}/v1/chat/completions", json={**body, "messages": None}, timeout=30)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "messages", refused.text
+
+
 def test_frontend_metrics_carry_tritons_too(mock_server):
     """The public port's /metrics is one scrape for everything: the frontend's families and Triton's (whose own
     port listens on 127.0.0.1 only, unreachable from outside a container), parseable as one Prometheus page."""
