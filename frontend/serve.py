@@ -34,7 +34,7 @@ from pathlib import Path
 from omni_frontend import deploy
 from omni_frontend import pipelines as registry
 from omni_frontend.config import AdmissionLimits, RequestLimits
-from omni_frontend.tritonserver import LaunchError, TritonServer, port_in_use
+from omni_frontend.tritonserver import LaunchError, TritonServer
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECKPOINT_PRESETS = ("qwen3_omni_tiny", "qwen3_omni_30b_a3b_random")   # python -m omni_backends.prepare NAME
@@ -249,9 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        if port_in_use(args.host, args.port):
-            raise LaunchError(f"port {args.host}:{args.port} is already in use (pass --port)")
-        if not args.no_frontend:
+        if not args.no_frontend:   # the frontend's port only; tritonserver checks its own in start()
             check_listen_address(args.host, args.port)
         models = getattr(args, "models", None) or registry.triton_models(selected)
         repositories = [r.resolve() for r in (args.model_repository or [ROOT / "model_repository"])]

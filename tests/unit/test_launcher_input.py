@@ -7,7 +7,7 @@ import socket
 import pytest
 
 from omni_frontend import serve
-from omni_frontend.tritonserver import LaunchError
+from omni_frontend.tritonserver import LaunchError, port_in_use
 
 pytestmark = pytest.mark.unit
 PORT_FLAGS = ["--port", "--triton-grpc-port", "--triton-http-port", "--triton-metrics-port"]
@@ -61,8 +61,19 @@ def test_the_frontend_address_is_checked_before_tritonserver_starts():
         port = busy.getsockname()[1]
         with pytest.raises(LaunchError, match=f"port 127.0.0.1:{port} is already in use"):
             serve.check_listen_address("127.0.0.1", port)
-        assert serve.port_in_use("127.0.0.1", port) and not serve.port_in_use("::1", port)
+        assert port_in_use("127.0.0.1", port) and not port_in_use("::1", port)
     serve.check_listen_address("127.0.0.1", port)   # free again: no error
+
+
+def test_no_frontend_does_not_check_the_frontend_port(tmp_path):
+    """`--no-frontend` serves Triton alone: a busy --port is none of its business (it was refused before)."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        argv = ["--no-frontend", "--no-prepare", "--pipelines", "asr", "--log-dir", str(tmp_path),
+                "--port", str(busy.getsockname()[1])]
+        with pytest.raises(AssertionError, match="went on to prepare or start"):
+            serve.main(argv)
 
 
 @pytest.fixture(autouse=True)

@@ -14,6 +14,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 from transformers import AutoTokenizer, WhisperFeatureExtractor
 
+from omni_backends.chat_request import check_request
 from omni_backends.engine import StepOutput, TextStream
 from omni_backends.qwen3_omni.loading import load_config, load_thinker
 from omni_backends.qwen3_omni.prompt import ThinkerInputs
@@ -47,6 +48,7 @@ class TritonPythonModel(EngineStageModel):
 
     def make_prompt(self, request):
         body = events.decode_request(pb_utils.get_input_tensor_by_name(request, p.REQUEST).as_numpy())
+        check_request(body)  # any field of the wrong JSON type: a 400 naming it, before it is used
         audio = pb_utils.get_input_tensor_by_name(request, p.INPUT_AUDIO)
         inputs, params, text = turns.thinker_request(self.thinker, body, None if audio is None else audio.as_numpy(),
                                                     self.default_max_tokens)

@@ -62,9 +62,9 @@ def thinker_request(thinker, body: dict, input_audio: np.ndarray | None,
     Sampling (`request_sampling_params`): temperature (0 or null: greedy), top_p, top_k (-1/0: off),
     max_tokens (null: `default_max_tokens`), min_tokens (vLLM's extension: `<|im_end|>` is suppressed before
     that many tokens), seed, presence_penalty, frequency_penalty, repetition_penalty; stop strings end the
-    text. A prompt too long for the context is refused from its length before it is tokenized. Raises
-    RequestError naming a bad field (or a prompt that does not fit)."""
-    check_request(body)  # any field of the wrong JSON type: a 400 naming it, before it is used
+    text. A prompt too long for the context is refused from its length before it is tokenized. `body` has passed
+    `chat_request.check_request` (`validate` runs it; a stage called alone runs it first). Raises RequestError
+    naming a bad field (or a prompt that does not fit)."""
     messages = body["messages"]
     params = request_sampling_params(body, thinker.sampling_params(max_tokens=default_max_tokens, temperature=0.0))
     check_prompt_chars(text_chars(messages), params.max_tokens, thinker.context_length, thinker.longest_token)
