@@ -107,17 +107,13 @@ class Gate:
 
 
 class Ticket:
-    """One request's claim on a pipeline slot: `queued` until `wait()` returns; `release()` is idempotent."""
+    """One request's claim on a pipeline slot: a slot at once or a queue place until `wait()` returns;
+    `release()` is idempotent."""
 
     def __init__(self, gate: Gate, future: asyncio.Future | None):
         self.gate, self._future = gate, future
         self._admitted_at = time.perf_counter() if future is None else None
         self._released = False
-
-    @property
-    def queued(self) -> bool:
-        """True while the request waits for a slot."""
-        return self._future is not None and not self._future.done()
 
     async def wait(self, request: Request | None = None) -> None:
         """Returns once the request holds a slot (at once when it never queued). Raises APIError 429

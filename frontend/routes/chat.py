@@ -107,17 +107,17 @@ class _Completion:
 
 @router.post("/v1/chat/completions")
 async def chat_completions(req: ChatRequest, request: Request):
-    """Extension fields the pipeline does not read first (a 400 naming the field, whatever the load), then
-    admission (429 at once when the pipeline is full), then validation and input decoding, then the
-    pipeline. A streamed request that has to queue gets its 200 head and first chunk at
-    once and streams when its turn comes; any other request waits for its slot before its head, so
-    a pipeline's rejection still arrives as an HTTP status."""
+    """Extension fields the pipeline does not read (a 400 naming the field), validation and input decoding
+    first, then admission (429 at once when the pipeline is full), then the pipeline. Every request, streamed
+    or not, waits for its slot and the pipeline's first event before its head: the same request gets the
+    same status whatever the load (a pipeline's rejection, or a queue wait past --max-queue-wait, is an HTTP
+    status, never a 200 whose stream ends in an error event)."""
     cfg = config(request)
     pipeline = pipeline_for(request, req.model, CHAT, "chat completions")
     await refuse_unread_fields(request, pipeline, "/v1/chat/completions", extensions(req), ChatRequest.model_fields,
                                ROUTED_KEYS)
-    ticket = admission.enter(request, pipeline)
     body, input_audio = await run_in_threadpool(to_pipeline, req, cfg.limits)
+    ticket = admission.enter(request, pipeline)
     request_id = request.state.request_id
     extra = {"INPUT_AUDIO": input_audio} if input_audio is not None else None
     completion = _Completion(req, request_id, cfg.audio_expires_s, observability.timer(request, pipeline.name))
@@ -132,16 +132,14 @@ async def chat_completions(req: ChatRequest, request: Request):
             return await run_in_threadpool(completion.response)
         return await pipeline_stream.until_disconnect(request, collect())
 
-    first = None
-    if not ticket.queued:   # fail before the 200 head when the pipeline rejects the request
-        first = await pipeline_stream.until_disconnect(request, anext(stream, None))
+    await pipeline_stream.until_disconnect(request, ticket.wait(request))
+    first = await pipeline_stream.until_disconnect(request, anext(stream, None))   # a rejection: before the head
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     started = time.perf_counter()
 
     async def sse():
         try:
             yield completion.chunk({"role": "assistant", "content": ""})
-            await ticket.wait(request)
             async for event, audio in pipeline_stream.prepend(first, stream):
                 completion.absorb(event, audio)
                 if event.get("type") == "text.delta" and event.get("text"):

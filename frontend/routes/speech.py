@@ -68,9 +68,9 @@ def _validate(req: SpeechRequest, limits) -> None:
 @router.post("/v1/audio/speech")
 async def speech(req: SpeechRequest, request: Request):
     """Extension fields the pipeline does not read first (a 400 naming the field, whatever the load), then
-    admission (429 at once when the pipeline is full), then the pipeline. SSE requests that have
-    to queue get their 200 head at once; raw audio and whole-file requests wait for their slot
-    before the head (a raw audio stream cannot carry a later error)."""
+    admission (429 at once when the pipeline is full), then the pipeline. Every request waits for its slot
+    and the pipeline's first event before its head, so a rejection (or a queue wait past --max-queue-wait)
+    is an HTTP status whatever the load."""
     cfg = config(request)
     _validate(req, cfg.limits)
     pipeline = pipeline_for(request, req.model, SPEECH, "speech")
@@ -83,8 +83,6 @@ async def speech(req: SpeechRequest, request: Request):
     stream = pipeline_stream.events(triton(request), pipeline.entry, body, request_id)
     media_type = audio_codec.CONTENT_TYPES[req.response_format]
     headers = {"x-request-id": request_id}
-    if req.stream_format == "sse" and ticket.queued:
-        return EventSourceResponse(_sse(req, _after(ticket, request, stream), timer), ping=15, headers=headers)
     await pipeline_stream.until_disconnect(request, ticket.wait(request))
     # Fail before the 200 head when the pipeline rejects the request.
     first = await pipeline_stream.until_disconnect(request, anext(stream, None))
@@ -108,13 +106,6 @@ async def speech(req: SpeechRequest, request: Request):
     pcm, rate = await pipeline_stream.until_disconnect(request, collect())
     data = await run_in_threadpool(audio_codec.encode, pcm, rate, req.response_format)
     return Response(data, media_type=media_type, headers=headers)
-
-
-async def _after(ticket, request: Request, events):
-    """`events`, once the ticket of `request` holds a slot (APIError 429/499 from the queue wait)."""
-    await ticket.wait(request)
-    async for item in events:
-        yield item
 
 
 def _encoder(req: SpeechRequest):

@@ -170,8 +170,7 @@ async def transcriptions(request: Request):
     pipeline = pipeline_for(request, form.get("model"), TRANSCRIPTION, "transcriptions")
     if stream and pipeline.stream_entry is None:
         raise bad_request(f"model '{pipeline.name}' cannot stream transcriptions", param="stream")
-    ticket = admission.enter(request, pipeline)
-    try:
+    try:   # decoded before admission: a file that is not audio is a 400 whatever the load
         pcm = await run_in_threadpool(audio_codec.decode, data, 16000, limits.max_audio_seconds)
     except audio_codec.AudioDecodeError as exc:
         raise bad_request(f"file is not decodable audio: {exc}", param="file", code="invalid_audio") from exc
@@ -181,6 +180,7 @@ async def transcriptions(request: Request):
 
     options = {"language": language, "prompt": prompt,
                "temperature": temperature, "word_timestamps": "word" in granularities}
+    ticket = admission.enter(request, pipeline)
     await until_disconnect(request, ticket.wait(request))
     if stream:
         return await _streamed(request, pipeline, pcm, options)

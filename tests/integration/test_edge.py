@@ -217,43 +217,46 @@ def test_client_that_leaves_is_499_not_a_server_error(mock_server):
     assert " -> 499 " in mock_server.log() and "Traceback" not in mock_server.log()
 
 
-def test_queued_streams_get_their_head_at_once_and_the_rest_get_429(mock_server):
-    """12 concurrent streams on a pipeline with 4 slots and 4 queue places: 4 stream at once, 4
-    queued ones receive the 200 head and their first chunk at once and finish later, 4 are refused
-    with 429 + Retry-After in the envelope; the admission gauges return to 0."""
+def test_queued_streams_answer_as_idle_ones_and_the_rest_get_429(mock_server):
+    """12 concurrent streams on a pipeline with 4 slots and 4 queue places: 4 stream at once, 3 queued ones
+    stream once a slot comes free, 4 are refused with 429 + Retry-After in the envelope, and a queued stream the
+    pipeline rejects gets the 400 it gets on an idle pipeline (it was a 200 whose stream ended in an error
+    event: the fifth outside test); the admission gauges return to 0."""
     body = {"model": "mock", "messages": [{"role": "user", "content": "hi"}], "stream": True,
             "repeat": 10, "delay_ms": 100}
 
-    async def one(client: httpx.AsyncClient):
-        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+    async def one(client: httpx.AsyncClient, i: int, delay_s: float):
+        await asyncio.sleep(delay_s)
+        sent = {**body, "reject": True} if i == 11 else body
+        async with client.stream("POST", "/v1/chat/completions", json=sent) as response:
             if response.status_code != 200:
                 return response.status_code, response.headers.get("retry-after"), json.loads(await response.aread()), None
-            lines, first_chunk_at = [], None
-            async for line in response.aiter_lines():
-                if line.startswith("data: "):
-                    first_chunk_at = first_chunk_at or time.monotonic()
-                    lines.append(line[6:])
-            return 200, first_chunk_at, lines, time.monotonic()
+            head_at = time.monotonic()
+            lines = [line[6:] async for line in response.aiter_lines() if line.startswith("data: ")]
+            return 200, head_at, lines, time.monotonic()
 
     async def run():
         async with httpx.AsyncClient(base_url=mock_server.base_url, timeout=60,
                                      limits=httpx.Limits(max_connections=20)) as client:
-            return await asyncio.gather(*(one(client) for _ in range(12)))
+            # 7 take the 4 slots and 3 queue places, the rejected one (11) the last place, then 4 are refused
+            return await asyncio.gather(*(one(client, i, 0.0 if i < 7 else 0.2 if i == 11 else 0.4)
+                                          for i in range(12)))
 
     results = asyncio.run(run())
     refused = [r for r in results if r[0] == 429]
     served = [r for r in results if r[0] == 200]
-    assert len(refused) == 4 and len(served) == 8, [r[0] for r in results]
+    assert len(refused) == 4 and len(served) == 7 and results[11][0] == 400, [r[0] for r in results]
+    assert results[11][2]["error"]["code"] == "mock" and results[11][2]["error"]["param"] == "reject"
     for _, retry_after, body_json, _ in refused:
         assert int(retry_after) >= 1 and body_json["error"]["code"] == "pipeline_overloaded"
         assert set(body_json["error"]) == ENVELOPE and body_json["error"]["type"] == "rate_limit_error"
-    for _, first_chunk_at, lines, _ in served:
+    for _, _, lines, _ in served:
         assert lines[-1] == "[DONE]" and "".join(
             json.loads(line)["choices"][0]["delta"].get("content") or "" for line in lines[:-1]) == "".join(
             f"tok{i}" for i in range(10))
-    # every queued stream had its first chunk before the first running stream had finished
+    # the queued streams got their head only once a running stream had finished
     first_done = min(done for *_, done in served)
-    assert sorted(first for _, first, _, _ in served)[-1] < first_done
+    assert sum(head_at > first_done - 0.5 for _, head_at, _, _ in served) == 3   # the running ones: ~1 s before
     assert wait_for(lambda: _frontend_metric(mock_server, "omni_frontend_inflight_requests", pipeline="mock") == 0
                     and _frontend_metric(mock_server, "omni_frontend_queued_requests", pipeline="mock") == 0, 5)
     assert _frontend_metric(mock_server, "omni_frontend_queue_wait_seconds_count", pipeline="mock") >= 4

@@ -50,7 +50,7 @@ def test_gate_runs_queues_then_refuses_with_retry_after():
         gate = Gate("p", max_inflight=2, max_queue=1, metrics=metrics)
         a, b = gate.enter(), gate.enter()
         queued = gate.enter()
-        assert not a.queued and not b.queued and queued.queued
+        assert gate.running == 2 and len(gate.waiting) == 1   # two run, the third queues
         with pytest.raises(APIError) as info:
             gate.enter()
         assert info.value.status == 429 and info.value.headers == {"retry-after": "1"}
@@ -266,20 +266,44 @@ def test_a_sleeping_pipeline_is_503_on_voices_and_refused_by_realtime():
             assert closed.value.rcvd.code == 1013
 
 
-def test_a_queued_sse_speech_request_gets_the_queue_error_as_an_sse_error_event():
-    """`stream_format: sse` speech that has to queue gets its 200 head at once; when its slot does not come
-    free within --max-queue-wait, the stream carries the 429's envelope as an `error` event (the queued
-    path used to fail with NameError: the queue wait named a variable it was never given)."""
-    app = create_app(FrontendConfig(triton_url="127.0.0.1:1", pipelines=[REGISTRY["tts"]],
+@pytest.mark.parametrize("path, body", [
+    ("/v1/audio/speech", {"model": "tts", "input": "Hello.", "voice": "alloy", "response_format": "pcm",
+                          "stream_format": "sse"}),
+    ("/v1/chat/completions", {"model": "voice", "stream": True, "messages": [{"role": "user", "content": "hi"}]}),
+])
+def test_a_queued_stream_whose_slot_does_not_come_gets_a_429_status(path, body):
+    """A streamed request that has to queue gets its head only with its slot: when the slot does not come free
+    within --max-queue-wait it is a 429 `queue_timeout` with Retry-After, as a non-streamed one (it was a 200
+    whose stream held only the error event; before that, for speech, a NameError)."""
+    app = create_app(FrontendConfig(triton_url="127.0.0.1:1", pipelines=[REGISTRY["tts"], REGISTRY["voice"]],
                                     admission=AdmissionLimits(max_inflight=1, max_queue=1, max_queue_wait_s=0.3)))
-    app.state.admission.gate("tts").running = 1   # the one slot is taken: the next request queues
+    app.state.admission.gate(body["model"]).running = 1   # the one slot is taken: the next request queues
     with _served(app) as url:
-        reply = httpx.post(f"{url}/v1/audio/speech", timeout=10, json={
-            "model": "tts", "input": "Hello.", "voice": "alloy", "response_format": "pcm", "stream_format": "sse"})
-    assert reply.status_code == 200, reply.text
-    events = [json.loads(line[len("data:"):]) for line in reply.text.splitlines() if line.startswith("data:")]
-    assert [e["type"] for e in events] == ["error"], reply.text
-    assert events[0]["error"]["code"] == "queue_timeout" and set(events[0]["error"]) == {"message", "type", "param", "code"}
+        reply = httpx.post(f"{url}{path}", timeout=10, json=body)
+    assert reply.status_code == 429 and int(reply.headers["retry-after"]) >= 1, reply.text
+    assert reply.json()["error"]["code"] == "queue_timeout"
+    assert set(reply.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_a_bad_request_is_a_400_also_when_its_pipeline_is_full():
+    """Validation and input decoding come before admission: with every slot and queue place taken, a request
+    that can never succeed is still its 400 (it was a 429 to retry, and the SDK retries a 429: the fifth outside
+    test), while a good one gets the 429."""
+    app = create_app(FrontendConfig(triton_url="127.0.0.1:1", pipelines=[REGISTRY["voice"], REGISTRY["asr"]],
+                                    admission=AdmissionLimits(max_inflight=1, max_queue=0)))
+    for name in ("voice", "asr"):
+        app.state.admission.gate(name).running = 1
+    chat = {"model": "voice", "messages": [{"role": "user", "content": "hi"}]}
+    not_audio = [{"type": "input_audio", "input_audio": {"data": "bm90IGF1ZGlv", "format": "wav"}}]
+    with _served(app) as url:
+        assert httpx.post(f"{url}/v1/chat/completions", json=chat, timeout=10).status_code == 429
+        for bad, param in [({"logprobs": True}, "logprobs"),
+                           ({"messages": [{"role": "user", "content": not_audio}]}, "messages[0].content[0]")]:
+            reply = httpx.post(f"{url}/v1/chat/completions", json={**chat, **bad}, timeout=10)
+            assert reply.status_code == 400 and reply.json()["error"]["param"].startswith(param), reply.text
+        reply = httpx.post(f"{url}/v1/audio/transcriptions", data={"model": "asr"}, timeout=10,
+                           files={"file": ("a.wav", b"not audio at all", "audio/wav")})
+        assert reply.status_code == 400 and reply.json()["error"]["code"] == "invalid_audio", reply.text
 
 
 @pytest.fixture(scope="module")
