@@ -1,7 +1,8 @@
 """Image codecs of the image routes (Pillow): encode RGB pixels as png / jpeg / webp, decode uploads.
 
-Pixels are uint8 [H, W, 3] (RGB). `output_compression` (0-100) is OpenAI's: the compression level
-for jpeg and webp (quality = 100 - compression) and png (zlib level = compression * 9 // 100).
+Pixels are uint8 [H, W, 3] (RGB). `output_compression` (0-100) is OpenAI's: for jpeg and webp it is the
+encoder's quality, 100 (OpenAI's default) the best and largest, lower values smaller files; png is lossless
+and ignores it, as OpenAI's does.
 """
 from __future__ import annotations
 
@@ -23,13 +24,14 @@ class ImageTooLarge(ImageDecodeError):
 
 
 def encode(pixels: np.ndarray, fmt: str, compression: int | None = None) -> bytes:
-    """uint8 [H, W, 3] -> file bytes in `fmt` (png lossless; jpeg / webp quality 100 - compression, default 85)."""
+    """uint8 [H, W, 3] -> file bytes in `fmt`: png lossless (zlib level 6, `compression` ignored); jpeg / webp at
+    quality `compression` (0-100; None: OpenAI's default 100). Raises ValueError for another format."""
     image = Image.fromarray(np.ascontiguousarray(pixels, dtype=np.uint8), "RGB")
     out = io.BytesIO()
     if fmt == "png":
-        image.save(out, "PNG", compress_level=6 if compression is None else compression * 9 // 100)
+        image.save(out, "PNG", compress_level=6)
     elif fmt in ("jpeg", "webp"):
-        image.save(out, fmt.upper(), quality=85 if compression is None else 100 - compression)
+        image.save(out, fmt.upper(), quality=100 if compression is None else compression)
     else:
         raise ValueError(f"unknown image format {fmt!r}")
     return out.getvalue()
