@@ -64,17 +64,21 @@ def pipeline_state(request: Request, pipeline: Pipeline) -> str:
 
 @router.get("/v1/models")
 async def list_models(request: Request):
-    """OpenAI list shape, one entry per loaded client-facing pipeline, with its state."""
-    data = [{"id": p.name, "object": "model", "created": _CREATED, "owned_by": "omni-triton",
-             "kind": p.kind, "state": pipeline_state(request, p), "triton_models": list(p.models),
-             "aliases": list(p.aliases), "description": p.description} for p in config(request).pipelines]
-    return {"object": "list", "data": data}
+    """OpenAI list shape: every model id the routes accept, as OpenAI lists every id its API takes. First one
+    entry per loaded client-facing pipeline, with its state, then one per alias (`whisper-1`, `tts-1`, ...), the
+    same but for its id; `pipeline` names the pipeline an id runs."""
+    pipelines = [{"id": p.name, "object": "model", "created": _CREATED, "owned_by": "omni-triton", "pipeline": p.name,
+                  "kind": p.kind, "state": pipeline_state(request, p), "triton_models": list(p.models),
+                  "aliases": list(p.aliases), "description": p.description} for p in config(request).pipelines]
+    aliases = [{**entry, "id": alias} for entry in pipelines for alias in entry["aliases"]]
+    return {"object": "list", "data": pipelines + aliases}
 
 
 @router.get("/v1/models/{model_id}")
 async def get_model(model_id: str, request: Request):
+    """The list's entry of `model_id` (its `id` is the id asked for, also for an alias); 404 `model_not_found`."""
     for entry in (await list_models(request))["data"]:
-        if entry["id"] == model_id or model_id in entry["aliases"]:
+        if entry["id"] == model_id:
             return entry
     raise APIError(404, f"model '{model_id}' not found", param="model", code="model_not_found")
 

@@ -318,6 +318,23 @@ def routes_client(tmp_path_factory):
         yield client
 
 
+def test_every_model_id_a_route_takes_is_listed_and_retrieved_by_its_own_id(routes_client):
+    """OpenAI's list names every id the API takes and retrieve answers the id asked for: an alias (`whisper-1`)
+    was missing from the list and retrieved as its pipeline (`asr`; the fifth outside test)."""
+    import openai
+
+    client = openai.OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=routes_client)
+    ids = [m.id for m in client.models.list().data]
+    assert ids[:4] == ["asr", "qwen_image_edit", "voice", "wan"]
+    assert set(ids[4:]) == {"whisper-1", "whisper-tiny.en", "gpt-4o-transcribe", "gpt-4o-mini-transcribe",
+                            "sora-2", "sora-2-pro"}
+    for alias, pipeline in (("whisper-1", "asr"), ("sora-2", "wan"), ("asr", "asr")):
+        model = client.models.retrieve(alias)
+        assert model.id == alias and model.object == "model" and model.model_extra["pipeline"] == pipeline
+    missing = routes_client.get("/v1/models/tts-1")   # tts is not served
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+
+
 def _error(response, status: int = 400) -> dict:
     """The OpenAI envelope's `error` of a refused request."""
     assert response.status_code == status, response.text
