@@ -16,6 +16,7 @@ is a 400 (see `transcriptions`).
 """
 from __future__ import annotations
 
+import functools
 import json
 
 import numpy as np
@@ -195,11 +196,27 @@ async def transcriptions(request: Request):
         return PlainTextResponse(result["text"])
     if fmt in ("srt", "vtt"):
         return PlainTextResponse(subtitles(result.get("segments", []), fmt))
-    verbose = {"task": "transcribe", "language": result.get("language"), "duration": result.get("duration"),
+    language = await run_in_threadpool(language_name, result.get("language"))
+    verbose = {"task": "transcribe", "language": language, "duration": result.get("duration"),
                "text": result["text"], "segments": result.get("segments", []), "usage": usage}
     if "word" in granularities:
         verbose["words"] = result.get("words", [])
     return verbose
+
+
+@functools.cache
+def _language_names() -> dict[str, str]:
+    """Whisper's language names by code ("en" -> "english"), the table of transformers' Whisper tokenizer (imported
+    on the first verbose_json answer: ~1 s and ~20 MB the frontend needs for nothing else)."""
+    from transformers.models.whisper.tokenization_whisper import LANGUAGES
+
+    return dict(LANGUAGES)
+
+
+def language_name(code: str | None) -> str | None:
+    """verbose_json's `language`: OpenAI's whisper-1 gives the language's English name in lower case ("english")
+    where the ASR stage reports Whisper's code ("en"); a code Whisper has no name for is passed as it is."""
+    return _language_names().get(code, code) if code else code
 
 
 def _usage(result: dict, pcm: np.ndarray) -> dict:

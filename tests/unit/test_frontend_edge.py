@@ -610,3 +610,9 @@ def test_the_sdks_transcription_fields_pass_the_field_checks(routes_client):
                                            timestamp_granularities=["word", "segment"], chunking_strategy="auto",
                                            stream=False, language="en", prompt="p", temperature=0)
     assert info.value.body["param"] == "file"
+
+
+def test_verbose_json_language_is_the_name_openai_gives():
+    from omni_frontend.routes.transcriptions import language_name
+
+    assert [language_name(c) for c in ("en", "de", "yue", "xx", None)] == ["english", "german", "cantonese", "xx", None]
