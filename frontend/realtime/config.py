@@ -126,6 +126,12 @@ def _format(spec: dict | None, rates: tuple[int, ...], param: str) -> tuple[str,
     return "pcm", rate
 
 
+def format_wire(fmt: str, rate: int) -> dict:
+    """The OpenAI format object of a (format, rate) pair as _format returns it: {"type": "audio/pcm", "rate"} or
+    {"type": "audio/pcmu"} / {"type": "audio/pcma"}."""
+    return {"type": "audio/pcm", "rate": rate} if fmt == "pcm" else {"type": f"audio/{fmt}"}
+
+
 def _schema_copy(session: dict) -> dict:
     """The session with PCM rates set to 24000 (the SDK schema knows no other) for schema validation."""
     checked = copy.deepcopy(session)
@@ -220,11 +226,15 @@ def voice_name(voice: str | dict | None, param: str) -> str | None:
 
 
 def _audio_out(modalities: list[str] | None, default: bool, param: str) -> bool:
+    """Whether a response speaks: output_modalities is ["audio"] or ["text"] (OpenAI: "It is not possible to
+    request both text and audio at the same time"; both were served as audio); None keeps `default`. Raises
+    ProtocolError (invalid_value) for anything else."""
     if modalities is None:
         return default
-    if not modalities:
-        raise ProtocolError(f"{param} must not be empty: ['audio'] or ['text']", param=param)
-    return "audio" in modalities
+    if modalities not in (["audio"], ["text"]):
+        raise ProtocolError(f"{param} must be ['audio'] or ['text'] (one of them: a response speaks or writes), "
+                            f"got {modalities!r}", param=param, code="invalid_value")
+    return modalities == ["audio"]
 
 
 def effective_max_tokens(max_tokens: int | None) -> int:

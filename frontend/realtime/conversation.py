@@ -116,15 +116,15 @@ class Conversation:
     def last_id(self) -> str | None:
         return self.items[-1].id if self.items else None
 
-    def messages(self, instructions: str, items: list[Item] | None = None) -> list[dict]:
+    def messages(self, instructions: str, items: list[Item] | None = None, max_chars: int = HISTORY_CHARS) -> list[dict]:
         """Chat messages for the pipeline, never none: the instructions as the system message, then the items'
-        text (user audio by its transcript), newest items kept within HISTORY_CHARS."""
+        text (user audio by its transcript), newest items kept within `max_chars` (the newest one always)."""
         kept, size = [], 0
         for item in reversed(self.items if items is None else items):
             text = item.text
             if not text:
                 continue
-            if kept and size + len(text) > HISTORY_CHARS:
+            if kept and size + len(text) > max_chars:
                 break
             kept.append({"role": item.role, "content": text})
             size += len(text)

@@ -33,7 +33,7 @@ from omni_frontend.model_control import ModelControl
 from omni_frontend.pipelines import Pipeline
 from omni_frontend.realtime import config as session_config
 from omni_frontend.realtime.audio import STAGE_RATE, InputDecoder, OutputEncoder, b64decode
-from omni_frontend.realtime.conversation import Conversation, Item, Part, item_from_client, truncate
+from omni_frontend.realtime.conversation import HISTORY_CHARS, Conversation, Item, Part, item_from_client, truncate
 from omni_frontend.realtime.protocol import ProtocolError, decode, encode, error_event, new_id
 from omni_frontend.realtime.speculation import Speculation
 from omni_frontend.realtime.stages import VADSequence, transcribe
@@ -61,12 +61,13 @@ def usage_wire(usage: dict | None) -> dict:
 
 
 class Response:
-    """The state of one response while it runs (`settings`: session_config.response_settings of its spec).
-    ticket: its slot (or queue place) of the pipeline's admission gate once it has one; usage: the Realtime
-    usage so far (usage_wire)."""
+    """The state of one response while it runs (`settings`: session_config.response_settings of its spec;
+    event_id: that of the client's response.create, named by the error event if it fails; None when the server
+    started it). ticket: its slot (or queue place) of the pipeline's admission gate once it has one; usage: the
+    Realtime usage so far (usage_wire)."""
 
-    def __init__(self, spec: dict, settings: session_config.ResponseSettings):
-        self.id = new_id("resp")
+    def __init__(self, spec: dict, settings: session_config.ResponseSettings, event_id: str | None = None):
+        self.id, self.event_id = new_id("resp"), event_id
         self.spec, self.settings = spec, settings
         self.audio_out, self.voice, self.instructions = settings.audio_out, settings.voice, settings.instructions
         self.max_tokens, self.in_conversation = settings.max_tokens, settings.in_conversation
@@ -88,7 +89,9 @@ class Response:
                 "output": [self.item.wire()] if self.item else [],
                 "conversation_id": "conv_default" if self.in_conversation else None,
                 "output_modalities": ["audio" if self.audio_out else "text"], "max_output_tokens": self.max_tokens or "inf",
-                "audio": {"output": {"format": None, "voice": self.voice}}, "usage": self.usage,
+                "audio": {"output": {"format": session_config.format_wire(self.settings.output_format,
+                                                                          self.settings.output_rate),
+                                     "voice": self.voice}}, "usage": self.usage,
                 "metadata": self.spec.get("metadata")}
 
 
@@ -265,7 +268,11 @@ class RealtimeSession:
         self.speech_item_id = self.speech_start = None
 
     async def _on_input_audio_buffer_clear(self, event: dict) -> None:
+        """Drops the buffer and the turn under way in it (with its speculation): audio appended afterwards is no
+        part of it (it was committed later as the cleared turn, a phantom user item answered unasked)."""
         self._take(self.appended)
+        await self._abandon_speculation()
+        self.speech_item_id = self.speech_start = None
         await self.send({"type": "input_audio_buffer.cleared"})
 
     async def _on_output_audio_buffer_clear(self, event: dict) -> None:
@@ -303,7 +310,7 @@ class RealtimeSession:
         settings = session_config.response_settings(spec, self.settings, self.max_text_chars)
         if settings.audio_out and settings.voice != self.settings.voice:
             await self._check_voice(settings.voice, "response.audio.output.voice")
-        self._start_response(spec, settings)
+        self._start_response(spec, settings, Response(spec, settings, event.get("event_id")))
 
     async def _on_response_cancel(self, event: dict) -> None:
         wanted = event.get("response_id")
@@ -389,9 +396,11 @@ class RealtimeSession:
                 part.text, seconds = result["text"], part.audio.size / STAGE_RATE
                 part.audio = None  # the transcript is what later turns use; do not keep every turn's audio
                 if self.settings.transcribe:
-                    for segment in result.get("segments") or []:
+                    # the segments' (stripped) texts joined as the transcript joins them: the deltas add up to it
+                    texts = [t for t in (segment["text"] for segment in result.get("segments") or []) if t]
+                    for n, text in enumerate(texts):
                         await self.send({"type": "conversation.item.input_audio_transcription.delta", "item_id": item.id,
-                                         "content_index": index, "delta": segment["text"] + " "})
+                                         "content_index": index, "delta": text if n == 0 else f" {text}"})
                     await self.send({"type": "conversation.item.input_audio_transcription.completed",
                                      "item_id": item.id, "content_index": index, "transcript": part.text,
                                      "usage": {"type": "duration", "seconds": round(seconds, 3)}})
@@ -481,7 +490,8 @@ class RealtimeSession:
         elif turn["type"] == "speech_stopped" and self.speech_item_id is not None:
             item_id, start = self.speech_item_id, self.speech_start
             self.speech_item_id = self.speech_start = None
-            await self.send({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": ms(turn["audio_end"]),
+            # OpenAI's audio_end_ms "includes the min_silence_duration_ms": the end of the audio the item holds
+            await self.send({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": ms(turn["sample"]),
                              "item_id": item_id})
             audio = self._take(self.vad_origin + turn["sample"], start)
             if audio.size * 1000 >= MIN_COMMIT_MS * STAGE_RATE:
@@ -564,6 +574,29 @@ class RealtimeSession:
             await self.send({"type": "response.done", "response": response.wire(
                 "cancelled", {"type": "cancelled", "reason": reason})})
 
+    async def _fitted_events(self, response: Response, items: list[Item], events: Speculation | None):
+        """The response's pipeline events (`events`: an adopted speculation's, else a new request), with truncation
+        "auto" as OpenAI defines it: the history is kept within HISTORY_CHARS characters, and while the pipeline
+        refuses the prompt plus max_tokens as past its context (`context_length_exceeded`, its first event: no
+        output yet) the oldest items are left out, half the characters at a time, down to the newest item (a
+        session of token-dense items, digits or code, got every response refused for good). Raises APIError as
+        the pipeline does."""
+        budget = HISTORY_CHARS
+        while True:
+            if events is None:
+                body = {"messages": self.conversation.messages(response.instructions, items, budget),
+                        **self._pipeline_body(response)}
+                events = self._pipeline_events(body, f"{self.request_id}-{response.id}-{budget}")
+            try:
+                first = await anext(events, None)
+            except APIError as exc:
+                if exc.code != "context_length_exceeded" or budget <= 1:
+                    raise
+                budget //= 2
+                events = None
+                continue
+            return pipeline_stream.prepend(first, events)
+
     async def _respond(self, response: Response) -> None:
         """Runs one response and always ends it with response.done (completed, incomplete, cancelled or failed),
         after closing what it opened (`_Output.finish`). Refused as HTTP requests are (an `error` event, then
@@ -580,10 +613,7 @@ class RealtimeSession:
             if response.ticket is None:  # an adopted speculation's response holds its slot already
                 response.ticket = self.gate.enter()
                 await response.ticket.wait()
-            if events is None:
-                body = {"messages": self.conversation.messages(response.instructions, items),
-                        **self._pipeline_body(response)}
-                events = self._pipeline_events(body, f"{self.request_id}-{response.id}")
+            events = await self._fitted_events(response, items, events)
             async for event, audio in events:
                 await output.event(event, audio)
             if output.finish_reason == "length":
@@ -595,12 +625,13 @@ class RealtimeSession:
             status = "failed"
             details = {"type": "failed", "error": {"type": exc.type, "code": exc.code or "pipeline_error"}}
             # the pipeline's param names a field of its own request, not of a client event: none to point at
-            await self.error(ProtocolError(exc.message, code=exc.code or "pipeline_error", type=exc.type))
+            await self.error(ProtocolError(exc.message, code=exc.code or "pipeline_error", type=exc.type,
+                                           event_id=response.event_id))
         except Exception as exc:  # noqa: BLE001 - the session survives our own bugs too; the client is told
             log.exception("realtime response %s failed", response.id)
             status, details = "failed", {"type": "failed", "error": {"type": "server_error", "code": "internal_error"}}
             await self.error(ProtocolError(f"internal error: {type(exc).__name__}: {exc}", code="internal_error",
-                                           type="server_error"))
+                                           type="server_error", event_id=response.event_id))
         finally:
             response.ending = True
             if response.adopted is not None:

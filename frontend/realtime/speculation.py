@@ -61,7 +61,7 @@ class Speculation:
         try:
             await asyncio.gather(*(item.transcribed.wait() for item in self.items))
             try:
-                text = (await self.asr)["text"]
+                text = (await asyncio.shield(self.asr))["text"]   # cancelling the response leaves the ASR be
             except APIError:
                 text = ""  # the turn then counts with no text, as a failed transcription does without speculation
             turn = Item(self.item_id, "user", [Part("input_text", text=text)])

@@ -1,0 +1,208 @@
+"""Realtime events as OpenAI's GA protocol defines them, in a real RealtimeSession over the Triton double of
+test_realtime_speculation.py: the faults of the sixth outside test (a cancelled response lost its turn's
+transcript, a cleared turn was committed later, truncation "auto" by characters only, transcription deltas with a
+trailing space, both output modalities accepted, the response's audio format null, a failed response.create's
+error without its event_id, speech_stopped's audio_end_ms before the silence)."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+
+from omni_frontend.errors import APIError
+from omni_frontend.realtime.protocol import ProtocolError
+from tests.unit.test_realtime_session import ask, done_events, errors
+from tests.unit.test_realtime_speculation import CHUNK, PAUSED, STARTED, STOPPED, Client, until
+
+pytestmark = pytest.mark.unit
+
+
+def _events(client: Client, kind: str) -> list[dict]:
+    return [e for e in client.sent if e["type"] == kind]
+
+
+def test_a_cancelled_response_leaves_its_turns_transcription_to_finish():
+    """The adopted speculation's ASR is the turn's transcription: cancelling the response (here the client's
+    response.cancel while the ASR still runs) cancelled it too, and the item never got a transcript."""
+    async def run():
+        client = Client(200)
+        await client.start()
+        client.triton.asr_gate.clear()
+        await client.turn({1: [STARTED], 9: [PAUSED]}, chunks=10)
+        await client.append([STOPPED])
+        await until(lambda: _events(client, "response.created"))
+        await client.session.handle({"type": "response.cancel"})
+        await until(lambda: done_events(client))
+        client.triton.asr_gate.set()
+        await until(lambda: _events(client, "conversation.item.input_audio_transcription.completed"))
+        transcript = client.session.conversation.items[0].text
+        await client.session.close()
+        return client, transcript
+
+    client, transcript = asyncio.run(run())
+    committed = _events(client, "input_audio_buffer.committed")[0]["item_id"]
+    (completed,) = _events(client, "conversation.item.input_audio_transcription.completed")
+    assert completed["item_id"] == committed and completed["transcript"] == transcript == f"{10 * CHUNK} samples"   # the audio to the pause
+    assert done_events(client)[0]["response"]["status"] == "cancelled"
+
+
+def test_clearing_the_buffer_ends_the_turn_under_way():
+    """input_audio_buffer.clear after speech_started: the VAD's later speech_stopped commits nothing (the audio
+    appended after the clear was committed as the cleared turn and answered)."""
+    async def run():
+        client = Client(None)
+        await client.start()
+        await client.turn({1: [STARTED]}, chunks=4)
+        await client.session.handle({"type": "input_audio_buffer.clear"})
+        await client.turn({}, chunks=8)
+        await client.append([STOPPED])
+        await asyncio.sleep(0.05)
+        await client.session.close()
+        return client
+
+    client = asyncio.run(run())
+    assert "input_audio_buffer.cleared" in client.kinds()
+    assert not _events(client, "input_audio_buffer.committed") and not _events(client, "response.created")
+
+
+def test_speech_stopped_audio_end_ms_includes_the_silence_the_item_holds():
+    """OpenAI: audio_end_ms "includes the min_silence_duration_ms"; it was where the silence began."""
+    async def run():
+        client = Client(None)
+        await client.start()
+        await client.turn({1: [STARTED]}, chunks=11)
+        await client.append([STOPPED])   # the 12th chunk: the VAD's deciding window ends with it
+        await until(lambda: _events(client, "conversation.item.input_audio_transcription.completed"))
+        await client.session.close()
+        return client
+
+    client = asyncio.run(run())
+    (stopped,) = _events(client, "input_audio_buffer.speech_stopped")
+    (started,) = _events(client, "input_audio_buffer.speech_started")
+    assert stopped["audio_end_ms"] == 12 * CHUNK * 1000 // 16000 == 1200 and started["audio_start_ms"] == 0
+    (completed,) = _events(client, "conversation.item.input_audio_transcription.completed")
+    assert completed["usage"]["seconds"] == (stopped["audio_end_ms"] - started["audio_start_ms"]) / 1000
+
+
+def test_transcription_deltas_add_up_to_the_transcript():
+    async def run():
+        client = Client(None)
+        await client.start()
+        infer = client.triton.infer
+
+        async def with_segments(model, inputs, *args, **kwargs):
+            out = await infer(model, inputs, *args, **kwargs)
+            if model == "voice_asr":   # stripped segment texts, joined by spaces as the ASR stage joins them
+                result = {**json.loads(out["RESULT"][0]), "text": "What is it? Paris.",
+                          "segments": [{"text": "What is it?"}, {"text": ""}, {"text": "Paris."}]}
+                out = {"RESULT": np.array([json.dumps(result).encode()], dtype=np.object_)}
+            return out
+
+        client.triton.infer = with_segments
+        await client.turn({1: [STARTED]}, chunks=11)
+        await client.append([STOPPED])
+        await until(lambda: _events(client, "conversation.item.input_audio_transcription.completed"))
+        await client.session.close()
+        return client
+
+    client = asyncio.run(run())
+    deltas = [e["delta"] for e in _events(client, "conversation.item.input_audio_transcription.delta")]
+    (completed,) = _events(client, "conversation.item.input_audio_transcription.completed")
+    assert deltas == ["What is it?", " Paris."] and "".join(deltas) == completed["transcript"] == "What is it? Paris."
+
+
+@pytest.mark.parametrize("event", [
+    {"type": "session.update", "session": {"type": "realtime", "output_modalities": ["text", "audio"]}},
+    {"type": "session.update", "session": {"type": "realtime", "output_modalities": ["audio", "audio"]}},
+    {"type": "response.create", "response": {"output_modalities": ["text", "audio"]}},
+])
+def test_both_output_modalities_at_once_are_refused(event):
+    """OpenAI: "It is not possible to request both text and audio at the same time" (both were served as audio)."""
+    async def run():
+        client = Client(None)
+        await client.start()
+        with pytest.raises(ProtocolError) as refused:   # the route sends it as the `error` event
+            await client.session.handle({**event, "event_id": "ev1"})
+        await asyncio.sleep(0.02)
+        audio_out = client.session.settings.audio_out
+        await client.session.close()
+        return client, refused.value, audio_out
+
+    client, error, audio_out = asyncio.run(run())
+    assert error.code == "invalid_value" and error.event_id == "ev1" and error.param.endswith("output_modalities")
+    assert audio_out is True and not _events(client, "response.created")
+    assert len(_events(client, "session.updated")) == 1   # start()'s own update only
+
+
+def test_a_response_names_the_audio_format_of_its_deltas():
+    async def run():
+        client = Client(None)
+        await client.start()
+        await ask(client)
+        await until(lambda: done_events(client))
+        await client.session.handle({"type": "session.update", "session": {
+            "type": "realtime", "audio": {"output": {"format": {"type": "audio/pcmu"}}}}})
+        await client.session.handle({"type": "response.create", "response": {
+            "audio": {"output": {"format": {"type": "audio/pcma"}}}}})
+        await until(lambda: len(done_events(client)) == 2)
+        await client.session.handle({"type": "response.create"})
+        await until(lambda: len(done_events(client)) == 3)
+        await client.session.close()
+        return client
+
+    client = asyncio.run(run())
+    formats = [e["response"]["audio"]["output"]["format"] for e in done_events(client)]
+    assert formats == [{"type": "audio/pcm", "rate": 24000}, {"type": "audio/pcma"}, {"type": "audio/pcmu"}]
+    assert [e["response"]["audio"]["output"]["format"] for e in _events(client, "response.created")] == formats
+
+
+def test_a_failed_response_names_the_response_create_that_asked_for_it():
+    async def run():
+        client = Client(None)
+        await client.start()
+        client.triton.fail = APIError(503, "stage voice_tts died", code="stage_unavailable")
+        await client.session.handle({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]}})
+        await client.session.handle({"type": "response.create", "event_id": "rc1"})
+        await until(lambda: done_events(client))
+        await client.session.close()
+        return client
+
+    client = asyncio.run(run())
+    (error,) = _events(client, "error")
+    assert error["error"]["code"] == "stage_unavailable" and error["error"]["event_id"] == "rc1"
+
+
+def test_truncation_auto_leaves_out_the_oldest_items_until_the_prompt_fits_the_context():
+    """A pipeline that refuses prompts over 5,000 characters as past its context (token-dense history: digits):
+    the response's prompt is cut, oldest items first, until it fits, and the response completes (every response
+    of such a session failed with context_length_exceeded)."""
+    async def run():
+        client = Client(None)
+        await client.start()
+        stream = client.triton.stream
+        sent = []
+
+        def fitted(model, inputs, request_id=None, parameters=None):
+            messages = json.loads(inputs["REQUEST"][0])["messages"]
+            sent.append(sum(len(m["content"]) for m in messages))
+            if sent[-1] > 5000:
+                raise APIError(400, f"prompt ({sent[-1]} tokens) plus max_tokens (4096) exceeds the context length",
+                               code="context_length_exceeded", param="messages")
+            return stream(model, inputs, request_id, parameters)
+
+        client.triton.stream = fitted
+        for n in range(6):
+            await client.session.handle({"type": "conversation.item.create", "item": {
+                "type": "message", "role": "user", "content": [{"type": "input_text", "text": f"{n} " * 1000}]}})
+        await ask(client, "Say OK.")
+        await until(lambda: done_events(client))
+        await client.session.close()
+        return client, sent, json.loads(json.dumps(client.triton.streams[-1]["body"]))
+
+    client, sent, body = asyncio.run(run())
+    assert done_events(client)[0]["response"]["status"] == "completed" and not errors(client)
+    assert sent[0] > 5000 >= sent[-1] and len(sent) >= 2
+    assert body["messages"][-1]["content"] == "Say OK." and body["messages"][0]["role"] == "system"
