@@ -586,7 +586,8 @@ class RealtimeSession:
             if events is None:
                 body = {"messages": self.conversation.messages(response.instructions, items, budget),
                         **self._pipeline_body(response)}
-                events = self._pipeline_events(body, f"{self.request_id}-{response.id}-{budget}")
+                retry = "" if budget == HISTORY_CHARS else f"-fit{budget}"   # a retry's own request id
+                events = self._pipeline_events(body, f"{self.request_id}-{response.id}{retry}")
             try:
                 first = await anext(events, None)
             except APIError as exc:
