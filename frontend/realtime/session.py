@@ -268,10 +268,9 @@ class RealtimeSession:
         self.speech_item_id = self.speech_start = None
 
     async def _on_input_audio_buffer_clear(self, event: dict) -> None:
-        """Drops the buffer and the turn under way in it (with its speculation): audio appended afterwards is no
-        part of it (it was committed later as the cleared turn, a phantom user item answered unasked)."""
+        """Drops the buffer and the turn under way in it (`handle` dropped its speculation): audio appended afterwards
+        is no part of it (it was committed later as the cleared turn, a phantom user item answered unasked)."""
         self._take(self.appended)
-        await self._abandon_speculation()
         self.speech_item_id = self.speech_start = None
         await self.send({"type": "input_audio_buffer.cleared"})
 
@@ -578,25 +577,28 @@ class RealtimeSession:
         """The response's pipeline events (`events`: an adopted speculation's, else a new request), with truncation
         "auto" as OpenAI defines it: the history is kept within HISTORY_CHARS characters, and while the pipeline
         refuses the prompt plus max_tokens as past its context (`context_length_exceeded`, its first event: no
-        output yet) the oldest items are left out, half the characters at a time, down to the newest item (a
-        session of token-dense items, digits or code, got every response refused for good). Raises APIError as
-        the pipeline does."""
+        output yet) the oldest items are left out, half the characters at a time, until fewer are sent; once only
+        the newest is left the refusal stands (a session of token-dense items, digits or code, got every response
+        refused for good). Raises APIError as the pipeline does."""
         budget = HISTORY_CHARS
+        sent = None if events is not None else self.conversation.messages(response.instructions, items, budget)
         while True:
-            if events is None:
-                body = {"messages": self.conversation.messages(response.instructions, items, budget),
-                        **self._pipeline_body(response)}
-                retry = "" if budget == HISTORY_CHARS else f"-fit{budget}"   # a retry's own request id
-                events = self._pipeline_events(body, f"{self.request_id}-{response.id}{retry}")
             try:
-                first = await anext(events, None)
+                if events is None:
+                    retry = "" if budget == HISTORY_CHARS else f"-fit{budget}"   # a retry's own request id
+                    events = self._pipeline_events({"messages": sent, **self._pipeline_body(response)},
+                                                   f"{self.request_id}-{response.id}{retry}")
+                return pipeline_stream.prepend(await anext(events, None), events)
             except APIError as exc:
-                if exc.code != "context_length_exceeded" or budget <= 1:
+                if exc.code != "context_length_exceeded":
                     raise
-                budget //= 2
-                events = None
-                continue
-            return pipeline_stream.prepend(first, events)
+                fewer = sent   # None: the speculation's messages, built within HISTORY_CHARS
+                while fewer == sent and budget > 1:
+                    budget //= 2
+                    fewer = self.conversation.messages(response.instructions, items, budget)
+                if fewer == sent:
+                    raise
+                sent, events = fewer, None
 
     async def _respond(self, response: Response) -> None:
         """Runs one response and always ends it with response.done (completed, incomplete, cancelled or failed),

@@ -206,3 +206,31 @@ def test_truncation_auto_leaves_out_the_oldest_items_until_the_prompt_fits_the_c
     assert done_events(client)[0]["response"]["status"] == "completed" and not errors(client)
     assert sent[0] > 5000 >= sent[-1] and len(sent) >= 2
     assert body["messages"][-1]["content"] == "Say OK." and body["messages"][0]["role"] == "system"
+
+
+def test_a_prompt_that_cannot_fit_is_refused_once_only_the_newest_item_is_left():
+    """Instructions alone past the context: the oldest items are left out while that sends fewer, then the refusal
+    stands (no request is sent twice with the same messages)."""
+    async def run():
+        client = Client(None)
+        await client.start()
+        sizes = []
+
+        def refuse(model, inputs, request_id=None, parameters=None):
+            sizes.append(len(json.loads(inputs["REQUEST"][0])["messages"]))
+            raise APIError(400, "prompt plus max_tokens exceeds the context length", code="context_length_exceeded")
+
+        client.triton.stream = refuse
+        await client.session.handle({"type": "session.update", "session": {"type": "realtime", "instructions": "x"}})
+        for n in range(4):
+            await client.session.handle({"type": "conversation.item.create", "item": {
+                "type": "message", "role": "user", "content": [{"type": "input_text", "text": f"{n} " * 2000}]}})
+        await client.session.handle({"type": "response.create", "event_id": "rc2"})
+        await until(lambda: done_events(client))
+        await client.session.close()
+        return client, sizes
+
+    client, sizes = asyncio.run(run())
+    assert sizes == sorted(set(sizes), reverse=True) and sizes[-1] == 2   # the system message and the newest item
+    assert done_events(client)[0]["response"]["status"] == "failed"
+    assert errors(client) == [("invalid_request_error", "context_length_exceeded")]
