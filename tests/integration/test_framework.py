@@ -230,8 +230,7 @@ def test_api_key_dead_stage_recovery_and_clean_shutdown(tmp_path):
         assert page.status_code == 200 and "<html" in page.text.lower()
         assert httpx.post(f"{server.base_url}/v1/admin/pipelines/relay/sleep").status_code == 401
         assert server.shm_entries(), "the server's shared-memory regions carry its own prefix"
-        children = psutil.Process(server.process.pid).children(recursive=True)
-        stubs = [p for p in children if "triton_python_backend_stub" in " ".join(p.cmdline())]
+        stubs = stub_processes(server.process.pid)
         assert len(stubs) == 2
         victim = next(p for p in stubs if "mock_stream/1/model.py" in " ".join(p.cmdline()))
         # One token a second: the stub is killed while it sleeps, not while it holds one of the Python
@@ -547,7 +546,7 @@ def test_non_streamed_request_is_cancelled_when_the_client_disconnects(mock_serv
 def test_launcher_exits_when_tritonserver_dies(tmp_path):
     server = start_server(tmp_path, *MOCK_ARGS)
     triton = next(p for p in psutil.Process(server.process.pid).children() if p.name() == "tritonserver")
-    stubs = [p for p in triton.children() if "triton_python_backend_stub" in " ".join(p.cmdline())]
+    stubs = stub_processes(triton.pid)
     triton.kill()
     assert server.process.wait(timeout=20) == 1
     assert "tritonserver exited unexpectedly" in server.log()
