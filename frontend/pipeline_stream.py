@@ -54,6 +54,15 @@ async def voices(client: TritonClient, model: str, request_id: str, voice: str |
     return await _answer(client, model, body, request_id, "voices")
 
 
+async def prompt_tokens(client: TritonClient, model: str, request_id: str, messages: list[dict], max_tokens: int) -> dict | None:
+    """The chat pipeline's answer to REQUEST {"action": "prompt_tokens", "messages", "max_tokens"}:
+    {"type": "prompt_tokens", "prompt_tokens": int, "context_length": int} (its LLM's token count of `messages`
+    and context, in tokens), or None when it answers with no such event. Raises APIError (400
+    `context_length_exceeded`, param "messages" or "max_tokens", when the messages plus max_tokens cannot fit)."""
+    body = {"action": "prompt_tokens", "messages": messages, "max_tokens": max_tokens}
+    return await _answer(client, model, body, request_id, "prompt_tokens")
+
+
 async def fields(client: TritonClient, model: str, request_id: str) -> dict | None:
     """The pipeline's answer to REQUEST {"action": "fields"} (omni_backends.serving.events.fields_event):
     {"type": "fields", "fields": [the REQUEST keys it reads], "hints": {field: advice}}, or None when it

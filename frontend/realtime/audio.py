@@ -65,6 +65,18 @@ class InputDecoder:
         return _run(self._resampler, pcm.astype(np.float32) / 32768.0, self.rate)
 
 
+def stage_audio_as(kept: np.ndarray, fmt: str, rate: int) -> bytes:
+    """User audio as the stages took it (int16 [samples] at STAGE_RATE) -> bytes in a session's input format
+    (`fmt` "pcm" at `rate`, or "pcmu" / "pcma" at 8 kHz), resampled whole: what conversation.item.retrieve
+    returns in an input_audio part's `audio`."""
+    pcm = kept.astype(np.float32) / 32767.0   # the inverse of pcm16(): the same samples back at STAGE_RATE
+    if rate != STAGE_RATE and pcm.size:
+        resampler = _resampler(rate)
+        pcm = np.concatenate([_run(resampler, pcm, STAGE_RATE)] +
+                             [f.to_ndarray().reshape(-1).astype(np.float32) for f in resampler.resample(None)])
+    return OutputEncoder(fmt, rate).encode(pcm, rate)
+
+
 class OutputEncoder:
     """Pipeline speech (float32 mono at the pipeline's rate) -> bytes in the session's output format:
     PCM16 at 24 kHz, or G.711 μ-law / A-law at 8 kHz."""

@@ -3,27 +3,39 @@ transcripts, truncation, and the chat messages a response sends to the pipeline.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 
 import numpy as np
 
+from omni_frontend.audio import pcm16
+from omni_frontend.realtime.audio import STAGE_RATE
 from omni_frontend.realtime.protocol import ProtocolError, new_id
 
 # truncation "auto": the oldest items are left out of a response's prompt beyond this many characters
 HISTORY_CHARS = 12000
+# user audio a session keeps for conversation.item.retrieve (newest first, PCM16 16 kHz: ~1.9 MB)
+RETAINED_AUDIO_S = 60
 _ROLES = {"user": ("input_text", "input_audio"), "system": ("input_text",), "assistant": ("output_text", "output_audio")}
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)   # parts are compared by identity (the kept-audio queue), never by their arrays
 class Part:
     """One content part. kind: input_text | input_audio | output_text | output_audio; text: the text or
-    transcript; audio: user audio as float32 16 kHz; spoken: assistant audio as (transcript chunk, play
-    time in ms) pairs, in order."""
+    transcript; audio: user audio as float32 16 kHz until it is transcribed; kept: then the same audio as PCM16
+    (int16 [samples], 16 kHz) while the session keeps it for conversation.item.retrieve (`Conversation.keep_audio`);
+    spoken: assistant audio as (transcript chunk, play time in ms) pairs, in order."""
 
     kind: str
     text: str = ""
     audio: np.ndarray | None = None
+    kept: np.ndarray | None = None
     spoken: list[tuple[str, float]] = dataclasses.field(default_factory=list)
+
+    @property
+    def user_audio(self) -> np.ndarray | None:
+        """The user's audio as int16 [samples] at 16 kHz (kept, or still to be transcribed); None if none is held."""
+        return self.kept if self.audio is None else np.frombuffer(pcm16(self.audio), "<i2")
 
     def wire(self) -> dict:
         key = "text" if self.kind.endswith("_text") else "transcript"
@@ -85,6 +97,21 @@ class Conversation:
 
     def __init__(self):
         self.items: list[Item] = []
+        self._kept: collections.deque[Part] = collections.deque()   # parts holding kept audio, oldest first
+
+    def keep_audio(self, part: Part) -> None:
+        """After `part`'s transcription: its float32 audio is dropped and kept as PCM16 for
+        conversation.item.retrieve, the session's newest RETAINED_AUDIO_S seconds of user audio in all; older
+        parts lose theirs (they are retrieved without `audio`). The transcript is what later turns use."""
+        if part.audio is None:
+            return
+        part.kept, part.audio = part.user_audio, None
+        self._kept.append(part)
+        held = sum(p.kept.size for p in self._kept)
+        while held > RETAINED_AUDIO_S * STAGE_RATE:
+            oldest = self._kept.popleft()
+            held -= oldest.kept.size
+            oldest.kept = None
 
     def add(self, item: Item, previous_item_id: str | None = None) -> str | None:
         """Insert after `previous_item_id` (None: at the end; "root": first); returns the id of the item
@@ -110,7 +137,11 @@ class Conversation:
         return self.items[self.index(item_id)]
 
     def delete(self, item_id: str) -> None:
-        del self.items[self.index(item_id)]
+        item = self.items.pop(self.index(item_id))
+        for part in item.parts:
+            if part.kept is not None:
+                self._kept.remove(part)
+                part.kept = None
 
     @property
     def last_id(self) -> str | None:

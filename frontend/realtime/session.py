@@ -32,7 +32,7 @@ from omni_frontend.errors import APIError
 from omni_frontend.model_control import ModelControl
 from omni_frontend.pipelines import Pipeline
 from omni_frontend.realtime import config as session_config
-from omni_frontend.realtime.audio import STAGE_RATE, InputDecoder, OutputEncoder, b64decode
+from omni_frontend.realtime.audio import STAGE_RATE, InputDecoder, OutputEncoder, b64decode, stage_audio_as
 from omni_frontend.realtime.conversation import HISTORY_CHARS, Conversation, Item, Part, item_from_client, truncate
 from omni_frontend.realtime.protocol import ProtocolError, decode, encode, error_event, new_id
 from omni_frontend.realtime.speculation import Speculation
@@ -235,6 +235,9 @@ class RealtimeSession:
         session_config.check_length(update.get("instructions"), "session.instructions", self.max_text_chars)
         if settings.kind == "realtime" and settings.voice != self.settings.voice:
             await self._check_voice(settings.voice, "session.audio.output.voice")
+        if settings.kind == "realtime" and (settings.instructions, settings.max_tokens) != (
+                self.settings.instructions, self.settings.max_tokens):
+            await self._check_prompt(settings.instructions, settings.max_tokens, "session")
         old = self.settings  # nothing of the session changes before every check has passed
         self.session, self.settings = merged, settings
         if (settings.input_format, settings.input_rate) != (old.input_format, old.input_rate):
@@ -287,7 +290,12 @@ class RealtimeSession:
 
     async def _on_conversation_item_retrieve(self, event: dict) -> None:
         item = self.conversation.get(event["item_id"])
-        await self.send({"type": "conversation.item.retrieved", "item": item.wire()})
+        wire = item.wire()
+        for part, content in zip(item.parts, wire["content"]):   # the user's audio, in the session's input format
+            if (pcm := part.user_audio) is not None:
+                audio = stage_audio_as(pcm, self.settings.input_format, self.settings.input_rate)
+                content["audio"] = base64.b64encode(audio).decode()
+        await self.send({"type": "conversation.item.retrieved", "item": wire})
 
     async def _on_conversation_item_delete(self, event: dict) -> None:
         self.conversation.delete(event["item_id"])
@@ -309,6 +317,8 @@ class RealtimeSession:
         settings = session_config.response_settings(spec, self.settings, self.max_text_chars)
         if settings.audio_out and settings.voice != self.settings.voice:
             await self._check_voice(settings.voice, "response.audio.output.voice")
+        if (settings.instructions, settings.max_tokens) != (self.settings.instructions, self.settings.max_tokens):
+            await self._check_prompt(settings.instructions, settings.max_tokens, "response")
         self._start_response(spec, settings, Response(spec, settings, event.get("event_id")))
 
     async def _on_response_cancel(self, event: dict) -> None:
@@ -391,9 +401,10 @@ class RealtimeSession:
                                          "item_id": item.id, "content_index": index,
                                          "error": {"type": "transcription_error", "code": exc.code,
                                                    "message": exc.message, "param": None}})
+                    self.conversation.keep_audio(part)
                     continue
                 part.text, seconds = result["text"], part.audio.size / STAGE_RATE
-                part.audio = None  # the transcript is what later turns use; do not keep every turn's audio
+                self.conversation.keep_audio(part)   # the transcript is what later turns use
                 if self.settings.transcribe:
                     # the segments' (stripped) texts joined as the transcript joins them: the deltas add up to it
                     texts = [t for t in (segment["text"] for segment in result.get("segments") or []) if t]
@@ -528,14 +539,35 @@ class RealtimeSession:
         """Ask the pipeline whether it speaks `voice` (its own check of a request's voice), so that an
         unknown voice is refused by the event that sets it, not when a response runs. Raises ProtocolError
         naming `param` (the field of the client event)."""
+        await self._ask(lambda: pipeline_stream.voices(self.triton, self.pipeline.entry, self.request_id, voice),
+                        "voice", lambda _: param)
+
+    async def _check_prompt(self, instructions: str, max_tokens: int | None, where: str) -> None:
+        """Ask the pipeline whether the smallest prompt a response can send with these `instructions` (the system
+        message of an empty conversation: truncation leaves out every item but the newest) plus `max_tokens`
+        (max_output_tokens; None: "inf") fits its LLM's context, so that instructions that never can are refused by
+        the event that sets them (`where`: "session" or "response"), not at every response. Raises ProtocolError
+        (`context_length_exceeded`) naming `{where}.instructions`, or `{where}.max_output_tokens` when only the
+        output budget does not fit."""
+        messages = self.conversation.messages(instructions, [])
+        tokens = session_config.effective_max_tokens(max_tokens)
+        await self._ask(lambda: pipeline_stream.prompt_tokens(self.triton, self.pipeline.entry, self.request_id,
+                                                              messages, tokens),
+                        "instructions' length",
+                        lambda param: f"{where}.max_output_tokens" if param == "max_tokens" else f"{where}.instructions")
+
+    async def _ask(self, call, what: str, param_of) -> None:
+        """Awaits `call()`, a control request to the pipeline, unless it sleeps. Raises ProtocolError: for the
+        pipeline's refusal (4xx) its message and code, with param `param_of(the pipeline's param)`; for its failure
+        (5xx) "could not check the `what`"."""
         try:
             self.control.check(self.pipeline)
-            await pipeline_stream.voices(self.triton, self.pipeline.entry, self.request_id, voice)
+            await call()
         except APIError as exc:
             if exc.status >= 500:
-                raise ProtocolError(f"could not check the voice: {exc.message}", code=exc.code or "pipeline_error",
+                raise ProtocolError(f"could not check the {what}: {exc.message}", code=exc.code or "pipeline_error",
                                     type=exc.type) from None
-            raise ProtocolError(exc.message, code=exc.code or "invalid_value", param=param) from None
+            raise ProtocolError(exc.message, code=exc.code or "invalid_value", param=param_of(exc.param)) from None
 
     def _start_response(self, spec: dict, settings: session_config.ResponseSettings, response: Response | None = None,
                         events: Speculation | None = None) -> None:

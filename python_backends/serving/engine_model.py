@@ -44,7 +44,9 @@ class EngineStageModel:
       carrying `finished`, `finish_reason`, `error`, `unavailable` fits, e.g.
       omni_backends.diffusion.DenoiseLoop);
     - `make_prompt(request) -> (Prompt, SamplingParams, context)`: parse one Triton request; raise
-      RequestError for bad input; `context` is any per-request object passed back below;
+      RequestError for bad input; `context` is any per-request object passed back below; or a dict of
+      output tensors: the request's only response, for a control REQUEST answered without the engine
+      (e.g. voice_llm's {"action": "prompt_tokens"}), sent with FINAL at once;
     - `encode(context, output) -> dict[name, np.ndarray | torch.Tensor]`: tensors of one output's
       response (CUDA torch tensors go out through DLPack; return None to send nothing for this output);
     - optionally `finished(context) -> bool`: True once the request is complete before the engine
@@ -68,7 +70,7 @@ class EngineStageModel:
     def build_loop(self, args: dict) -> EngineLoop:
         raise NotImplementedError
 
-    def make_prompt(self, request) -> tuple[Prompt, SamplingParams, object]:
+    def make_prompt(self, request) -> tuple[Prompt, SamplingParams, object] | dict:
         raise NotImplementedError
 
     def encode(self, context, output: StepOutput) -> dict[str, np.ndarray] | None:
@@ -85,7 +87,13 @@ class EngineStageModel:
             rid = f"{triton_id or 'req'}#{self._next_id}"
             self.metrics.started()
             try:
-                prompt, params, context = self.make_prompt(request)
+                made = self.make_prompt(request)
+                if isinstance(made, dict):  # a control request, answered here
+                    send_response(sender, triton_id, pb_utils.InferenceResponse([to_triton(k, v) for k, v in made.items()]))
+                    self.metrics.finished("ok")
+                    send_final(sender, triton_id)
+                    continue
+                prompt, params, context = made
                 with self._lock:  # registered before submit: the first output may come at once
                     self._live[rid] = (sender, context, triton_id)
                 self.loop.submit(rid, prompt, params, self._on_output,

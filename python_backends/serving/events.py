@@ -7,7 +7,10 @@ Outputs (decoupled: one response per event, then an empty FINAL response)
                        "sample_rate", "transcript"} | {"type": "done", "finish_reason", "usage"} |
                        pipeline-specific types
                        (REQUEST {"action": "voices"} to a pipeline that speaks -> one
-                       {"type": "voices", "voices": [str], "default": str})
+                       {"type": "voices", "voices": [str], "default": str};
+                       REQUEST {"action": "prompt_tokens", "messages", "max_tokens"} to a chat pipeline -> one
+                       {"type": "prompt_tokens", "prompt_tokens": int, "context_length": int}, or its 400
+                       `context_length_exceeded` when the messages plus max_tokens cannot fit its context)
   AUDIO     FP32 [-1]  PCM samples of an "audio.delta" event (mono, at the event's sample_rate);
                        an empty tensor for other events
 Errors: a Triton error response whose message is the OpenAI error envelope as JSON (see
@@ -84,6 +87,20 @@ def voices_event(voices, default: str, body: dict | None = None, resolve=None) -
     if (body or {}).get("voice") is not None:
         event["voice"] = resolve(body["voice"])
     return event
+
+
+def wants_prompt_tokens(body: dict) -> bool:
+    """True for the REQUEST {"action": "prompt_tokens", "messages": [...], "max_tokens": int}: how many tokens
+    the chat pipeline's LLM would prefill for `messages`, checked against its context with `max_tokens`
+    (answered with prompt_tokens_event, or refused as a request with those fields would be). A client checks a
+    system prompt this way before it keeps it (the realtime session's instructions at `session.update`)."""
+    return body.get("action") == "prompt_tokens"
+
+
+def prompt_tokens_event(prompt_tokens: int, context_length: int) -> dict:
+    """The one event answering {"action": "prompt_tokens"}: the prompt's token count and the LLM's context
+    length (tokens)."""
+    return {"type": "prompt_tokens", "prompt_tokens": prompt_tokens, "context_length": context_length}
 
 
 def encode_event(event: dict, audio: np.ndarray | None = None) -> dict[str, np.ndarray]:

@@ -89,6 +89,13 @@ class ChatLLM:
                                                  return_dict=True)["input_ids"]
         return list(ids)
 
+    def checked_prompt_ids(self, messages: Sequence[Mapping[str, str]], max_tokens: int) -> list[int]:
+        """`prompt_ids`, refused also when their count plus `max_tokens` exceeds the context length (RequestError
+        400, code `context_length_exceeded`, param "messages" when the prompt alone cannot fit, else "max_tokens")."""
+        ids = self.prompt_ids(messages, max_tokens)
+        check_context_length(len(ids), max_tokens, self.context_length)
+        return ids
+
     def sampling_params(self, body: Mapping[str, Any]) -> SamplingParams:
         """SamplingParams from OpenAI-style request fields (`request_sampling_params` over DEFAULT_PARAMS:
         greedy, 256 tokens). Raises RequestError naming the field for an invalid value."""
@@ -101,8 +108,7 @@ class ChatLLM:
 
         Raises RequestError for bad messages or when the prompt plus max_tokens exceeds the context length.
         """
-        ids = self.prompt_ids(messages, params.max_tokens)
-        check_context_length(len(ids), params.max_tokens, self.context_length)
+        ids = self.checked_prompt_ids(messages, params.max_tokens)
         params = dataclasses.replace(params, stop_token_ids=tuple(dict.fromkeys(params.stop_token_ids + self.end_token_ids)))
         # keep the system part (every conversation with these system messages starts with it) and the whole
         # prompt (this conversation's next turn starts with it: multi-turn chats and realtime sessions)

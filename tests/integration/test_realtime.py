@@ -206,6 +206,35 @@ def test_text_turn_and_multi_turn_memory(voice_server):
     assert "Paris" not in control and "Rome" not in control, control
 
 
+def test_a_committed_turn_is_retrieved_with_its_audio(voice_server):
+    """conversation.item.retrieve of a transcribed user audio item carries the audio (it had none: a session dropped
+    a turn's audio once transcribed), base64 PCM16 at the session's input rate: transcribed back, the same words;
+    its length is the committed audio's."""
+    pcm = speech(voice_server, QUESTION, 0.2, 0.3)
+
+    async def run():
+        async with connect(voice_server) as conn:
+            await until(conn, "session.created")
+            await conn.session.update(session=NO_VAD)
+            await until(conn, "session.updated")
+            for start in range(0, len(pcm), 48000):
+                await conn.input_audio_buffer.append(audio=base64.b64encode(pcm[start:start + 48000]).decode())
+            await conn.input_audio_buffer.commit()
+            committed = await until(conn, "input_audio_buffer.committed")
+            await until(conn, "conversation.item.input_audio_transcription.completed")
+            await conn.conversation.item.retrieve(item_id=committed.item_id)
+            return await until(conn, "conversation.item.retrieved")
+
+    retrieved = asyncio.run(run())
+    part = retrieved.item.content[0]
+    assert part.type == "input_audio" and "capital" in part.transcript.lower(), part.transcript
+    audio = base64.b64decode(part.audio)
+    # 24 kHz in and out (16 kHz in between); the input's streaming resampler holds back ~1 ms at a commit
+    assert 0 <= len(pcm) - len(audio) <= 480, (len(audio), len(pcm))
+    heard = transcribe(voice_server, audio).lower()
+    assert "capital" in heard and "france" in heard, heard
+
+
 def test_barge_in_cancels_the_response_end_to_end(voice_server):
     """Speech appended while the reply plays cancels it: response.done(cancelled, turn_detected) and every
     stage's in-flight count back to 0; then the client truncates the item to what it played."""
@@ -409,6 +438,11 @@ VOICE_PART = base64.b64encode(b"\0\1\2").decode()  # 3 bytes: not whole PCM16 sa
     ({"type": "session.update", "session": {"type": "realtime", "instructions": "x" * 131073}}, "invalid_value",
      "session.instructions"),   # over --max-text-chars
     ({"type": "response.create", "response": {"instructions": "x" * 131073}}, "invalid_value", "response.instructions"),
+    # instructions the LLM's context cannot hold (~15,000 tokens against SmolLM2's 8,192): every response failed
+    ({"type": "session.update", "session": {"type": "realtime", "instructions": "Be nice. " * 5000}},
+     "context_length_exceeded", "session.instructions"),
+    ({"type": "response.create", "response": {"instructions": "Be nice. " * 5000}}, "context_length_exceeded",
+     "response.instructions"),
 ])
 def test_error_events_name_the_wrong_field_of_the_client_event(voice_server, event, code, param):
     """Every refused event gets an `error` whose param is the wrong field in the event's own notation

@@ -647,6 +647,41 @@ def test_pipelines_refuse_an_unread_field_of_a_direct_triton_request(voice_serve
     assert [event["type"] for event in voices] == ["voices"] and voices[0]["voices"], voices
 
 
+def test_voice_counts_a_prompts_tokens_as_a_chat_request_prefills_them(voice_server):
+    """REQUEST {"action": "prompt_tokens"} (the realtime session's check of its instructions): voice_llm's count of
+    the messages equals the usage.prompt_tokens of a chat request with them, and messages past the context (alone
+    or with max_tokens) are refused as that chat request would be."""
+    import asyncio
+
+    from omni_frontend import pipeline_stream
+    from omni_frontend.errors import APIError
+    from omni_frontend.triton_client import TritonClient
+
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is the capital of France?"}]
+    long = [{"role": "system", "content": "Be nice. " * 5000}]   # ~15,000 tokens: past SmolLM2's 8,192
+
+    async def ask(body_messages, max_tokens):
+        client = TritonClient(voice_server.grpc_url, 60)
+        try:
+            return await pipeline_stream.prompt_tokens(client, "voice", "count-test", body_messages, max_tokens)
+        except APIError as exc:
+            return exc
+        finally:
+            await client.close()
+
+    counted = asyncio.run(ask(messages, 16))
+    chat = httpx.post(f"{voice_server.base_url}/v1/chat/completions", timeout=120, json={
+        "model": "voice", "modalities": ["text"], "max_tokens": 1, "messages": messages})
+    assert chat.status_code == 200, chat.text
+    assert counted == {"type": "prompt_tokens", "prompt_tokens": chat.json()["usage"]["prompt_tokens"],
+                       "context_length": 8192}
+    alone, budget = asyncio.run(ask(long, 16)), asyncio.run(ask([{"role": "system", "content": "Be nice. " * 1500}], 4096))
+    assert isinstance(alone, APIError) and (alone.status, alone.code, alone.param) == (
+        400, "context_length_exceeded", "messages"), alone
+    assert isinstance(budget, APIError) and (budget.status, budget.code, budget.param) == (
+        400, "context_length_exceeded", "max_tokens"), budget
+
+
 def test_unknown_chat_voice_is_a_400_before_any_model_work(voice_server):
     response = httpx.post(f"{voice_server.base_url}/v1/chat/completions", timeout=60, json={
         "model": "voice", "audio": {"voice": "nobody", "format": "wav"}, "messages": [{"role": "user", "content": "hi"}]})

@@ -2,10 +2,12 @@
 test_realtime_speculation.py: the faults of the sixth outside test (a cancelled response lost its turn's
 transcript, a cleared turn was committed later, truncation "auto" by characters only, transcription deltas with a
 trailing space, both output modalities accepted, the response's audio format null, a failed response.create's
-error without its event_id, speech_stopped's audio_end_ms before the silence)."""
+error without its event_id, speech_stopped's audio_end_ms before the silence), and its two left open then (instructions
+past the LLM's context accepted by session.update; a retrieved user audio item without its audio)."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 
 import numpy as np
@@ -209,14 +211,16 @@ def test_truncation_auto_leaves_out_the_oldest_items_until_the_prompt_fits_the_c
 
 
 def test_a_prompt_that_cannot_fit_is_refused_once_only_the_newest_item_is_left():
-    """Instructions alone past the context: the oldest items are left out while that sends fewer, then the refusal
-    stands (no request is sent twice with the same messages)."""
+    """A pipeline that refuses every response's prompt as past its context (the instructions passed their own
+    check): the oldest items are left out while that sends fewer, then the refusal stands (no request is sent twice with the same messages)."""
     async def run():
         client = Client(None)
         await client.start()
-        sizes = []
+        sizes, stream = [], client.triton.stream
 
         def refuse(model, inputs, request_id=None, parameters=None):
+            if json.loads(inputs["REQUEST"][0]).get("action"):   # the instructions alone fit: session.update takes them
+                return stream(model, inputs, request_id, parameters)
             sizes.append(len(json.loads(inputs["REQUEST"][0])["messages"]))
             raise APIError(400, "prompt plus max_tokens exceeds the context length", code="context_length_exceeded")
 
@@ -234,3 +238,119 @@ def test_a_prompt_that_cannot_fit_is_refused_once_only_the_newest_item_is_left()
     assert sizes == sorted(set(sizes), reverse=True) and sizes[-1] == 2   # the system message and the newest item
     assert done_events(client)[0]["response"]["status"] == "failed"
     assert errors(client) == [("invalid_request_error", "context_length_exceeded")]
+
+
+async def _refusal(client: Client, event: dict) -> tuple | None:
+    """(event_id, code, param) of the error the route would send for `event`, or None if the session took it."""
+    try:
+        await client.session.handle(event)
+    except ProtocolError as exc:
+        return exc.event_id, exc.code, exc.param
+    return None
+
+
+def _update(client: Client, event_id: str, **session):
+    return _refusal(client, {"type": "session.update", "event_id": event_id, "session": {"type": "realtime", **session}})
+
+
+def test_instructions_that_cannot_fit_the_context_are_refused_by_the_update_that_sets_them():
+    """session.update took instructions longer than the LLM's context; every response then failed with
+    context_length_exceeded. The pipeline counts them (with max_output_tokens) when they are set: an error naming
+    the field, with the update's event_id, and the session keeps its instructions."""
+    async def run():
+        client = Client(None)
+        await client.start()
+        refused = [await _update(client, "su1", instructions="Be brief."),
+                   await _update(client, "su2", instructions="x" * 9000),                 # past 8192 alone
+                   await _update(client, "su3", instructions="y" * 5000),                 # + "inf" (4096): past
+                   await _update(client, "su4", instructions="z" * 5000, max_output_tokens=100)]
+        kept = client.session.settings.instructions
+        await ask(client)
+        await until(lambda: done_events(client))
+        await client.session.close()
+        return client, refused, kept
+
+    client, refused, kept = asyncio.run(run())
+    assert refused == [None, ("su2", "context_length_exceeded", "session.instructions"),
+                       ("su3", "context_length_exceeded", "session.max_output_tokens"), None]
+    updated = [e["session"]["instructions"] for e in _events(client, "session.updated")]
+    assert updated[-2:] == ["Be brief.", "z" * 5000] and "x" * 9000 not in updated and kept == "z" * 5000
+    checks = client.triton.prompt_checks
+    assert [(c["messages"], c["max_tokens"]) for c in checks] == [
+        ([{"role": "system", "content": "Be brief."}], 4096), ([{"role": "system", "content": "x" * 9000}], 4096),
+        ([{"role": "system", "content": "y" * 5000}], 4096), ([{"role": "system", "content": "z" * 5000}], 100)]
+    assert done_events(client)[0]["response"]["status"] == "completed"
+    assert client.triton.streams[-1]["body"]["messages"][0]["content"] == "z" * 5000
+
+
+def test_response_instructions_that_cannot_fit_are_refused_before_the_response_starts():
+    """response.create's own instructions (or max_output_tokens) past the context: an error with its event_id and
+    no response; the session's next response runs; a response with the session's settings asks nothing more."""
+    async def run():
+        client = Client(None)
+        await client.start()
+        refused = [await _refusal(client, {"type": "response.create", "event_id": "rc1",
+                                           "response": {"instructions": "x" * 9000}}),
+                   await _refusal(client, {"type": "response.create", "event_id": "rc2",
+                                           "response": {"instructions": "y" * 5000, "max_output_tokens": 4096}})]
+        await asyncio.sleep(0.05)
+        created = len(_events(client, "response.created"))
+        checks = len(client.triton.prompt_checks)
+        await ask(client)
+        await until(lambda: done_events(client))
+        await client.session.close()
+        return client, refused, created, checks
+
+    client, refused, created, checks = asyncio.run(run())
+    assert created == 0 and checks == 2
+    assert refused == [("rc1", "context_length_exceeded", "response.instructions"),
+                       ("rc2", "context_length_exceeded", "response.max_output_tokens")]
+    assert done_events(client)[0]["response"]["status"] == "completed" and len(client.triton.prompt_checks) == 2
+
+
+def test_a_retrieved_user_audio_item_carries_its_audio_in_the_sessions_input_format():
+    """conversation.item.retrieve of a transcribed user audio item had no `audio` (a session dropped a turn's audio
+    once transcribed). OpenAI: the input_audio part's audio is base64 in the session's input format; the session
+    keeps its newest RETAINED_AUDIO_S seconds of user audio for it."""
+    async def run():
+        client = Client(None)
+        await client.start()   # input audio/pcm at 16 kHz
+        await client.turn({1: [STARTED]}, chunks=11)
+        await client.append([STOPPED])
+        await until(lambda: _events(client, "conversation.item.input_audio_transcription.completed"))
+        item_id = _events(client, "input_audio_buffer.committed")[0]["item_id"]
+        await client.session.handle({"type": "conversation.item.retrieve", "item_id": item_id})
+        await _update(client, "fmt", audio={"input": {"format": {"type": "audio/pcm", "rate": 24000}}})
+        await client.session.handle({"type": "conversation.item.retrieve", "item_id": item_id})
+        await client.session.close()
+        return client, item_id
+
+    client, item_id = asyncio.run(run())
+    first, second = [e["item"] for e in _events(client, "conversation.item.retrieved")]
+    assert first["id"] == second["id"] == item_id
+    part = first["content"][0]
+    assert part["type"] == "input_audio" and part["transcript"] == f"{12 * CHUNK} samples"
+    at16 = np.frombuffer(base64.b64decode(part["audio"]), "<i2")
+    assert at16.size == 12 * CHUNK and np.all(np.abs(at16.astype(int) - 3000) <= 1)   # the appended audio, 16 kHz
+    at24 = np.frombuffer(base64.b64decode(second["content"][0]["audio"]), "<i2")
+    assert abs(at24.size - 12 * CHUNK * 3 // 2) <= 2 and abs(np.median(at24) - 3000) <= 2   # now as 24 kHz PCM16
+
+
+def test_a_session_keeps_only_its_newest_user_audio_for_retrieve(monkeypatch):
+    """The kept audio is bounded (RETAINED_AUDIO_S seconds in all): older parts lose theirs first, a deleted
+    item's is let go at once, and a part still being transcribed is retrieved with its audio too."""
+    from omni_frontend.realtime import conversation as conv
+
+    monkeypatch.setattr(conv, "RETAINED_AUDIO_S", 2)
+    parts = [conv.Part("input_audio", audio=np.full(16000, 0.25 * (n + 1), np.float32)) for n in range(4)]
+    talk = conv.Conversation()
+    for n, part in enumerate(parts):
+        talk.add(conv.Item(f"item_{n}", "user", [part]))
+    assert parts[0].user_audio is not None and parts[0].user_audio[0] == 8191   # before its transcription
+    for part in parts[:3]:
+        talk.keep_audio(part)
+    assert [p.kept is not None for p in parts[:3]] == [False, True, True] and all(p.audio is None for p in parts[:3])
+    assert parts[2].kept.dtype == np.int16 and parts[2].kept.size == 16000 and parts[2].kept[0] == 24575
+    talk.delete("item_2")
+    talk.keep_audio(parts[3])
+    assert [p.user_audio is not None for p in parts] == [False, True, False, True]

@@ -48,6 +48,8 @@ class StageDouble:
         self.vad_ends: list[int] = []  # the sequence id of each VAD request with END
         self.vad_samples: list[int] = []  # the audio samples of each VAD request
         self.streams: list[dict] = []  # {"body", "cancelled", "finished"} per pipeline request
+        self.prompt_checks: list[dict] = []  # the bodies of {"action": "prompt_tokens"} requests
+        self.context_length = 8192  # of the double's LLM, in tokens: one a character
         self.loaded = set(REGISTRY["voice"].models)
 
     async def unload_model(self, model):
@@ -88,6 +90,16 @@ class StageDouble:
     async def stream(self, model, inputs, request_id=None, parameters=None):
         self._check_loaded(model)
         call = {"body": json.loads(inputs["REQUEST"][0]), "cancelled": False, "finished": False}
+        if call["body"].get("action") == "prompt_tokens":   # as voice_llm answers it
+            self.prompt_checks.append(call["body"])
+            tokens, budget = sum(len(m["content"]) for m in call["body"]["messages"]), call["body"]["max_tokens"]
+            if tokens + budget > self.context_length:
+                raise APIError(400, f"prompt ({tokens} tokens) plus max_tokens ({budget}) exceeds the context length "
+                               f"{self.context_length}", code="context_length_exceeded",
+                               param="messages" if tokens >= self.context_length else "max_tokens")
+            event = {"type": "prompt_tokens", "prompt_tokens": tokens, "context_length": self.context_length}
+            yield StreamResponse({"EVENT": np.array([json.dumps(event).encode()], dtype=np.object_)}, True)
+            return
         self.streams.append(call)
         try:
             await self.pipeline_gate.wait()

@@ -3,7 +3,10 @@
 Contract (internal stage of the `voice` pipeline; any Triton gRPC streaming client can drive it):
   REQUEST BYTES [1]  JSON {"messages": [{"role", "content": str}], "temperature", "top_p", "top_k",
                      "max_tokens", "seed", "presence_penalty", "frequency_penalty", "repetition_penalty",
-                     "stop": [str]} (null/missing sampling fields: greedy, 256 tokens)
+                     "stop": [str]} (null/missing sampling fields: greedy, 256 tokens); or the control REQUEST
+                     {"action": "prompt_tokens", "messages", "max_tokens"}: one event
+                     {"type": "prompt_tokens", "prompt_tokens", "context_length"} (the chat template's token count),
+                     or the 400 `context_length_exceeded` the same messages and max_tokens would get
   EVENT   BYTES [1]  per response: {"type": "text.delta", "text", "usage"} (the counts so far); the last one
                      {"type": "done", "text" (the held-back tail, often ""), "finish_reason", "usage":
                      {"prompt_tokens", "completion_tokens"}}, then FINAL
@@ -32,9 +35,12 @@ class TritonPythonModel(EngineStageModel):
     def make_prompt(self, request):
         body = events.decode_request(pb_utils.get_input_tensor_by_name(request, events.REQUEST).as_numpy())
         check_request(body, parts=False)  # a field of the wrong JSON type: a 400 naming it
+        params = self.chat.sampling_params(body)
+        if events.wants_prompt_tokens(body):
+            ids = self.chat.checked_prompt_ids(body["messages"], params.max_tokens)
+            return {events.EVENT: events.json_tensor(events.prompt_tokens_event(len(ids), self.chat.context_length))}
         stop = body.get("stop") or []
-        return self.chat.prepare(body["messages"], self.chat.sampling_params(body),
-                                 [stop] if isinstance(stop, str) else stop)
+        return self.chat.prepare(body["messages"], params, [stop] if isinstance(stop, str) else stop)
 
     def finished(self, stream: TextStream) -> bool:
         return stream.finished  # a stop string ended the answer before the engine did

@@ -10,6 +10,8 @@ that cancels knows what its answer spent.
 REQUEST extension `first_chunk_words` (1-40): the most words of the first spoken chunk (protocol.chunker_options).
 Any key outside `REQUEST_FIELDS` (an extension this pipeline does not honour, e.g. `min_tokens`) is a 400 naming it.
 REQUEST {"action": "voices"} -> one {"type": "voices"} event (the voices of voice_tts's engine, as `tts` lists them).
+REQUEST {"action": "prompt_tokens", "messages" (text), "max_tokens"} -> voice_llm's one {"type": "prompt_tokens"}
+event (omni_backends.serving.events.prompt_tokens_event), or its 400 `context_length_exceeded`.
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ _END = object()
 
 
 class TritonPythonModel(AsyncDecoupledModel):
-    request_fields, control_actions = REQUEST_FIELDS, ("voices",)
+    request_fields, control_actions = REQUEST_FIELDS, ("voices", "prompt_tokens")
 
     def setup(self, args: dict) -> None:
         self.voices = engines.voices(engines.stage_engine(args["model_repository"]))
@@ -41,6 +43,9 @@ class TritonPythonModel(AsyncDecoupledModel):
         body = ctx.body()
         if events.wants_voices(body):
             yield events.voices_event(self.voices.names, self.voices.default, body, self.voices.resolve), None
+            return
+        if events.wants_prompt_tokens(body):
+            yield await _prompt_tokens(ctx, body), None
             return
         check_request(body)  # any field of the wrong JSON type: a 400 naming it, before it is used
         modalities = body.get("modalities") or ["text", "audio"]
@@ -72,6 +77,19 @@ class TritonPythonModel(AsyncDecoupledModel):
         if done is None:
             raise RuntimeError("voice_llm ended its stream without a done event")
         yield done
+
+
+async def _prompt_tokens(ctx, body: dict) -> dict:
+    """voice_llm's answer to {"action": "prompt_tokens"} for the REQUEST's text `messages` and `max_tokens` (what a
+    chat REQUEST with them would prefill). Raises its RequestError (400 `context_length_exceeded`, or a bad message)."""
+    request = {events.REQUEST: events.json_tensor({"action": "prompt_tokens", "messages": body.get("messages"),
+                                                   "max_tokens": body.get("max_tokens")})}
+    answer = None
+    async for response in bls.stream(ctx, "voice_llm", request, [events.EVENT]):
+        answer = events.read_json(response[events.EVENT])
+    if answer is None:
+        raise RuntimeError("voice_llm answered the prompt_tokens action with no event")
+    return answer
 
 
 async def _transcribe(ctx, clip: np.ndarray) -> str:
