@@ -220,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.deploy is not None:
             deployment = deploy.load(args.deploy)
+            check_gpus(args.deploy, deployment)
             rendered = deploy.render(deployment, ROOT / "var" / "deploy" / deployment.name)   # DeployError too
             log.info("rendered %s into %s", args.deploy, rendered)
             args.pipelines, args.model_repository = deployment.pipeline, [rendered]
@@ -328,6 +329,25 @@ def usable_folder(flag: str, path: Path) -> Path:
         action = "cannot write in it" if path.is_dir() else "cannot create it"
         raise ValueError(f"{flag} {path}: {action}: {exc.strerror or exc}") from None
     return path
+
+
+def check_gpus(path: Path, deployment: deploy.Deployment) -> None:
+    """Raises ValueError (one line naming the stage) when the deploy file places a stage on `cuda:N` and this
+    machine has no CUDA device N visible to torch (tritonserver refused it only after loading the rest, with
+    several lines of "unsupported gpu id 0. GPUs with at least the minimum required CUDA compute compatibility
+    ... are:" and nothing after). Counted in a subprocess: the frontend never imports torch itself."""
+    wanted = {name: max(spec.gpus) for name, spec in deployment.stages.items() if spec.gpus}
+    if not wanted:
+        return
+    done = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
+                          capture_output=True, text=True, timeout=120)
+    visible = int(done.stdout.strip()) if done.returncode == 0 and done.stdout.strip().isdigit() else 0
+    for name, gpu in wanted.items():
+        if gpu >= visible:
+            raise ValueError(f"{path}: stages.{name}.device: cuda:{gpu}, but this machine has "
+                             f"{visible or 'no'} CUDA device{'' if visible == 1 else 's'} visible to torch "
+                             f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); "
+                             "deploy/qwen3_omni_cpu.yaml places every stage on the CPU")
 
 
 def check_folders(args: argparse.Namespace, selected) -> None:

@@ -155,6 +155,26 @@ def test_serve_reports_a_bad_deploy_file_in_one_line(tmp_path, capsys):
     assert err.startswith("error: ") and "stages.thinker.devise: unknown key" in err and len(err.splitlines()) == 1
 
 
+def test_serve_refuses_a_gpu_deploy_file_on_a_machine_without_that_gpu(tmp_path, capsys):
+    """deploy/qwen3_omni_h200.yaml on a machine without CUDA: tritonserver refused the model only after starting,
+    in several lines ending "GPUs with at least the minimum required CUDA compute compatibility ... are: ". The
+    launcher now counts the CUDA devices torch sees first: one line naming the stage and its device."""
+    import torch
+
+    from omni_frontend.serve import main
+
+    if torch.cuda.device_count():
+        pytest.skip("this machine has a CUDA device")
+    path = ROOT / "deploy" / "qwen3_omni_h200.yaml"
+    assert main(["--deploy", str(path), "--no-prepare", "--log-dir", str(tmp_path / "log")]) == 2
+    err = capsys.readouterr().err.strip()
+    stage = next(iter(deploy.load(path).stages))   # orchestrator in the file's default (co-located) layout
+    assert err == (f"error: {path}: stages.{stage}.device: cuda:0, but this machine has no CUDA devices visible to "
+                   f"torch (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); "
+                   "deploy/qwen3_omni_cpu.yaml places every stage on the CPU")
+    assert not (tmp_path / "log").exists() or not any((tmp_path / "log").iterdir())   # nothing started
+
+
 @pytest.mark.parametrize("content, message", [
     (b"pipeline: [qwen3_omni]\n", "pipeline: must be one of ['qwen3_omni'], got ['qwen3_omni']"),
     (b"pipeline: {a: 1}\n", "pipeline: must be one of ['qwen3_omni'], got {'a': 1}"),
