@@ -14,7 +14,7 @@ from omni_frontend.config import FrontendConfig
 from omni_frontend.image_store import ImageStore
 from omni_frontend.model_control import ModelControl
 from omni_frontend.realtime import route as realtime
-from omni_frontend.routes import admin, chat, images, speech, system, transcriptions, videos
+from omni_frontend.routes import admin, chat, images, speech, speech_stream, system, transcriptions, videos
 from omni_frontend.stage_monitor import CrashedStubs, StageMonitor
 from omni_frontend.triton_client import TritonClient
 from omni_frontend.validation import BodyLimitMiddleware, require_valid_text
@@ -121,7 +121,7 @@ def create_app(config: FrontendConfig, crashed_stubs: CrashedStubs | None = None
     app.add_middleware(errors.CatchAllMiddleware)
     app.add_middleware(HeadAsGetMiddleware)
     app.add_middleware(observability.ObservabilityMiddleware, metrics=app.state.metrics)  # outermost
-    for module in (system, chat, speech, transcriptions, images, videos, realtime, admin):
+    for module in (system, chat, speech, speech_stream, transcriptions, images, videos, realtime, admin):
         app.include_router(module.router)
     videos.install(app, config, app.state.triton)
     return app

@@ -1,4 +1,5 @@
-"""The API key check shared by the HTTP routes (`app.BearerAuthMiddleware`) and the realtime WebSocket."""
+"""The API key check shared by the HTTP routes (`app.BearerAuthMiddleware`) and the WebSocket routes (realtime,
+speech stream), which check it themselves."""
 from __future__ import annotations
 
 import hmac
@@ -10,3 +11,16 @@ def bearer_matches(authorization: str | bytes, api_key: str) -> bool:
     value = authorization.encode() if isinstance(authorization, str) else authorization
     scheme, _, token = value.partition(b" ")
     return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), api_key.encode())
+
+
+KEY_PROTOCOL = "openai-insecure-api-key."   # a browser's WebSocket subprotocol carrying the key
+
+
+def websocket_authorized(websocket, api_key: str | None, protocols: list[str]) -> bool:
+    """Whether a WebSocket client may connect: no key configured, or `Authorization: Bearer KEY` (SDKs), or the
+    subprotocol `openai-insecure-api-key.KEY` among the offered `protocols` (browsers cannot set headers)."""
+    if not api_key:
+        return True
+    offered = [websocket.headers.get("authorization", "")] + [f"Bearer {p[len(KEY_PROTOCOL):]}" for p in protocols
+                                                              if p.startswith(KEY_PROTOCOL)]
+    return any(bearer_matches(o, api_key) for o in offered)

@@ -14,7 +14,7 @@ from pathlib import Path
 from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import FileResponse
 
-from omni_frontend.auth import bearer_matches
+from omni_frontend.auth import websocket_authorized
 from omni_frontend.errors import APIError
 from omni_frontend.pipelines import CHAT
 from omni_frontend.realtime.protocol import ProtocolError, encode, error_event
@@ -25,15 +25,6 @@ log = logging.getLogger("omni_frontend.realtime")
 PAGE = Path(__file__).resolve().parent.parent / "static" / "realtime.html"
 POLICY_VIOLATION = 1008
 TRY_AGAIN_LATER = 1013
-_KEY_PROTOCOL = "openai-insecure-api-key."
-
-
-def _authorized(websocket: WebSocket, api_key: str | None, protocols: list[str]) -> bool:
-    if not api_key:
-        return True
-    offered = [websocket.headers.get("authorization", "")] + [f"Bearer {p[len(_KEY_PROTOCOL):]}" for p in protocols
-                                                              if p.startswith(_KEY_PROTOCOL)]
-    return any(bearer_matches(o, api_key) for o in offered)
 
 
 @router.websocket("/v1/realtime")
@@ -44,7 +35,7 @@ async def realtime(websocket: WebSocket):
     model = websocket.query_params.get("model")
     pipeline = cfg.pipeline(model, CHAT) if model else next((p for p in cfg.pipelines if p.vad), None)
     problem, close_code = None, POLICY_VIOLATION
-    if not _authorized(websocket, cfg.api_key, protocols):
+    if not websocket_authorized(websocket, cfg.api_key, protocols):
         problem = ProtocolError("invalid or missing API key (Authorization: Bearer ...)", code="invalid_api_key",
                                 type="authentication_error")
     elif pipeline is None or pipeline.vad is None or pipeline.asr is None:

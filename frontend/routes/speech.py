@@ -108,9 +108,10 @@ async def speech(req: SpeechRequest, request: Request):
     return Response(data, media_type=media_type, headers=headers)
 
 
-def _encoder(req: SpeechRequest):
-    """Per-chunk bytes of a stream: raw PCM16, with one streaming WAV header (sizes 0xFFFFFFFF) first for wav."""
-    state = {"header": req.response_format != "wav"}
+def stream_encoder(response_format: str):
+    """Per-chunk bytes of a stream in `response_format` ("pcm" or "wav"): a function (float32 PCM, rate) -> raw PCM16,
+    with one streaming WAV header (sizes 0xFFFFFFFF) before the first chunk for wav."""
+    state = {"header": response_format != "wav"}
 
     def encode(audio: np.ndarray, rate: int) -> bytes:
         data = audio_codec.pcm16(audio)
@@ -123,7 +124,7 @@ def _encoder(req: SpeechRequest):
 
 
 async def _raw_stream(req: SpeechRequest, events, timer: RequestTimer):
-    encode = _encoder(req)
+    encode = stream_encoder(req.response_format)
     async for event, audio in events:
         if event.get("type") == "audio.delta" and audio is not None:
             rate = int(event.get("sample_rate", 24000))
@@ -133,7 +134,7 @@ async def _raw_stream(req: SpeechRequest, events, timer: RequestTimer):
 
 
 async def _sse(req: SpeechRequest, events, timer: RequestTimer):
-    encode = _encoder(req)
+    encode = stream_encoder(req.response_format)
     usage = None
     try:
         async for event, audio in events:

@@ -48,6 +48,10 @@ class SentenceChunker:
             chunks += self._take(end)
         return chunks
 
+    def buffered(self) -> str:
+        """The text fed since the last chunk that no chunk holds yet."""
+        return self._buffer
+
     def flush(self) -> list[str]:
         """Return whatever text is left (at most one chunk) and reset for the next stream."""
         chunks = self._take(len(self._buffer))

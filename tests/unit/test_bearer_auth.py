@@ -9,7 +9,7 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from omni_frontend.app import BearerAuthMiddleware
-from omni_frontend.realtime import route as realtime_route
+from omni_frontend.auth import websocket_authorized
 
 
 def _client() -> TestClient:
@@ -40,6 +40,6 @@ def test_the_realtime_page_and_health_open_without_a_key():
     ({}, ["realtime", "openai-insecure-api-key.sekrit"], True),          # the browser's subprotocol
     ({"authorization": "Bearer wrong"}, ["openai-insecure-api-key.nope"], False),
     ({}, ["realtime"], False)])
-def test_the_realtime_websocket_takes_the_same_key_forms(headers, protocols, ok):
+def test_the_websockets_take_the_same_key_forms(headers, protocols, ok):
     websocket = types.SimpleNamespace(headers=headers)
-    assert realtime_route._authorized(websocket, "sekrit", protocols) is ok
+    assert websocket_authorized(websocket, "sekrit", protocols) is ok
