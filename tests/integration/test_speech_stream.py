@@ -136,3 +136,16 @@ def test_text_sent_faster_than_it_is_spoken_is_refused_past_the_limit_and_a_leav
     assert start["type"] == "audio.start" and start["sentence_text"] == " ".join(["word"] * 40) and busy == 1
     assert wait_for(lambda: metric_value(f"{voice_server.base_url}/metrics", "omni_frontend_inflight_requests",
                                          pipeline="tts") == 0, 10)
+
+
+def test_a_connection_that_sends_no_session_config_is_closed_after_the_config_timeout(voice_server):
+    import time
+
+    with _connect(voice_server) as ws:
+        began = time.perf_counter()
+        error = json.loads(ws.recv(timeout=60))
+        waited = time.perf_counter() - began
+        with pytest.raises(websockets.ConnectionClosedError) as closed:
+            ws.recv(timeout=30)
+    assert (error["type"], error["code"]) == ("error", "config_timeout") and 9 < waited < 20, (error, waited)
+    assert closed.value.rcvd.code == 1008
