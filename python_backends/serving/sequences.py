@@ -31,15 +31,15 @@ def check_room(model_name: str, live: int, limit: int) -> None:
 class SequenceLeases:
     def __init__(self, idle_s: float):
         self.idle_s = idle_s
-        self._seen: dict[int, float] = {}     # sequence -> time.monotonic() of its last request
-        self._starter: dict[int, str] = {}    # sequence -> request id of its START request
+        self._seen: dict[int | str, float] = {}     # sequence -> time.monotonic() of its last request
+        self._starter: dict[int | str, str] = {}    # sequence -> request id of its START request
 
-    def touch(self, sequence: int, request_id: str) -> None:
+    def touch(self, sequence: int | str, request_id: str) -> None:
         """A request of `sequence` arrived (the first one touched is taken as its START)."""
         self._seen[sequence] = time.monotonic()
         self._starter.setdefault(sequence, request_id)
 
-    def forget(self, sequence: int) -> None:
+    def forget(self, sequence: int | str) -> None:
         self._seen.pop(sequence, None)
         self._starter.pop(sequence, None)
 

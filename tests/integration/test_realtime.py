@@ -235,6 +235,47 @@ def test_a_committed_turn_is_retrieved_with_its_audio(voice_server):
     assert "capital" in heard and "france" in heard, heard
 
 
+def test_voice_vad_serves_string_correlation_ids_as_sequences_of_their_own(voice_server):
+    """A Triton client's string correlation ids (tritonclient's sequence_id takes str too): the CORRID control was
+    TYPE_UINT64, so Triton wrote a string id's bytes into an 8-byte tensor: ids sharing their first 8 bytes shared
+    one VAD state, and a longer one overflowed the buffer and aborted tritonserver (every pipeline gone). The model
+    now reads request.correlation_id(): string ids are sequences like int ones, and the server stays up."""
+    import tritonclient.grpc as grpcclient
+
+    pcm = np.frombuffer(_spoken(voice_server.base_url, QUESTION), "<i2").astype(np.float32) / 32768
+    speech = np.interp(np.arange(0, pcm.size, 1.5), np.arange(pcm.size), pcm).astype(np.float32)   # 16 kHz
+    silence = np.zeros(16000, np.float32)
+    client = grpcclient.InferenceServerClient(voice_server.grpc_url)
+
+    def vad(sequence, audio, start=False, end=False):
+        tensor = grpcclient.InferInput("AUDIO", [1, audio.size], "FP32")
+        tensor.set_data_from_numpy(audio[None])
+        result = client.infer("voice_vad", [tensor], sequence_id=sequence, sequence_start=start, sequence_end=end,
+                              client_timeout=30)
+        return json.loads(result.as_numpy("EVENTS").reshape(-1)[0])
+
+    def turn(a, b):   # A's second turn, after B STARTed, with offsets counted from A's first sample
+        vad(a, np.concatenate([silence, speech, silence]), start=True)
+        vad(b, silence, start=True)
+        found = vad(a, np.concatenate([silence, speech]))
+        vad(a, silence, end=True)
+        vad(b, silence, end=True)
+        return found
+
+    try:
+        by_int = turn(7_700_001, 7_700_002)
+        by_string = turn("session-aaaa", "session-bbbb")   # the same first 8 bytes
+        for n in range(4):
+            vad(f"realtime-session-{n:04d}-0123456789abcdef", silence, start=True, end=True)   # 40 bytes
+        time.sleep(2)
+        live = client.is_server_live()
+    finally:
+        client.close()
+    started = [e for e in by_int if e["type"] == "speech_started"]
+    assert started and started[0]["sample"] > 2 * 16000 + speech.size, by_int   # counted from A's first sample
+    assert by_string == by_int and live
+
+
 def test_barge_in_cancels_the_response_end_to_end(voice_server):
     """Speech appended while the reply plays cancels it: response.done(cancelled, turn_detected) and every
     stage's in-flight count back to 0; then the client truncates the item to what it played."""

@@ -61,7 +61,7 @@ class TritonPythonModel:
         self.max_frames = model_config.int_parameter(parameters, "max_frames", 4095)
         self.max_sequences = model_config.int_parameter(parameters, "max_sequences", 256)
         self.piece_frames = 4 * self.streamer.chunk_frames
-        self._frames: dict[int, int] = {}         # live sequence -> frames received so far
+        self._frames: dict[int | str, int] = {}   # live sequence -> frames received so far
         self._sequences: set[int] = set()
         self.leases = SequenceLeases(model_config.sequence_idle_seconds(config))
         self._lock = threading.Lock()             # execute vs the sweeper
@@ -87,9 +87,9 @@ class TritonPythonModel:
 
     def _execute(self, requests):
         new_codes, final, errors = {}, [], {}
-        owner: dict[int, int] = {}                # sequence -> index of its request in this batch
+        owner: dict[int | str, int] = {}          # sequence -> index of its request in this batch
         for i, request in enumerate(requests):
-            seq = int(request.correlation_id())
+            seq = request.correlation_id()
             try:
                 self._admit(request, seq, new_codes, final)
                 owner[seq] = i
@@ -97,7 +97,7 @@ class TritonPythonModel:
                 errors[i] = exc.envelope()
                 self._forget(seq, "rejected")
         started = time.monotonic()
-        pcm: dict[int, list[np.ndarray]] = {}
+        pcm: dict[int | str, list[np.ndarray]] = {}
         try:
             # decode in pieces of piece_frames frames per sequence, dropping the sequences whose caller left
             offset, rounds, left = 0, 0, sidechannel.request_abandoned
@@ -137,12 +137,12 @@ class TritonPythonModel:
             if i in errors:
                 responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(errors[i])))
                 continue
-            parts = pcm.get(int(request.correlation_id()))
+            parts = pcm.get(request.correlation_id())
             samples = np.concatenate(parts) if parts else np.zeros(0, np.float32)
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(p.PCM, samples[None])]))
         return responses
 
-    def _admit(self, request, seq: int, new_codes: dict, final: list) -> None:
+    def _admit(self, request, seq: int | str, new_codes: dict, final: list) -> None:
         """Sort one request into this batch's `new_codes` / `final` (or apply its ABORT)."""
         def tensor(name):
             found = pb_utils.get_input_tensor_by_name(request, name)
@@ -173,7 +173,7 @@ class TritonPythonModel:
         if p.flag(tensor(p.END)):
             final.append(seq)
 
-    def _forget(self, seq: int, outcome: str) -> None:
+    def _forget(self, seq: int | str, outcome: str) -> None:
         self.leases.forget(seq)
         self._frames.pop(seq, None)
         if seq in self._sequences:

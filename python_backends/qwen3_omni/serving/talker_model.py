@@ -48,7 +48,7 @@ _STOP = object()
 
 @dataclass
 class _Command:
-    sequence: int
+    sequence: int | str   # the correlation id
     sender: object
     request_id: str
     start: bool
@@ -79,7 +79,7 @@ class TritonPythonModel:
         self.metrics = StageMetrics(self.model_name)
         self._commands: queue.Queue = queue.Queue()
         self._sequences: set[int] = set()                 # live sequences (START seen, not ended)
-        self._live: dict[int, tuple[object, str]] = {}   # sequence -> (sender, request id) of its open request
+        self._live: dict[int | str, tuple[object, str]] = {}   # sequence -> (sender, request id) of its open request
         self.leases = SequenceLeases(model_config.sequence_idle_seconds(config))
         self._worker = Supervisor(f"{self.model_name}-worker", self._run, self._crashed,
                                   self.metrics.set_healthy).start()
@@ -111,7 +111,7 @@ class TritonPythonModel:
             raise RequestError(f"{p.TEXT_EMBEDS} is required (it may hold 0 rows)")
         if embeds is not None:
             self.metrics.tensor(p.TEXT_EMBEDS, "in", on_gpu(embeds))
-        command = _Command(sequence=int(request.correlation_id()), sender=sender, request_id=request.request_id(),
+        command = _Command(sequence=request.correlation_id(), sender=sender, request_id=request.request_id(),
                            start=p.flag(tensor(p.START)), end=p.flag(tensor(p.END)), abort=abort,
                            embeds=None if embeds is None else _float_tensor(embeds), received=time.monotonic())
         if command.start and not command.abort:
@@ -225,7 +225,7 @@ class TritonPythonModel:
                 sidechannel.clear(request_id)
                 self._end_sequence(seq, "cancelled")
 
-    def _end_sequence(self, seq: int, outcome: str, error: str | None = None) -> None:
+    def _end_sequence(self, seq: int | str, outcome: str, error: str | None = None) -> None:
         """Forget a sequence, count its outcome, and end its open request (if any)."""
         self.leases.forget(seq)
         if seq in self._sequences:

@@ -1,7 +1,8 @@
 """voice_vad: Silero VAD as a sequence-batched stateful stage (one sequence per realtime session).
 
 Contract (Triton sequence batching, `oldest` strategy: every request names its sequence by correlation
-id; the first carries START, the last END; requests of different sequences are batched):
+id, an unsigned integer or a string; the first carries START, the last END; requests of different sequences are
+batched):
   AUDIO   FP32  [1, samples]  the next chunk of the session's audio, mono 16 kHz in [-1, 1] (any length,
                               also 0; samples short of a 32 ms window wait for the next chunk)
   OPTIONS BYTES [1, 1]        optional JSON {"threshold", "prefix_padding_ms", "silence_duration_ms",
@@ -48,7 +49,7 @@ class TritonPythonModel:
         # Triton frees an idle sequence's slot after max_sequence_idle_microseconds; the state goes with it
         self.idle_timeout_s = model_config.sequence_idle_seconds(self.model_config, 30.0)
         self.max_sequences = model_config.int_parameter(self.parameters, "max_sequences", 1024)
-        self.streams: dict[int, tuple[VADStream, float]] = {}  # correlation id -> (stream, last request time)
+        self.streams: dict[int | str, tuple[VADStream, float]] = {}  # correlation id -> (stream, last request time)
 
     def finalize(self) -> None:
         self.metrics.close()
@@ -77,7 +78,7 @@ class TritonPythonModel:
         return responses
 
     def _prepare(self, request, now: float) -> tuple[VADStream, bool]:
-        corrid = int(_scalar(request, "CORRID"))
+        corrid = request.correlation_id()   # an int or a string (Triton takes both; ids of both kinds never meet)
         # NaN / inf would poison the session's recurrent state for good: refused before any state is touched
         audio = check_audio(pb_utils.get_input_tensor_by_name(request, "AUDIO").as_numpy(), "AUDIO", allow_empty=True)
         start, end = bool(_scalar(request, "START")), bool(_scalar(request, "END"))
