@@ -136,6 +136,41 @@ def test_queue_wait_is_bounded_and_a_long_expected_wait_is_refused_at_once():
     asyncio.run(scenario())
 
 
+def test_a_request_admitted_after_its_pipeline_fell_asleep_gets_503_pipeline_sleeping():
+    """A request queued for a slot (or still being validated) while its pipeline was put to sleep was sent to
+    Triton once admitted, where the pipeline's models were unloaded: a 500 "Request for unknown model" instead of
+    the 503 `pipeline_sleeping` every other request of a sleeping pipeline gets."""
+    from types import SimpleNamespace
+
+    from omni_frontend import admission
+
+    async def scenario():
+        app = create_app(FrontendConfig(triton_url="127.0.0.1:1", pipelines=[REGISTRY["asr"]],
+                                        admission=AdmissionLimits(max_inflight=1, max_queue=2)))
+        asr = REGISTRY["asr"]
+
+        def request():
+            return SimpleNamespace(app=app, scope={}, is_disconnected=_Client().is_disconnected)
+
+        running = admission.enter(request(), asr)
+        queued = admission.enter(request(), asr)      # the one slot is taken: it queues
+        waiting = asyncio.ensure_future(queued.wait(request()))
+        await asyncio.sleep(0)
+        app.state.control.sleeping.add("asr")         # POST /v1/admin/pipelines/asr/sleep
+        running.release()                             # a slot comes free: the queued request is admitted ...
+        with pytest.raises(APIError) as info:
+            await asyncio.wait_for(waiting, 1)
+        assert (info.value.status, info.value.code) == (503, "pipeline_sleeping")   # ... but not sent to Triton
+        queued.release()
+        with pytest.raises(APIError) as info:         # validated while awake, admitted once asleep
+            admission.enter(request(), asr)
+        assert (info.value.status, info.value.code) == (503, "pipeline_sleeping")
+        gate = app.state.admission.gate("asr")
+        assert gate.running == 0 and not gate.waiting
+
+    asyncio.run(scenario())
+
+
 @contextlib.contextmanager
 def _served(app, **config):
     """A real uvicorn serving `app` on a free port in a thread (`config`: more uvicorn.Config arguments); yields
