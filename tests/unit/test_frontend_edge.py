@@ -301,6 +301,18 @@ def test_a_sleeping_pipeline_is_503_on_voices_and_refused_by_realtime():
             assert closed.value.rcvd.code == 1013
 
 
+def test_an_image_request_without_model_to_a_sleeping_image_pipeline_is_503_pipeline_sleeping():
+    """Without `model` the image routes pick the first image pipeline of the task, and did so also when it slept:
+    its extension fields were then checked against the unloaded model (a 5xx from Triton) instead of the request
+    getting the 503 `pipeline_sleeping` that naming the pipeline gets."""
+    app = create_app(FrontendConfig(triton_url="127.0.0.1:1", recover_stages=False, pipelines=[REGISTRY["qwen_image"]]))
+    app.state.control.sleeping.add("qwen_image")
+    with TestClient(app) as client:
+        for body in ({"prompt": "a cube", "style": "vivid"}, {"prompt": "a cube"}):
+            reply = client.post("/v1/images/generations", json=body)
+            assert reply.status_code == 503 and reply.json()["error"]["code"] == "pipeline_sleeping", reply.text
+
+
 @pytest.mark.parametrize("path, body", [
     ("/v1/audio/speech", {"model": "tts", "input": "Hello.", "voice": "alloy", "response_format": "pcm",
                           "stream_format": "sse"}),
