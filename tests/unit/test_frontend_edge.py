@@ -12,6 +12,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import fastapi
 import grpc
 import httpx
 import numpy as np
@@ -30,6 +31,7 @@ from omni_frontend.errors import APIError
 from omni_frontend.observability import FrontendMetrics
 from omni_frontend.pipelines import REGISTRY, parse_extra
 from omni_frontend.tritonserver import TritonServer, free_port
+from tests.harness import wait_for
 
 pytestmark = pytest.mark.unit
 
@@ -187,6 +189,50 @@ def _served(app, **config):
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+@pytest.mark.parametrize("kind", ["sse", "raw"])
+def test_a_client_that_stops_reading_a_stream_gives_its_slot_back_after_the_send_timeout(kind):
+    """A streamed response whose client stops reading (its socket stays open, its receive window full) held the
+    request's admission slot, and its pipeline request, for as long as the client liked: four such clients made a
+    pipeline answer 429 to everyone. A part of a stream that the client does not take within
+    `RequestLimits.send_timeout_s` now ends the response: the stream is closed, the slot freed, the request
+    counted as 499. Raw streams (speech `pcm`) also close their generator, as SSE ones do."""
+    import socket
+
+    from sse_starlette.sse import EventSourceResponse
+
+    from omni_frontend import admission
+    from omni_frontend.pipeline_stream import ClosingStreamingResponse
+
+    app = create_app(FrontendConfig(triton_url="127.0.0.1:1", recover_stages=False, pipelines=[REGISTRY["tts"]],
+                                    limits=RequestLimits(send_timeout_s=1.0)))
+    closed = threading.Event()
+
+    async def endless():
+        try:
+            while True:
+                yield "x" * 65536
+                await asyncio.sleep(0)
+        finally:
+            closed.set()
+
+    @app.get("/test/stream")
+    async def stream(request: fastapi.Request):
+        await admission.enter(request, REGISTRY["tts"]).wait(request)
+        return EventSourceResponse(endless()) if kind == "sse" else ClosingStreamingResponse(endless())
+
+    gate = app.state.admission.gate("tts")
+    with _served(app) as url:
+        port = int(url.rsplit(":", 1)[1])
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(("127.0.0.1", port))
+            sock.sendall(b"GET /test/stream HTTP/1.1\r\nHost: x\r\n\r\n")   # ... and never reads
+            assert wait_for(lambda: gate.running == 1, 10)
+            assert wait_for(lambda: closed.is_set() and gate.running == 0, 10), "the slot is still held"
+    counted = app.state.metrics.requests.labels("/test/stream", "GET", "499")._value.get()
+    assert counted == 1
 
 
 def test_a_connection_that_does_not_send_its_request_head_in_time_is_closed():
