@@ -294,6 +294,63 @@ def test_a_connection_that_does_not_send_its_request_head_in_time_is_closed():
         with_head_timeout(0)
 
 
+def test_a_request_body_that_stalls_is_closed_and_a_slow_one_is_served():
+    """A connection that sent its head and part of its body, then nothing, was held for good (the head deadline ends
+    with the head; a socket and a file descriptor each, as the slowloris heads were). Now a body may not pause for
+    longer than the body timeout (nginx's client_body_timeout), while a body that keeps coming, however slowly, and a
+    kept-alive connection idle between requests are served as before."""
+    import socket
+
+    from omni_frontend.http_protocol import with_head_timeout
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(body))]})
+        await send({"type": "http.response.body", "body": body})
+
+    def reply(sock, ending: bytes) -> bytes:
+        data = b""
+        while not data.endswith(ending):
+            data += sock.recv(4096) or b"<closed>"
+            assert not data.endswith(b"<closed>"), data
+        return data
+
+    def closed_within(sock, seconds: float) -> bool:
+        sock.settimeout(seconds)
+        try:
+            while sock.recv(4096):
+                pass
+            return True
+        except socket.timeout:
+            return False
+        except ConnectionError:
+            return True
+
+    with _served(app, http=with_head_timeout(30, body_idle_timeout_s=0.5), timeout_keep_alive=30) as url:
+        port = int(url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port)) as stalled:
+            stalled.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc")
+            assert closed_within(stalled, 3)
+        with socket.create_connection(("127.0.0.1", port)) as slow:
+            slow.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 8\r\n\r\n")
+            for piece in (b"ab", b"cd", b"ef", b"gh"):   # 1.2 s in all, no pause of 0.5 s
+                time.sleep(0.3)
+                slow.sendall(piece)
+            assert reply(slow, b"abcdefgh").startswith(b"HTTP/1.1 200")
+            time.sleep(1.0)   # idle between requests: the keep-alive timeout's business
+            slow.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nok")
+            assert reply(slow, b"ok").startswith(b"HTTP/1.1 200")
+    with pytest.raises(ValueError):
+        with_head_timeout(30, body_idle_timeout_s=0)
+
+
 @pytest.fixture(scope="module")
 def edge_app_url():
     """A real uvicorn serving the app (no Triton needed for these routes) plus a route with a bug."""
