@@ -19,6 +19,7 @@ import asyncio
 import collections
 import math
 import time
+from collections.abc import Callable
 
 from fastapi import Request
 
@@ -114,10 +115,14 @@ class Ticket:
         self.gate, self._future = gate, future
         self._admitted_at = time.perf_counter() if future is None else None
         self._released = False
+        # raises the APIError of a request that may not run any more once it is admitted from the queue (set by
+        # `enter`: its pipeline fell asleep meanwhile); None: nothing to check
+        self.recheck: Callable[[], None] | None = None
 
     async def wait(self, request: Request | None = None) -> None:
         """Returns once the request holds a slot (at once when it never queued). Raises APIError 429
-        (code `queue_timeout`) after the gate's max_wait_s in the queue, and APIError 499 when the HTTP
+        (code `queue_timeout`) after the gate's max_wait_s in the queue, the APIError of `recheck` (e.g. 503
+        `pipeline_sleeping`) when it refuses the request now, and APIError 499 when the HTTP
         `request`'s client left while the request was queued (its slot is never used: a request sent to
         Triton and cancelled a moment later could be missed by Triton's cancellation and run to its end).
         Cancelling the waiting task gives up the queue place (how a realtime session, `request` None,
@@ -137,6 +142,8 @@ class Ticket:
             self.gate.metrics.queue_wait.labels(self.gate.name).observe(self._admitted_at - queued_at)
         if request is not None and await request.is_disconnected():
             raise APIError(CLIENT_CLOSED, "client closed the request while it was queued", code="client_closed_request")
+        if self.recheck is not None:
+            self.recheck()
 
     def release(self) -> None:
         """Frees the slot (or the queue place) this ticket holds."""
@@ -168,8 +175,13 @@ class Admission:
 
 def enter(request: Request, pipeline: Pipeline) -> Ticket:
     """Takes a ticket of `pipeline` for this request (429 when it is at capacity); the request's
-    AdmissionMiddleware releases it when the response is over."""
+    AdmissionMiddleware releases it when the response is over. A pipeline put to sleep since the route looked it
+    up (while the request was validated, or queued: `Ticket.wait` checks again) is a 503 `pipeline_sleeping`: its
+    models may be unloaded, and Triton answered such a request with a 500 'unknown model'."""
+    control = request.app.state.control
+    control.check(pipeline)
     ticket = request.app.state.admission.gate(pipeline.name).enter()
+    ticket.recheck = lambda: control.check(pipeline)
     request.scope.setdefault("state", {})[_STATE_KEY] = ticket
     return ticket
 

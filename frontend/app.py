@@ -120,7 +120,8 @@ def create_app(config: FrontendConfig, crashed_stubs: CrashedStubs | None = None
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.limits.max_body_bytes)
     app.add_middleware(errors.CatchAllMiddleware)
     app.add_middleware(HeadAsGetMiddleware)
-    app.add_middleware(observability.ObservabilityMiddleware, metrics=app.state.metrics)  # outermost
+    app.add_middleware(observability.ObservabilityMiddleware, metrics=app.state.metrics,
+                       send_timeout_s=config.limits.send_timeout_s)  # outermost
     for module in (system, chat, speech, speech_stream, transcriptions, images, videos, realtime, admin):
         app.include_router(module.router)
     videos.install(app, config, app.state.triton)

@@ -21,6 +21,9 @@ class RequestLimits:
         parts of one chat request together (--max-audio-seconds).
     max_speech_input_chars: characters of `input` (and `instructions`) of /v1/audio/speech.
     max_upload_bytes: the `file` of /v1/audio/transcriptions (413 above it; OpenAI's limit is 25 MB).
+    send_timeout_s: how long a streamed response (SSE, raw PCM, a file in parts) may wait for its client to take
+        its next part; past it the response ends (logged and counted as 499), freeing its admission slot and
+        cancelling its pipeline request.
     """
 
     max_body_bytes: int = 32 * 1024 * 1024
@@ -29,6 +32,7 @@ class RequestLimits:
     max_audio_seconds: float = 600.0
     max_speech_input_chars: int = 4096
     max_upload_bytes: int = 25 * 1024 * 1024
+    send_timeout_s: float = 60.0
 
 
 @dataclasses.dataclass(frozen=True)

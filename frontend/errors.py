@@ -14,6 +14,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from omni_frontend.observability import SlowClient
+
 log = logging.getLogger("omni_frontend")
 
 _TYPE_BY_STATUS = {
@@ -136,6 +138,8 @@ class CatchAllMiddleware:
 
         try:
             await self.app(scope, receive, track)
+        except SlowClient:
+            raise   # not an error of ours: ObservabilityMiddleware counts it as a client that left
         except Exception as exc:  # noqa: BLE001 - the last line of defence
             request_id = scope.get("state", {}).get("request_id")
             log.error("unhandled error in %s %s request_id=%s", scope["method"], scope["path"], request_id,

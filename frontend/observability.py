@@ -100,14 +100,24 @@ def timer(request, pipeline: str) -> RequestTimer:
     return RequestTimer(request.app.state.metrics, pipeline, request.state.started)
 
 
+class SlowClient(Exception):
+    """The client did not take the next part of a streamed response within the send timeout."""
+
+
 class ObservabilityMiddleware:
     """Pure ASGI middleware (BaseHTTPMiddleware would hide client disconnects from the routes):
     x-request-id in and out (`request.state.request_id`), arrival time (`request.state.started`),
     one access-log line and the request metrics. A request whose client went away before its
-    response was complete is logged and counted as 499, whatever status its head had."""
+    response was complete is logged and counted as 499, whatever status its head had.
 
-    def __init__(self, app, metrics: FrontendMetrics):
-        self.app, self.metrics = app, metrics
+    A part of a streamed response (a body message with more to follow) that the client does not take within
+    `send_timeout_s` (None: no limit) raises SlowClient into the response, which ends it (the stream is closed,
+    cancelling its pipeline request, and the admission slot is freed); the connection is then closed and the
+    request counted as 499 like a client that left. A client that stopped reading used to hold its slot for
+    good. Whole bodies sent at once are not timed (a large answer to a slow but reading client)."""
+
+    def __init__(self, app, metrics: FrontendMetrics, send_timeout_s: float | None = None):
+        self.app, self.metrics, self.send_timeout_s = app, metrics, send_timeout_s
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -135,10 +145,20 @@ class ObservabilityMiddleware:
                 self.metrics.latency.labels(_route(scope)).observe(time.perf_counter() - start)
             elif message["type"] == "http.response.body" and not message.get("more_body", False):
                 complete[0] = True
+            elif message["type"] == "http.response.body" and self.send_timeout_s is not None:
+                try:
+                    async with asyncio.timeout(self.send_timeout_s):
+                        await send(message)
+                except TimeoutError:
+                    raise SlowClient(f"the client took no part of the response for {self.send_timeout_s:g} s") \
+                        from None
+                return
             await send(message)
 
         try:
             await self.app(scope, receive_watching, send_with_id)
+        except SlowClient:
+            client_gone[0] = True   # the response stays incomplete: the server closes the connection
         except asyncio.CancelledError:
             client_gone[0] = True   # the server cancels a request's task when its client has gone
             raise

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 from fastapi import Request
+from starlette.responses import StreamingResponse
 
 from omni_frontend.errors import APIError
 from omni_frontend.observability import CLIENT_CLOSED
@@ -101,6 +102,20 @@ async def until_disconnect(request: Request, work):
     finally:
         if not task.done():
             task.cancel()
+
+
+class ClosingStreamingResponse(StreamingResponse):
+    """Starlette's StreamingResponse, except that its body iterator is closed however the response ends: when a
+    send fails (e.g. observability.SlowClient, a client that stopped reading) Starlette leaves the generator
+    suspended, and the pipeline request it reads ran on until the garbage collector found it."""
+
+    async def stream_response(self, send) -> None:
+        try:
+            await super().stream_response(send)
+        finally:
+            close = getattr(self.body_iterator, "aclose", None)
+            if close is not None:
+                await close()
 
 
 async def prepend(first, stream: AsyncIterator):

@@ -24,6 +24,19 @@ from omni_frontend.availability import Availability, first_of
 from omni_frontend.errors import APIError, from_triton_message
 
 _CHANNEL_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+# How the stages recognise a BLS child request by its id (omni_backends.serving.sidechannel: "bls-<pid>_<start>-...");
+# a child's responses, FINAL and errors go through the side channel of its parent process, not back to the caller.
+_BLS_CHILD_PREFIX = "bls-"
+
+
+def triton_request_id(request_id: str | None) -> str:
+    """The Triton request id of a call made with `request_id` (a client's x-request-id is honoured; None: a fresh
+    id), never one that a stage would take for a BLS child's: such a request's error reached only the side channel
+    (the client got a 200 with a cut answer), or, naming a parent process that is not there, its answer and FINAL
+    were never sent and the stream hung."""
+    if not request_id:
+        return uuid.uuid4().hex
+    return f"http-{request_id}" if request_id.startswith(_BLS_CHILD_PREFIX) else request_id
 
 
 @dataclasses.dataclass
@@ -97,7 +110,7 @@ class TritonClient:
         Closing the generator early (or cancelling its task) cancels the request in Triton.
         """
         request = _get_inference_request(
-            model_name=model, inputs=_infer_inputs(inputs), model_version="", request_id=request_id or uuid.uuid4().hex,
+            model_name=model, inputs=_infer_inputs(inputs), model_version="", request_id=triton_request_id(request_id),
             outputs=None, sequence_id=0, sequence_start=False, sequence_end=False, priority=0, timeout=None,
             parameters=parameters)
         request.parameters["triton_enable_empty_final_response"].bool_param = True
@@ -137,7 +150,7 @@ class TritonClient:
         client's default when None). For a sequence-batched model pass its correlation id as `sequence_id` and
         flag the first/last request."""
         request = _get_inference_request(
-            model_name=model, inputs=_infer_inputs(inputs), model_version="", request_id=request_id or uuid.uuid4().hex,
+            model_name=model, inputs=_infer_inputs(inputs), model_version="", request_id=triton_request_id(request_id),
             outputs=None, sequence_id=sequence_id, sequence_start=sequence_start, sequence_end=sequence_end,
             priority=0, timeout=None, parameters=None)
         with self.availability.track(model) as failure:

@@ -99,6 +99,7 @@ def _pipeline(request: Request, model: str | None, task: str) -> Pipeline:
         found = next((p for p in config(request).pipelines if p.kind == IMAGE and task in p.tasks), None)
         if found is None:
             raise APIError(404, f"no image pipeline for {route} is loaded", param="model", code="model_not_found")
+        request.app.state.control.check(found)   # 503 pipeline_sleeping, as when the request names it
         return found
     found = pipeline_for(request, model, IMAGE, "images")
     if task not in found.tasks:

@@ -22,7 +22,7 @@ from typing import Literal
 
 import numpy as np
 from fastapi import APIRouter, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 from pydantic import ConfigDict, Field
 from sse_starlette.sse import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
@@ -91,7 +91,8 @@ async def speech(req: SpeechRequest, request: Request):
     if req.stream_format == "sse":
         return EventSourceResponse(_sse(req, events, timer), ping=15, headers=headers)
     if req.response_format == "pcm":  # raw PCM goes out as it is made; a WAV file states its sizes, so it waits
-        return StreamingResponse(_raw_stream(req, events, timer), media_type=media_type, headers=headers)
+        return pipeline_stream.ClosingStreamingResponse(_raw_stream(req, events, timer), media_type=media_type,
+                                                        headers=headers)
 
     async def collect():
         pcm, rate = [], 24000

@@ -124,12 +124,15 @@ class VideoRunner:
             try:
                 await asyncio.shield(task)
             except asyncio.CancelledError:
-                if not task.done():  # the worker itself is stopping (server shutdown)
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, Exception):
-                        await task
-                    self.store.fail(video_id, "server_shutdown", "the server shut down while this video was "
-                                    "being generated; create it again", ttl_s=self.ttl_s)
+                # The worker itself is stopping (server shutdown), also when its job has just finished: only a
+                # DELETE (the job's task cancelled, not this one) lets the worker go on.
+                if asyncio.current_task().cancelling():
+                    if not task.done():
+                        task.cancel()
+                        with contextlib.suppress(asyncio.CancelledError, Exception):
+                            await task
+                        self.store.fail(video_id, "server_shutdown", "the server shut down while this video was "
+                                        "being generated; create it again", ttl_s=self.ttl_s)
                     raise
             except Exception:  # noqa: BLE001 - _run records its own failures
                 log.exception("video job %s crashed", video_id)

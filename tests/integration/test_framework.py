@@ -558,3 +558,19 @@ def test_retrieve_one_model(mock_server):
     assert entry.id == "relay" and entry.model_extra["triton_models"] == ["mock_stream", "mock_relay"]
     missing = httpx.get(f"{mock_server.base_url}/v1/models/nope")
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+
+
+@pytest.mark.parametrize("request_id", ["bls-1_1-forged", "bls-forged"])
+def test_a_client_request_id_is_never_taken_for_a_bls_child_id(mock_server, request_id):
+    """An incoming x-request-id is honoured (echoed, logged) but must not reach Triton as an id the models read as a
+    BLS child's (`bls-...`, omni_backends.serving.sidechannel): with `bls-1_1-forged` (a parent process that is
+    not there) the model sent its answer and FINAL to nobody and the request hung until the client gave up, and
+    with `bls-forged` a model failure went to the side channel only, so the client got a 200 with a cut answer."""
+    url = f"{mock_server.base_url}/v1/chat/completions"
+    body = {"model": "mock", "messages": [{"role": "user", "content": "hi"}]}
+    reply = httpx.post(url, json=body, headers={"x-request-id": request_id}, timeout=10)
+    assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"] == "tok0tok1tok2", reply.text
+    assert reply.headers["x-request-id"] == request_id
+    failed = httpx.post(url, json={**body, "fail_at": 1}, headers={"x-request-id": request_id}, timeout=10)
+    assert failed.status_code == 500 and "mock failure at 1" in failed.json()["error"]["message"], failed.text
+    assert not (mock_server.sidechannel_dir / f"{request_id}.error").exists()   # nobody would ever take it

@@ -12,6 +12,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import fastapi
 import grpc
 import httpx
 import numpy as np
@@ -30,6 +31,7 @@ from omni_frontend.errors import APIError
 from omni_frontend.observability import FrontendMetrics
 from omni_frontend.pipelines import REGISTRY, parse_extra
 from omni_frontend.tritonserver import TritonServer, free_port
+from tests.harness import wait_for
 
 pytestmark = pytest.mark.unit
 
@@ -136,6 +138,41 @@ def test_queue_wait_is_bounded_and_a_long_expected_wait_is_refused_at_once():
     asyncio.run(scenario())
 
 
+def test_a_request_admitted_after_its_pipeline_fell_asleep_gets_503_pipeline_sleeping():
+    """A request queued for a slot (or still being validated) while its pipeline was put to sleep was sent to
+    Triton once admitted, where the pipeline's models were unloaded: a 500 "Request for unknown model" instead of
+    the 503 `pipeline_sleeping` every other request of a sleeping pipeline gets."""
+    from types import SimpleNamespace
+
+    from omni_frontend import admission
+
+    async def scenario():
+        app = create_app(FrontendConfig(triton_url="127.0.0.1:1", pipelines=[REGISTRY["asr"]],
+                                        admission=AdmissionLimits(max_inflight=1, max_queue=2)))
+        asr = REGISTRY["asr"]
+
+        def request():
+            return SimpleNamespace(app=app, scope={}, is_disconnected=_Client().is_disconnected)
+
+        running = admission.enter(request(), asr)
+        queued = admission.enter(request(), asr)      # the one slot is taken: it queues
+        waiting = asyncio.ensure_future(queued.wait(request()))
+        await asyncio.sleep(0)
+        app.state.control.sleeping.add("asr")         # POST /v1/admin/pipelines/asr/sleep
+        running.release()                             # a slot comes free: the queued request is admitted ...
+        with pytest.raises(APIError) as info:
+            await asyncio.wait_for(waiting, 1)
+        assert (info.value.status, info.value.code) == (503, "pipeline_sleeping")   # ... but not sent to Triton
+        queued.release()
+        with pytest.raises(APIError) as info:         # validated while awake, admitted once asleep
+            admission.enter(request(), asr)
+        assert (info.value.status, info.value.code) == (503, "pipeline_sleeping")
+        gate = app.state.admission.gate("asr")
+        assert gate.running == 0 and not gate.waiting
+
+    asyncio.run(scenario())
+
+
 @contextlib.contextmanager
 def _served(app, **config):
     """A real uvicorn serving `app` on a free port in a thread (`config`: more uvicorn.Config arguments); yields
@@ -152,6 +189,50 @@ def _served(app, **config):
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+@pytest.mark.parametrize("kind", ["sse", "raw"])
+def test_a_client_that_stops_reading_a_stream_gives_its_slot_back_after_the_send_timeout(kind):
+    """A streamed response whose client stops reading (its socket stays open, its receive window full) held the
+    request's admission slot, and its pipeline request, for as long as the client liked: four such clients made a
+    pipeline answer 429 to everyone. A part of a stream that the client does not take within
+    `RequestLimits.send_timeout_s` now ends the response: the stream is closed, the slot freed, the request
+    counted as 499. Raw streams (speech `pcm`) also close their generator, as SSE ones do."""
+    import socket
+
+    from sse_starlette.sse import EventSourceResponse
+
+    from omni_frontend import admission
+    from omni_frontend.pipeline_stream import ClosingStreamingResponse
+
+    app = create_app(FrontendConfig(triton_url="127.0.0.1:1", recover_stages=False, pipelines=[REGISTRY["tts"]],
+                                    limits=RequestLimits(send_timeout_s=1.0)))
+    closed = threading.Event()
+
+    async def endless():
+        try:
+            while True:
+                yield "x" * 65536
+                await asyncio.sleep(0)
+        finally:
+            closed.set()
+
+    @app.get("/test/stream")
+    async def stream(request: fastapi.Request):
+        await admission.enter(request, REGISTRY["tts"]).wait(request)
+        return EventSourceResponse(endless()) if kind == "sse" else ClosingStreamingResponse(endless())
+
+    gate = app.state.admission.gate("tts")
+    with _served(app) as url:
+        port = int(url.rsplit(":", 1)[1])
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(("127.0.0.1", port))
+            sock.sendall(b"GET /test/stream HTTP/1.1\r\nHost: x\r\n\r\n")   # ... and never reads
+            assert wait_for(lambda: gate.running == 1, 10)
+            assert wait_for(lambda: closed.is_set() and gate.running == 0, 10), "the slot is still held"
+    counted = app.state.metrics.requests.labels("/test/stream", "GET", "499")._value.get()
+    assert counted == 1
 
 
 def test_a_connection_that_does_not_send_its_request_head_in_time_is_closed():
@@ -213,6 +294,63 @@ def test_a_connection_that_does_not_send_its_request_head_in_time_is_closed():
         with_head_timeout(0)
 
 
+def test_a_request_body_that_stalls_is_closed_and_a_slow_one_is_served():
+    """A connection that sent its head and part of its body, then nothing, was held for good (the head deadline ends
+    with the head; a socket and a file descriptor each, as the slowloris heads were). Now a body may not pause for
+    longer than the body timeout (nginx's client_body_timeout), while a body that keeps coming, however slowly, and a
+    kept-alive connection idle between requests are served as before."""
+    import socket
+
+    from omni_frontend.http_protocol import with_head_timeout
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(body))]})
+        await send({"type": "http.response.body", "body": body})
+
+    def reply(sock, ending: bytes) -> bytes:
+        data = b""
+        while not data.endswith(ending):
+            data += sock.recv(4096) or b"<closed>"
+            assert not data.endswith(b"<closed>"), data
+        return data
+
+    def closed_within(sock, seconds: float) -> bool:
+        sock.settimeout(seconds)
+        try:
+            while sock.recv(4096):
+                pass
+            return True
+        except socket.timeout:
+            return False
+        except ConnectionError:
+            return True
+
+    with _served(app, http=with_head_timeout(30, body_idle_timeout_s=0.5), timeout_keep_alive=30) as url:
+        port = int(url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port)) as stalled:
+            stalled.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc")
+            assert closed_within(stalled, 3)
+        with socket.create_connection(("127.0.0.1", port)) as slow:
+            slow.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 8\r\n\r\n")
+            for piece in (b"ab", b"cd", b"ef", b"gh"):   # 1.2 s in all, no pause of 0.5 s
+                time.sleep(0.3)
+                slow.sendall(piece)
+            assert reply(slow, b"abcdefgh").startswith(b"HTTP/1.1 200")
+            time.sleep(1.0)   # idle between requests: the keep-alive timeout's business
+            slow.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nok")
+            assert reply(slow, b"ok").startswith(b"HTTP/1.1 200")
+    with pytest.raises(ValueError):
+        with_head_timeout(30, body_idle_timeout_s=0)
+
+
 @pytest.fixture(scope="module")
 def edge_app_url():
     """A real uvicorn serving the app (no Triton needed for these routes) plus a route with a bug."""
@@ -264,6 +402,18 @@ def test_a_sleeping_pipeline_is_503_on_voices_and_refused_by_realtime():
             with pytest.raises(websockets.exceptions.ConnectionClosed) as closed:
                 ws.recv(timeout=10)
             assert closed.value.rcvd.code == 1013
+
+
+def test_an_image_request_without_model_to_a_sleeping_image_pipeline_is_503_pipeline_sleeping():
+    """Without `model` the image routes pick the first image pipeline of the task, and did so also when it slept:
+    its extension fields were then checked against the unloaded model (a 5xx from Triton) instead of the request
+    getting the 503 `pipeline_sleeping` that naming the pipeline gets."""
+    app = create_app(FrontendConfig(triton_url="127.0.0.1:1", recover_stages=False, pipelines=[REGISTRY["qwen_image"]]))
+    app.state.control.sleeping.add("qwen_image")
+    with TestClient(app) as client:
+        for body in ({"prompt": "a cube", "style": "vivid"}, {"prompt": "a cube"}):
+            reply = client.post("/v1/images/generations", json=body)
+            assert reply.status_code == 503 and reply.json()["error"]["code"] == "pipeline_sleeping", reply.text
 
 
 @pytest.mark.parametrize("path, body", [

@@ -174,3 +174,34 @@ def test_runner_restart_fails_interrupted_jobs_and_runs_queued_ones(tmp_path):
     assert running.status == FAILED and running.error["code"] == "server_restarted"
     assert waiting.status == FAILED and waiting.error["code"] == "triton_unavailable", waiting.error
     assert store.count(IN_PROGRESS) == store.count(QUEUED) == 0
+
+
+def test_runner_stop_ends_a_worker_whose_job_finished_as_the_server_stopped(tmp_path):
+    """The shutdown cancels the workers; a worker whose job had just finished (its task done, the worker not yet
+    resumed) took the cancellation for a DELETE of that job, swallowed it and waited for the next job: stop()
+    never returned."""
+    store = VideoStore(tmp_path)
+    _job(store, "video_last")
+
+    async def scenario():
+        triton = TritonClient(f"127.0.0.1:{free_port()}", timeout_s=5)
+        runner = VideoRunner(store, triton, {"wan": "wan"}, max_queued=4, max_running=1, ttl_s=None)
+        stopping = []
+
+        async def finish_as_the_server_stops(job):
+            store.complete(job.id, inference_time_s=0.0, ttl_s=None)
+            stopping.append(asyncio.create_task(runner.stop()))   # the shutdown lands right as the job ends
+
+        runner._run = finish_as_the_server_stops
+        await runner.start()
+        for _ in range(100):
+            if stopping:
+                break
+            await asyncio.sleep(0.01)
+        try:
+            await asyncio.wait_for(stopping[0], 5)
+        finally:
+            await triton.close()
+
+    asyncio.run(scenario())
+    assert store.get("video_last").status == COMPLETED
