@@ -33,11 +33,12 @@ from pydantic import ConfigDict, Field, ValidationError
 from sse_starlette.sse import EventSourceResponse
 from starlette.datastructures import UploadFile
 
-from omni_frontend import admission
+from omni_frontend import admission, observability
 from omni_frontend import images as codec
 from omni_frontend import pipeline_stream
 from omni_frontend.chat_protocol import unsupported_parameter
 from omni_frontend.errors import APIError, bad_request
+from omni_frontend.observability import RequestTimer
 from omni_frontend.pipelines import IMAGE, Pipeline
 from omni_frontend.routes.common import config, form_bool, pipeline_for, refuse_unread_fields, single_part, triton
 from omni_frontend.validation import RequestModel, read_form, refuse_unsupported
@@ -266,8 +267,9 @@ async def _run(request: Request, job: _Job):
     first = await pipeline_stream.until_disconnect(request, anext(stream, None))  # 4xx before the 200 head
     events = pipeline_stream.prepend(first, stream)
     headers = {"x-request-id": request_id}
+    timer = observability.timer(request, job.pipeline.name)   # E2E of completed requests (no TTFT / TTFP: images)
     if job.options.stream:
-        return EventSourceResponse(_sse(request, job, events), ping=15, headers=headers)
+        return EventSourceResponse(_sse(request, job, events, timer), ping=15, headers=headers)
 
     async def collect():
         pictures, done = {}, {}
@@ -279,6 +281,7 @@ async def _run(request: Request, job: _Job):
         return [pictures[i] for i in sorted(pictures)], done
 
     pictures, done = await pipeline_stream.until_disconnect(request, collect())
+    timer.done()
     o = job.options
     data = [await _item(request, o, image) for image in pictures]
     return {"created": int(time.time()), "data": data, "size": f"{done.get('width')}x{done.get('height')}",
@@ -300,7 +303,7 @@ async def _item(request: Request, options: ImageOptions, image: np.ndarray) -> d
     return {"url": url, "expires_at": expires}
 
 
-async def _sse(request: Request, job: _Job, events):
+async def _sse(request: Request, job: _Job, events, timer: RequestTimer):
     o, prefix = job.options, ("image_generation" if job.task == "generate" else "image_edit")
     common = {"background": "opaque", "output_format": o.output_format, "quality": _quality(o)}
     finished = []
@@ -315,6 +318,7 @@ async def _sse(request: Request, job: _Job, events):
             elif kind == "image":
                 finished.append(image)
             elif kind == "done":
+                timer.done()
                 for image in finished:
                     data = await _encode(image, o)
                     yield json.dumps({"type": f"{prefix}.completed", "b64_json": base64.b64encode(data).decode(),

@@ -196,6 +196,23 @@ def test_two_image_edit_is_bit_equal_to_edit_plus(image_server):
     assert np.array_equal(got, np.asarray(out))
 
 
+def test_completed_image_requests_are_in_the_per_pipeline_latency_histogram(image_server):
+    """omni_frontend_e2e_seconds{pipeline} had no image series at all (the routes made no RequestTimer): each
+    completed generation (plain or streamed) and edit now adds one observation under its pipeline."""
+    metrics, client = f"{image_server.base_url}/metrics", _client(image_server)
+
+    def count(pipeline):
+        return metric_value(metrics, "omni_frontend_e2e_seconds_count", pipeline=pipeline) or 0
+
+    before = count("qwen_image"), count("qwen_image_edit")
+    client.images.generate(model="qwen_image", prompt="a boat", size="32x32", extra_body={"num_inference_steps": 1})
+    list(client.images.generate(model="qwen_image", prompt="a boat", size="32x32", stream=True, partial_images=1,
+                                extra_body={"num_inference_steps": 2}))
+    client.images.edit(model="qwen_image_edit", image=("in.png", _png(SOURCE), "image/png"), prompt="make it red",
+                       extra_body={"num_inference_steps": 1})
+    assert (count("qwen_image"), count("qwen_image_edit")) == (before[0] + 2, before[1] + 1)
+
+
 def test_models_list_image_pipelines(image_server):
     data = {m["id"]: m for m in httpx.get(f"{image_server.base_url}/v1/models", timeout=10).json()["data"]}
     assert data["qwen_image"]["kind"] == "image" and data["qwen_image_edit"]["kind"] == "image"
