@@ -49,11 +49,15 @@ def encode(pcm: np.ndarray, sample_rate: int, fmt: str) -> bytes:
     """Whole-file encoding of float32 mono PCM at sample_rate Hz.
 
     wav/flac: 16-bit at sample_rate (soundfile); pcm/pcm16: raw s16le; mp3/opus/aac: PyAV at 48 kHz
-    (resampled by libswresample). Raises ValueError for an unknown format.
+    (resampled by libswresample). No samples (an input with nothing to say): raw PCM is empty and WAV a 44-byte
+    file; the other formats get 10 ms of silence (FLAC of no frames was 0 bytes, not a file, and PyAV's encoders
+    raised MemoryError). Raises ValueError for an unknown format.
     """
     pcm = np.asarray(pcm, dtype=np.float32).reshape(-1)
     if fmt in ("pcm", "pcm16"):
         return pcm16(pcm)
+    if pcm.size == 0 and fmt != "wav":
+        pcm = np.zeros(max(1, sample_rate // 100), np.float32)
     if fmt in ("wav", "flac"):
         buf = io.BytesIO()
         sf.write(buf, pcm, sample_rate, format=fmt.upper(), subtype="PCM_16")

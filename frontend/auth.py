@@ -24,3 +24,11 @@ def websocket_authorized(websocket, api_key: str | None, protocols: list[str]) -
     offered = [websocket.headers.get("authorization", "")] + [f"Bearer {p[len(KEY_PROTOCOL):]}" for p in protocols
                                                               if p.startswith(KEY_PROTOCOL)]
     return any(bearer_matches(o, api_key) for o in offered)
+
+
+def accepted_subprotocol(protocols: list[str], supported: tuple[str, ...] = ()) -> str | None:
+    """The subprotocol a WebSocket handshake answers with: the first of `supported` the client offered, else its
+    key protocol (`openai-insecure-api-key.KEY`), else None. A browser that offered protocols fails a handshake
+    that names none of them."""
+    return next((p for p in protocols if p in supported), None) or next(
+        (p for p in protocols if p.startswith(KEY_PROTOCOL)), None)

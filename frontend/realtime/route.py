@@ -14,7 +14,7 @@ from pathlib import Path
 from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import FileResponse
 
-from omni_frontend.auth import websocket_authorized
+from omni_frontend.auth import accepted_subprotocol, websocket_authorized
 from omni_frontend.errors import APIError
 from omni_frontend.pipelines import CHAT
 from omni_frontend.realtime.protocol import ProtocolError, encode, error_event
@@ -31,7 +31,7 @@ TRY_AGAIN_LATER = 1013
 async def realtime(websocket: WebSocket):
     cfg = websocket.app.state.config
     protocols = [p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
-    await websocket.accept(subprotocol="realtime" if "realtime" in protocols else None)
+    await websocket.accept(subprotocol=accepted_subprotocol(protocols, ("realtime",)))
     model = websocket.query_params.get("model")
     pipeline = cfg.pipeline(model, CHAT) if model else next((p for p in cfg.pipelines if p.vad), None)
     problem, close_code = None, POLICY_VIOLATION

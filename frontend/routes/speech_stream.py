@@ -32,6 +32,7 @@ the realtime WebSocket (`omni_frontend.auth.websocket_authorized`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -48,7 +49,7 @@ from starlette.websockets import WebSocketDisconnect
 from omni_backends.voice.chunker import SentenceChunker
 from omni_frontend import audio as audio_codec
 from omni_frontend import pipeline_stream
-from omni_frontend.auth import websocket_authorized
+from omni_frontend.auth import accepted_subprotocol, websocket_authorized
 from omni_frontend.chat_protocol import Voice
 from omni_frontend.errors import APIError
 from omni_frontend.observability import RequestTimer
@@ -94,6 +95,10 @@ class UtteranceDone:
     sentences: int
 
 
+class ConnectionGone(Exception):
+    """A frame could not be sent: the client has gone (or the socket is closed)."""
+
+
 class StreamError(Exception):
     """A refused client message: its `error` event. `fatal`: the connection closes after it."""
 
@@ -119,49 +124,62 @@ class SpeechStream:
         self.pending_chars = 0        # characters split off and not yet spoken
         self.queue: asyncio.Queue = asyncio.Queue()
         self.speaking = False
+        self.idle_since = time.monotonic()   # the last client message, or the end of the last sentence spoken
+        self.config_fields: dict = {}        # the session.config fields set so far (a later one updates them)
         self.send_lock = asyncio.Lock()
 
     async def send_json(self, event: dict) -> None:
-        async with self.send_lock:   # the speaking task and the reading one both send
-            await self.websocket.send_text(json.dumps(event))
+        await self._send(self.websocket.send_text, json.dumps(event))
 
     async def send_bytes(self, data: bytes) -> None:
+        await self._send(self.websocket.send_bytes, data)
+
+    async def _send(self, send, payload) -> None:
+        """One frame; the speaking task and the reading one both send. Raises ConnectionGone when it cannot."""
         async with self.send_lock:
-            await self.websocket.send_bytes(data)
+            try:
+                await send(payload)
+            except (WebSocketDisconnect, RuntimeError, OSError) as exc:
+                raise ConnectionGone(str(exc)) from exc
 
     def unsplit(self) -> str:
         """The current utterance's text that no sentence holds yet."""
         return self.chunker.buffered() if self.chunker is not None else self.buffered
 
     async def run(self) -> None:
+        """Reads messages until the client leaves, closes, or is closed; the socket is read also while a
+        session.close is being served, so that a client leaving then cancels what is being spoken."""
         speaker = asyncio.create_task(self._speak_all())
+        closing = False
         try:
-            while not speaker.done():
+            while True:
+                receiving = asyncio.ensure_future(self._receive())
+                await asyncio.wait({receiving, speaker}, return_when=asyncio.FIRST_COMPLETED)
+                if not receiving.done():   # the speaker ended: all was spoken after session.close, or a send failed
+                    receiving.cancel()
+                    await asyncio.gather(receiving, return_exceptions=True)
+                    if closing and speaker.exception() is None:
+                        await self.websocket.close(NORMAL_CLOSURE)
+                    return
                 try:
-                    message = await self._receive()
+                    message = receiving.result()
+                    if message is None:   # the client went away
+                        return
+                    if closing:
+                        raise StreamError("the session is closing (session.close): no more messages are read",
+                                          "session_closing")
+                    if await self._handle(message) is _CLOSE:
+                        closing = True
+                        await self.queue.put(_CLOSE)
                 except StreamError as exc:
                     await self.send_json(exc.event)
                     if exc.fatal:
                         await self.websocket.close(POLICY_VIOLATION if self.config is None else NORMAL_CLOSURE)
                         return
-                    continue
-                if message is None:   # the client went away
-                    return
-                try:
-                    if await self._handle(message) is _CLOSE:
-                        await self.queue.put(_CLOSE)
-                        await speaker
-                        await self.websocket.close(NORMAL_CLOSURE)
-                        return
-                except StreamError as exc:
-                    await self.send_json(exc.event)
-                    if exc.fatal:
-                        await self.websocket.close(POLICY_VIOLATION)
-                        return
         finally:
             speaker.cancel()
             (ended,) = await asyncio.gather(speaker, return_exceptions=True)
-            if isinstance(ended, Exception) and not isinstance(ended, WebSocketDisconnect):
+            if isinstance(ended, Exception) and not isinstance(ended, (ConnectionGone, WebSocketDisconnect)):
                 log.error("speech stream %s: speaking failed", self.request_id, exc_info=ended)
 
     async def _receive(self) -> dict | None:
@@ -169,7 +187,15 @@ class SpeechStream:
         frame that is not one, and (fatal) when no message came in time: CONFIG_TIMEOUT_S for the first
         session.config, IDLE_TIMEOUT_S later while nothing is queued or being spoken."""
         while True:
-            timeout = CONFIG_TIMEOUT_S if self.config is None else IDLE_TIMEOUT_S
+            if self.config is None:
+                timeout = CONFIG_TIMEOUT_S
+            elif self.speaking or self.queue.qsize():
+                timeout = IDLE_TIMEOUT_S   # never idle while speaking: looked at again after this
+            else:
+                timeout = IDLE_TIMEOUT_S - (time.monotonic() - self.idle_since)
+                if timeout <= 0:
+                    raise StreamError(f"no message for {IDLE_TIMEOUT_S:g} s while nothing was spoken",
+                                      "idle_timeout", fatal=True)
             try:
                 frame = await asyncio.wait_for(self.websocket.receive(), timeout)
                 break
@@ -177,8 +203,7 @@ class SpeechStream:
                 if self.config is None:
                     raise StreamError(f"no session.config within {CONFIG_TIMEOUT_S:g} s", "config_timeout",
                                       fatal=True) from None
-                if not (self.speaking or self.queue.qsize()):
-                    raise StreamError(f"no message for {IDLE_TIMEOUT_S:g} s", "idle_timeout", fatal=True) from None
+        self.idle_since = time.monotonic()
         if frame["type"] == "websocket.disconnect":
             return None
         text = frame.get("text")
@@ -217,24 +242,31 @@ class SpeechStream:
             else:
                 await self._split(self.chunker.feed(text))
         elif kind == "input.done":
-            rest = self.chunker.flush() if self.chunker is not None else [t for t in [self.buffered.strip()] if t]
-            self.buffered = ""
-            await self._split(rest)
-            await self.queue.put(UtteranceDone(self.utterance, self.sentence))
-            self.utterance, self.sentence = self.utterance + 1, 0
+            await self._end_utterance()
         elif kind == "session.close":
+            if self.unsplit().strip():   # an utterance under way ends as input.done would end it
+                await self._end_utterance()
             return _CLOSE
         else:
             raise StreamError(f"unknown message type {kind!r} (session.config, input.text, input.done, "
                               "session.close)", "unknown_message_type", param="type")
         return None
 
-    async def _configure(self, fields: dict) -> None:
-        """Validates a session.config whole (the voice by the pipeline itself) before it replaces the current one."""
+    async def _end_utterance(self) -> None:
+        rest = self.chunker.flush() if self.chunker is not None else [t for t in [self.buffered.strip()] if t]
+        self.buffered = ""
+        await self._split(rest)
+        await self.queue.put(UtteranceDone(self.utterance, self.sentence))
+        self.utterance, self.sentence = self.utterance + 1, 0
+
+    async def _configure(self, update: dict) -> None:
+        """Validates a session.config over the fields set so far (a field it does not name keeps its value; null:
+        the default), the voice by the pipeline itself, before anything changes."""
         first = self.config is None
         if self.unsplit().strip():
             raise StreamError("session.config cannot change the session while text is buffered: send input.done "
                               "first", "input_buffered")
+        fields = {**self.config_fields, **update}
         try:
             config = StreamConfig.model_validate(fields)
         except ValidationError as exc:
@@ -261,8 +293,8 @@ class SpeechStream:
             config = config.model_copy(update={"voice": event.get("default")})
         elif event is not None:
             config = config.model_copy(update={"voice": event.get("voice", config.voice)})
-        self.config, self.pipeline = config, pipeline
-        self.chunker = {"sentence": SentenceChunker(clauses=False), "clause": SentenceChunker(),
+        self.config, self.pipeline, self.config_fields = config, pipeline, fields
+        self.chunker = {"sentence": SentenceChunker(clauses=False, min_words=1), "clause": SentenceChunker(),
                         "utterance": None}[config.split_granularity]
 
     async def _split(self, texts: list[str]) -> None:
@@ -281,7 +313,7 @@ class SpeechStream:
             try:
                 await self._speak(item)
             finally:
-                self.speaking = False
+                self.speaking, self.idle_since = False, time.monotonic()
                 self.pending_chars -= len(item.text)
 
     async def _speak(self, sentence: Sentence) -> None:
@@ -304,22 +336,24 @@ class SpeechStream:
             ticket = self.admission.gate(sentence.pipeline.name).enter()
             await ticket.wait()
             body = {"input": sentence.text, "voice": config.voice, "speed": config.speed}
-            events = pipeline_stream.events(self.triton, sentence.pipeline.entry, body,
-                                            f"{self.request_id}-{sentence.utterance}-{sentence.index}")
             encode = stream_encoder(config.response_format) if config.stream_audio else None
             pcm = []
-            async for event, audio in events:
-                if event.get("type") != "audio.delta" or audio is None:
-                    continue
-                rate = int(event.get("sample_rate", rate))
-                await start(rate)
-                timer.audio(audio.size / rate)
-                if encode is None:
-                    pcm.append(audio)
-                else:
-                    data = encode(audio, rate)
-                    await self.send_bytes(data)
-                    total += len(data)
+            # closed on any exit (a failed send, a cancellation): that cancels the Triton request at once
+            async with contextlib.aclosing(pipeline_stream.events(
+                    self.triton, sentence.pipeline.entry, body,
+                    f"{self.request_id}-{sentence.utterance}-{sentence.index}")) as events:
+                async for event, audio in events:
+                    if event.get("type") != "audio.delta" or audio is None:
+                        continue
+                    rate = int(event.get("sample_rate", rate))
+                    await start(rate)
+                    timer.audio(audio.size / rate)
+                    if encode is None:
+                        pcm.append(audio)
+                    else:
+                        data = encode(audio, rate)
+                        await self.send_bytes(data)
+                        total += len(data)
             await start(rate)
             if encode is None:
                 data = await run_in_threadpool(audio_codec.encode, np.concatenate(pcm) if pcm else
@@ -327,8 +361,14 @@ class SpeechStream:
                 await self.send_bytes(data)
                 total = len(data)
             timer.done()
-        except APIError as exc:
+        except ConnectionGone:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a pipeline refusal, or our own failure: this sentence only
             failed = True
+            if not isinstance(exc, APIError):
+                log.exception("speech stream %s: sentence %s-%s failed", self.request_id, sentence.utterance,
+                              sentence.index)
+                exc = APIError(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error")
             await start(rate)
             await self.send_json({"type": "error", "message": exc.message, "code": exc.code or "pipeline_error",
                                   "param": exc.param, **ids, "partial_audio": total > 0})
@@ -341,7 +381,7 @@ class SpeechStream:
 @router.websocket("/v1/audio/speech/stream")
 async def speech_stream(websocket: WebSocket):
     protocols = [p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
-    await websocket.accept()
+    await websocket.accept(subprotocol=accepted_subprotocol(protocols))
     if not websocket_authorized(websocket, websocket.app.state.config.api_key, protocols):
         await websocket.send_text(json.dumps({"type": "error", "message": "invalid or missing API key "
                                               "(Authorization: Bearer ...)", "code": "invalid_api_key", "param": None}))
@@ -351,7 +391,7 @@ async def speech_stream(websocket: WebSocket):
     log.info("speech stream %s opened", request_id)
     try:
         await SpeechStream(websocket, request_id).run()
-    except WebSocketDisconnect:
+    except (WebSocketDisconnect, ConnectionGone):
         pass
     except Exception:  # noqa: BLE001 - a broken socket ends this connection only
         log.exception("speech stream %s ended with an error", request_id)
