@@ -3,17 +3,19 @@ utterances on one connection (vLLM-Omni's streaming-text TTS protocol) over a sp
 
 Client -> server, JSON text frames (each at most MAX_MESSAGE_CHARS characters):
   {"type": "session.config", "model", "voice", "response_format", "speed", "stream_audio", "split_granularity"}
-      first, within CONFIG_TIMEOUT_S; again between utterances to change it (refused while text is buffered).
+      first, within CONFIG_TIMEOUT_S; again between utterances to change the fields it names (the others keep their
+      values, as OpenAI's session.update; null: the default; refused while text is buffered).
       model: a speech pipeline (default: the `?model=` query, else the first speech pipeline); voice: a voice of
       it, checked now (default: its default); response_format: wav (default), pcm, flac, mp3, opus, aac; speed:
       0.25-4 (1); stream_audio (false): PCM16 frames as the pipeline speaks them (pcm, or wav: a streaming WAV
       header first) instead of one whole file per sentence; split_granularity: "sentence" (default: a sentence
-      is spoken as soon as it is complete), "clause" (the first chunk after 2-3 words, then growing:
+      is spoken as soon as it is complete, "Sure!" too), "clause" (the first chunk after 2-3 words, then growing:
       omni_backends.voice.chunker, as the voice pipeline speaks an LLM's answer) or "utterance" (the text
       buffered at input.done as one request: vLLM-Omni's current behaviour). Any other field is an error naming it.
   {"type": "input.text", "text": str}   more text of the current utterance
   {"type": "input.done"}                 the utterance ends: its rest is spoken; the connection stays open
-  {"type": "session.close"}              what is queued is spoken, then the server closes (1000)
+  {"type": "session.close"}              the utterance under way ends as with input.done, what is queued is
+                                         spoken, then the server closes (1000); later messages are refused
 Server -> client, in order per utterance (utterance_index counts input.done flushes, sentence_index within one):
   {"type": "audio.start", "utterance_index", "sentence_index", "sentence_text", "format", "sample_rate"} (the
       pipeline's rate, Hz: that of PCM frames; Kokoro 24000)
@@ -25,9 +27,12 @@ Server -> client, in order per utterance (utterance_index counts input.done flus
 Each sentence is one request of the pipeline through its admission gate (a full pipeline fails that sentence
 with `pipeline_overloaded`); sentences are spoken one at a time, in order, while more text arrives. At most
 max_speech_input_chars characters (--max-speech-input-chars) may wait to be spoken; more is refused
-(`input_too_long`: the client is sending faster than speech is made). A connection with no message for
-IDLE_TIMEOUT_S while nothing is being spoken gets an `idle_timeout` error and is closed (1000). Authentication as
-the realtime WebSocket (`omni_frontend.auth.websocket_authorized`).
+(`input_too_long`: the client is sending faster than speech is made). A sentence with nothing to say (e.g. Markdown
+that strips to nothing) is a valid file of 10 ms of silence (raw PCM: no frames). A connection with no message for
+IDLE_TIMEOUT_S counted from the later of its last message and the end of the last sentence spoken gets an
+`idle_timeout` error and is closed (1000); a client that leaves, also after session.close, has its sentence
+cancelled in Triton at once. Authentication as the realtime WebSocket (`omni_frontend.auth.websocket_authorized`;
+the handshake names the key subprotocol a browser offered).
 """
 from __future__ import annotations
 

@@ -149,3 +149,57 @@ def test_a_connection_that_sends_no_session_config_is_closed_after_the_config_ti
             ws.recv(timeout=30)
     assert (error["type"], error["code"]) == ("error", "config_timeout") and 9 < waited < 20, (error, waited)
     assert closed.value.rcvd.code == 1008
+
+
+def test_short_and_silent_sentences_later_configs_and_a_close_that_flushes(voice_server):
+    """The ninth outside test's faults: a two-word sentence waited for more text; a sentence with nothing to say
+    ("[](abc)": Markdown that strips to nothing) killed the session in mp3 (PyAV raised MemoryError on no samples,
+    the speaking task died) and was a 0-byte "file" in flac; a later session.config naming one field reset the others;
+    text sent without input.done before session.close was dropped."""
+    import av
+
+    with _connect(voice_server) as ws:
+        ws.send(json.dumps({"type": "session.config", "voice": "alloy", "response_format": "mp3"}))
+        ws.send(json.dumps({"type": "input.text", "text": "Sure thing! "}))
+        short = json.loads(ws.recv(timeout=120))             # spoken without more text
+        ws.send(json.dumps({"type": "input.done"}))
+        short_events, short_audio = _read_utterance(ws, [short])
+        ws.send(json.dumps({"type": "input.text", "text": "[](abc)"}))
+        ws.send(json.dumps({"type": "input.done"}))
+        silent_events, silent_audio = _read_utterance(ws)
+        ws.send(json.dumps({"type": "session.config", "response_format": "flac"}))   # the voice stays
+        ws.send(json.dumps({"type": "input.text", "text": "[](abc)"}))
+        ws.send(json.dumps({"type": "input.done"}))
+        flac_events, flac_audio = _read_utterance(ws)
+        ws.send(json.dumps({"type": "session.config", "speed": 1.25}))                # flac stays
+        ws.send(json.dumps({"type": "input.text", "text": "All done here"}))
+        ws.send(json.dumps({"type": "session.close"}))      # the unfinished utterance is spoken first
+        last_events, last_audio = _read_utterance(ws)
+        with pytest.raises(websockets.ConnectionClosedOK):
+            ws.recv(timeout=60)
+    assert short == {"type": "audio.start", "utterance_index": 0, "sentence_index": 0, "sentence_text": "Sure thing!",
+                     "format": "mp3", "sample_rate": 24000} and short_events[-1]["total_sentences"] == 1
+    for events, data in ((silent_events, silent_audio), (flac_events, flac_audio)):
+        assert [e["type"] for e in events] == ["audio.start", "audio.done", "session.done"], events
+        assert not events[1]["error"] and events[1]["total_bytes"] == len(data[0]) > 0
+        with av.open(io.BytesIO(data[0])) as container:   # a real (near-silent) file
+            assert sum(f.samples for f in container.decode(audio=0)) > 0
+    assert flac_events[0]["format"] == "flac" and last_events[0]["format"] == "flac"
+    assert last_events[0]["sentence_text"] == "All done here" and last_events[-1]["utterance_index"] == 3
+    spoken, rate = sf.read(io.BytesIO(last_audio[0]))
+    assert rate == 24000 and spoken.size / rate > 0.5
+
+
+def test_a_client_that_leaves_after_session_close_has_its_sentence_cancelled(voice_server):
+    """After session.close the server went on speaking to a client that had left: its Triton request ran until a
+    send failed and the garbage collector closed the stream (5-90 s). The socket is read while closing, and a
+    sentence's stream is closed on any exit: the request ends within about a second."""
+    metrics = voice_server.metrics_url
+    with _connect(voice_server) as ws:
+        ws.send(json.dumps({"type": "session.config", "voice": "alloy", "response_format": "pcm",
+                            "stream_audio": True}))
+        ws.send(json.dumps({"type": "input.text", "text": " ".join(["word"] * 60) + "."}))
+        ws.send(json.dumps({"type": "session.close"}))
+        assert json.loads(ws.recv(timeout=120))["type"] == "audio.start"
+        assert metric_value(metrics, "omni_inflight_requests", model="tts") == 1
+    assert wait_for(lambda: metric_value(metrics, "omni_inflight_requests", model="tts") == 0, 5)

@@ -9,7 +9,7 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from omni_frontend.app import BearerAuthMiddleware
-from omni_frontend.auth import websocket_authorized
+from omni_frontend.auth import accepted_subprotocol, websocket_authorized
 
 
 def _client() -> TestClient:
@@ -43,3 +43,12 @@ def test_the_realtime_page_and_health_open_without_a_key():
 def test_the_websockets_take_the_same_key_forms(headers, protocols, ok):
     websocket = types.SimpleNamespace(headers=headers)
     assert websocket_authorized(websocket, "sekrit", protocols) is ok
+
+
+@pytest.mark.parametrize("protocols, supported, chosen", [
+    (["openai-insecure-api-key.sekrit"], (), "openai-insecure-api-key.sekrit"),   # a browser fails a handshake
+    (["realtime", "openai-insecure-api-key.sekrit"], ("realtime",), "realtime"),  # naming none it offered
+    (["openai-insecure-api-key.sekrit"], ("realtime",), "openai-insecure-api-key.sekrit"),
+    (["chat"], ("realtime",), None), ([], ("realtime",), None)])
+def test_a_websocket_handshake_names_a_subprotocol_the_client_offered(protocols, supported, chosen):
+    assert accepted_subprotocol(protocols, supported) == chosen

@@ -77,3 +77,16 @@ def test_decoded_samples_are_faster_whispers(tone, fmt):
         data = audio.encode(tone, RATE, fmt)
     ours, theirs = audio.decode(data, 16000), decode_audio(io.BytesIO(data))
     assert ours.dtype == np.float32 and np.array_equal(ours, theirs)
+
+
+@pytest.mark.parametrize("fmt", ["flac", "mp3", "opus", "aac"])
+def test_no_samples_is_still_a_decodable_file(fmt):
+    """An input with nothing to say (Markdown that strips to nothing): FLAC was 0 bytes and PyAV's encoders raised
+    MemoryError (a 500, and a dead /v1/audio/speech/stream session). Now 10 ms of silence in a real file."""
+    import av
+
+    data = audio.encode(np.zeros(0, np.float32), 24000, fmt)
+    with av.open(io.BytesIO(data)) as container:
+        samples = [f.to_ndarray() for f in container.decode(audio=0)]
+    assert samples and 0 < sum(s.shape[-1] for s in samples) <= 2048 and max(np.abs(s).max() for s in samples) < 1e-3
+    assert audio.encode(np.zeros(0, np.float32), 24000, "pcm") == b"" and len(audio.encode(np.zeros(0), 24000, "wav")) == 44
