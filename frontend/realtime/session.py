@@ -548,22 +548,27 @@ class RealtimeSession:
         (max_output_tokens; None: "inf") fits its LLM's context, so that instructions that never can are refused by
         the event that sets them (`where`: "session" or "response"), not at every response. Raises ProtocolError
         (`context_length_exceeded`) naming `{where}.instructions`, or `{where}.max_output_tokens` when only the
-        output budget does not fit."""
+        output budget does not fit. A pipeline that cannot answer (5xx: unreachable, failing) does not stop the
+        event: the length is then judged when a response runs, as before this check."""
         messages = self.conversation.messages(instructions, [])
         tokens = session_config.effective_max_tokens(max_tokens)
         await self._ask(lambda: pipeline_stream.prompt_tokens(self.triton, self.pipeline.entry, self.request_id,
                                                               messages, tokens),
                         "instructions' length",
-                        lambda param: f"{where}.max_output_tokens" if param == "max_tokens" else f"{where}.instructions")
+                        lambda param: f"{where}.max_output_tokens" if param == "max_tokens" else f"{where}.instructions",
+                        required=False)
 
-    async def _ask(self, call, what: str, param_of) -> None:
+    async def _ask(self, call, what: str, param_of, required: bool = True) -> None:
         """Awaits `call()`, a control request to the pipeline, unless it sleeps. Raises ProtocolError: for the
         pipeline's refusal (4xx) its message and code, with param `param_of(the pipeline's param)`; for its failure
-        (5xx) "could not check the `what`"."""
+        (5xx) "could not check the `what`", unless not `required` (then the check is left to the response)."""
         try:
             self.control.check(self.pipeline)
             await call()
         except APIError as exc:
+            if exc.status >= 500 and not required:
+                log.warning("realtime session %s: could not check the %s: %s", self.request_id, what, exc.message)
+                return
             if exc.status >= 500:
                 raise ProtocolError(f"could not check the {what}: {exc.message}", code=exc.code or "pipeline_error",
                                     type=exc.type) from None

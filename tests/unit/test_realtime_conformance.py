@@ -354,3 +354,25 @@ def test_a_session_keeps_only_its_newest_user_audio_for_retrieve(monkeypatch):
     talk.delete("item_2")
     talk.keep_audio(parts[3])
     assert [p.user_audio is not None for p in parts] == [False, True, False, True]
+
+
+def test_instructions_are_taken_when_the_pipeline_cannot_count_them():
+    """A pipeline that cannot answer the count (5xx: unreachable, failing) does not stop session.update: the length
+    is judged when a response runs, as before the check (a refusal here would block every update of instructions)."""
+    async def run():
+        client = Client(None)
+        await client.start()
+        stream = client.triton.stream
+
+        def failing(model, inputs, request_id=None, parameters=None):
+            if json.loads(inputs["REQUEST"][0]).get("action") == "prompt_tokens":
+                raise APIError(503, "Triton is unreachable", code="triton_unavailable")
+            return stream(model, inputs, request_id, parameters)
+
+        client.triton.stream = failing
+        refused = await _update(client, "su1", instructions="Be brief.")
+        kept = client.session.settings.instructions
+        await client.session.close()
+        return refused, kept
+
+    assert asyncio.run(run()) == (None, "Be brief.")
