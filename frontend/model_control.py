@@ -9,12 +9,17 @@ any awake pipeline needs them. Between the two it is `falling_asleep` (refusing 
 those in flight drain and its models unload) or `waking` (still refusing while its models load);
 either way it is not awake, so /health does not judge its models (Triton's own readiness is false
 meanwhile: see routes/system.health).
+
+Work the frontend holds outside Triton for a pipeline (queued video jobs: omni_frontend.videos.runner) is not
+started while the pipeline is not awake: `on_wake` tells its holder when to start it, and `sleeps` counts the
+sleeps begun, so a request sent as one began (and refused by the unloaded model) can be told from a real failure.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 from omni_frontend.errors import APIError
 from omni_frontend.pipelines import Pipeline, triton_models
@@ -33,6 +38,8 @@ class ModelControl:
         self.pipelines = {p.name: p for p in pipelines}
         self.sleeping: set[str] = set()   # every pipeline that is not awake (refused), transitions included
         self._transitions: dict[str, str] = {}   # name -> FALLING_ASLEEP | WAKING while sleep / wake runs
+        self._sleeps: dict[str, int] = {}        # name -> sleeps begun (see `sleeps`)
+        self._wake_listeners: list[Callable[[str], None]] = []
         self._lock = asyncio.Lock()
 
     def state(self, name: str) -> str:
@@ -44,6 +51,15 @@ class ModelControl:
     def awake_models(self) -> list[str]:
         """Every Triton model the awake pipelines need, in load order."""
         return triton_models([p for n, p in self.pipelines.items() if n not in self.sleeping])
+
+    def sleeps(self, name: str) -> int:
+        """How many sleeps of pipeline `name` have begun: a caller that notes it before sending a request knows,
+        when the request fails, whether a sleep began meanwhile (the model may have unloaded before it arrived)."""
+        return self._sleeps.get(name, 0)
+
+    def on_wake(self, listener: Callable[[str], None]) -> None:
+        """Calls `listener(name)` each time pipeline `name` is awake again (after `wake` loaded its models)."""
+        self._wake_listeners.append(listener)
 
     def check(self, pipeline: Pipeline) -> None:
         """Raises 503 `pipeline_sleeping` for a sleeping pipeline."""
@@ -65,6 +81,7 @@ class ModelControl:
         pipeline = self._get(name)
         async with self._lock:
             self.sleeping.add(name)
+            self._sleeps[name] = self._sleeps.get(name, 0) + 1
             needed = set(self.awake_models())
             states = await self.client.model_states()   # sleeping again: unloads what is still loaded, if any
             loaded = [m for m in reversed(pipeline.models) if states.get(m) in ("READY", "LOADING", "UNLOADING")]
@@ -92,6 +109,8 @@ class ModelControl:
                 del self._transitions[name]
             self.sleeping.discard(name)
             log.info("pipeline %s awake: loaded %s", name, ", ".join(load) or "nothing")
+            for listener in self._wake_listeners:
+                listener(name)
             return {"loaded": load}
 
     async def reload(self, model: str) -> bool:

@@ -16,6 +16,12 @@ Lifecycle: `start()` (app startup) fails the jobs that were in progress when the
 (their denoising state is not kept) and queues again those that had not started; `stop()` (shutdown)
 cancels running jobs and marks them failed. DELETE cancels a running job's task, which cancels its
 gRPC stream: the pipeline stops between denoising steps and cancels its stage requests.
+
+Sleep (omni_frontend.model_control): a job is taken in creation order, and not started while its pipeline is
+not awake (falling asleep, sleeping or waking): it stays `queued`, set aside until the wake, then runs before
+later jobs. Running jobs are requests in flight, so the sleep's unload waits for them. A job whose request
+reached Triton only after a sleep began unloading the model (refused with "unknown model" before any response)
+goes back to `queued` in the same way instead of failing.
 """
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ import time
 import numpy as np
 
 from omni_frontend.errors import APIError
+from omni_frontend.model_control import AWAKE, ModelControl
 from omni_frontend.triton_client import TritonClient
 from omni_frontend.videos import encoding
 from omni_frontend.videos.store import IN_PROGRESS, QUEUED, VideoJob, VideoStore
@@ -51,13 +58,20 @@ def progress_percent(step: int, total: int) -> int:
 
 
 class VideoRunner:
-    """Queue + workers over `store`. `entries` maps a job's `model` to its client-facing Triton model."""
+    """Queue + workers over `store`. `entries` maps a job's `model` to its client-facing Triton model. With
+    `control`, `pipelines` maps a job's `model` (a pipeline's name or alias) to its pipeline's name (default: the
+    model itself), and jobs of a pipeline that is not awake wait for its wake."""
 
     def __init__(self, store: VideoStore, triton: TritonClient, entries: dict[str, str], *, max_queued: int,
-                 max_running: int, ttl_s: int | None):
+                 max_running: int, ttl_s: int | None, control: ModelControl | None = None,
+                 pipelines: dict[str, str] | None = None):
         self.store, self.triton, self.entries = store, triton, entries
         self.max_queued, self.max_running, self.ttl_s = max_queued, max_running, ttl_s
-        self._queue: asyncio.Queue[str] = asyncio.Queue()
+        self.control, self.pipelines = control, pipelines or {}
+        self._queue: asyncio.PriorityQueue[tuple[int, str]] = asyncio.PriorityQueue()   # (seq, id): oldest first
+        self._parked: dict[str, list[tuple[int, str]]] = {}   # pipeline -> its jobs taken while it was not awake
+        if control is not None:
+            control.on_wake(self._woke)
         self._running: dict[str, asyncio.Task] = {}
         self._tasks: list[asyncio.Task] = []
         self._describe: dict[str, dict] = {}
@@ -68,7 +82,7 @@ class VideoRunner:
             self.store.fail(video_id, "server_restarted", "the server stopped while this video was being "
                             "generated; create it again", ttl_s=self.ttl_s)
         for video_id in self.store.ids(QUEUED):
-            self._queue.put_nowait(video_id)
+            self._queue.put_nowait((self.store.get(video_id).seq, video_id))
         expired = self.store.delete_expired()
         if expired:
             log.info("removed %d expired video(s)", len(expired))
@@ -97,7 +111,7 @@ class VideoRunner:
 
     def submit(self, job: VideoJob) -> None:
         """Queues a job that the store holds as queued. Callers check `check_capacity` first."""
-        self._queue.put_nowait(job.id)
+        self._queue.put_nowait((job.seq, job.id))
 
     def check_capacity(self) -> None:
         """Raises QueueFull (429) when `max_queued` jobs are already waiting."""
@@ -114,12 +128,28 @@ class VideoRunner:
                 await task
 
     # -- workers ----------------------------------------------------------------------------------
+    def _pipeline(self, model: str) -> str:
+        return self.pipelines.get(model, model)
+
+    def _woke(self, pipeline: str) -> None:
+        """ModelControl.on_wake: the jobs set aside while `pipeline` was not awake are queued again."""
+        for item in self._parked.pop(pipeline, []):
+            self._queue.put_nowait(item)
+
     async def _worker(self) -> None:
         while True:
-            video_id = await self._queue.get()
-            if not self.store.start(video_id):
+            seq, video_id = await self._queue.get()
+            job = self.store.get(video_id)
+            if job is None or job.status != QUEUED:
                 continue  # deleted (or already handled) while it waited
-            task = asyncio.create_task(self._run(self.store.get(video_id)))
+            pipeline = self._pipeline(job.model)
+            if self.control is not None and self.control.state(pipeline) != AWAKE:
+                self._parked.setdefault(pipeline, []).append((seq, video_id))   # _woke queues it again
+                continue
+            if not self.store.start(video_id):
+                continue
+            sleeps = self.control.sleeps(pipeline) if self.control is not None else 0   # noted while awake
+            task = asyncio.create_task(self._run(self.store.get(video_id), sleeps))
             self._running[video_id] = task
             try:
                 await asyncio.shield(task)
@@ -139,23 +169,35 @@ class VideoRunner:
             finally:
                 self._running.pop(video_id, None)
 
-    async def _run(self, job: VideoJob) -> None:
+    async def _run(self, job: VideoJob, sleeps: int) -> None:
+        """Generates `job`; `sleeps`: its pipeline's ModelControl.sleeps() when the worker started it."""
         started = time.perf_counter()
+        answered: list[bool] = []   # the pipeline answered (so it had the request) once this is not empty
         try:
-            frames, fps = await self._generate(job)
+            frames, fps = await self._generate(job, answered)
             await asyncio.to_thread(encoding.write_assets, frames, fps, self.store.job_dir(job.id))
         except asyncio.CancelledError:
             raise  # deleted: the DELETE handler removes the row and files
-        except APIError as exc:
-            self.store.fail(job.id, exc.code or "generation_failed", exc.message, ttl_s=self.ttl_s)
-            return
         except Exception as exc:  # noqa: BLE001 - any failure ends the job as failed, never the worker
+            if not answered and self._slept_since(job, sleeps) and self.store.requeue(job.id):
+                # Sent as its pipeline began to sleep: the model unloaded before the request arrived. Not lost:
+                # it waits for the wake like the jobs still queued (the worker sets it aside).
+                log.info("video %s queued again: pipeline %s fell asleep as it started (%s)", job.id,
+                         self._pipeline(job.model), exc)
+                self._queue.put_nowait((job.seq, job.id))
+                return
+            if isinstance(exc, APIError):
+                self.store.fail(job.id, exc.code or "generation_failed", exc.message, ttl_s=self.ttl_s)
+                return
             log.exception("video %s failed", job.id)
             self.store.fail(job.id, "internal_error", f"{type(exc).__name__}: {exc}", ttl_s=self.ttl_s)
             return
         self.store.complete(job.id, inference_time_s=round(time.perf_counter() - started, 3), ttl_s=self.ttl_s)
 
-    async def _generate(self, job: VideoJob) -> tuple[np.ndarray, int]:
+    def _slept_since(self, job: VideoJob, sleeps: int) -> bool:
+        return self.control is not None and self.control.sleeps(self._pipeline(job.model)) != sleeps
+
+    async def _generate(self, job: VideoJob, answered: list[bool]) -> tuple[np.ndarray, int]:
         entry = self.entries.get(job.model)
         if entry is None:
             raise APIError(400, f"model '{job.model}' is not loaded", code="model_not_found")
@@ -165,6 +207,7 @@ class VideoRunner:
             inputs[INPUT_IMAGE] = await asyncio.to_thread(_read_png, reference)
         progress, frames, fps = 0, None, int(job.params["fps"])
         async for response in self.triton.stream(entry, inputs, request_id=job.id):
+            answered.append(True)
             if EVENT not in response.outputs:
                 continue
             event = json.loads(response.outputs[EVENT].reshape(-1)[0])

@@ -145,6 +145,11 @@ class VideoStore:
         return self._db.execute("UPDATE videos SET status = ?, progress = 0 WHERE id = ? AND status = ?",
                                 (IN_PROGRESS, video_id, QUEUED)).rowcount == 1
 
+    def requeue(self, video_id: str) -> bool:
+        """in_progress -> queued (progress 0), for a job that did not get to run; False if it is not in progress."""
+        return self._db.execute("UPDATE videos SET status = ?, progress = 0 WHERE id = ? AND status = ?",
+                                (QUEUED, video_id, IN_PROGRESS)).rowcount == 1
+
     def set_progress(self, video_id: str, progress: int) -> None:
         self._db.execute("UPDATE videos SET progress = ? WHERE id = ? AND status = ?",
                          (int(progress), video_id, IN_PROGRESS))

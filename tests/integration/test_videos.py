@@ -272,6 +272,29 @@ def test_bench_videos_workload_with_inprocess_baseline(wan_server, tmp_path):
     assert httpx.get(f"{wan_server.base_url}/v1/videos").json()["data"] == []     # the bench deletes its videos
 
 
+def test_a_job_queued_when_wan_sleeps_stays_queued_and_runs_after_the_wake(wan_server):
+    """Sleeping `wan` with one job generating and one queued (--max-running-videos 1): the sleep lets the running
+    one finish, the queued one stays `queued` while the pipeline sleeps and completes after the wake (it used to be
+    started against the unloaded model and failed: "Request for unknown model: 'wan' has no available versions")."""
+    running = _create(wan_server, prompt="running", size="64x64", seconds="1", num_inference_steps=20, seed=1)
+    _wait_status(wan_server, running["id"], ("in_progress",))
+    queued = _create(wan_server, prompt="queued", size="32x32", seconds="0.5", num_inference_steps=2, seed=1)
+    admin = f"{wan_server.base_url}/v1/admin/pipelines/wan"
+    try:
+        slept = httpx.post(f"{admin}/sleep", timeout=120).json()
+        assert slept["state"] == "sleeping" and slept["pending"] == [], slept
+        assert _get(wan_server, running["id"])["status"] == "completed"
+        time.sleep(1)   # the worker is free: nothing starts while the pipeline sleeps
+        assert _get(wan_server, queued["id"])["status"] == "queued"
+        assert httpx.post(f"{wan_server.base_url}/v1/videos", json={"prompt": "new"}).status_code == 503
+    finally:
+        woke = httpx.post(f"{admin}/wake", timeout=300).json()
+    assert woke["state"] == "awake", woke
+    done = _wait_status(wan_server, queued["id"], ("completed", "failed"))
+    assert done["status"] == "completed" and done["error"] is None, done
+    _delete_all(wan_server)
+
+
 def test_restart_keeps_finished_videos_and_fails_interrupted_ones(wan_server):
     """Runs last (it restarts the shared server): completed jobs and their files survive; the job that was
     generating when the server stopped comes back failed with a clear error."""

@@ -1,9 +1,11 @@
 """The /v1/videos building blocks without a server: the SQLite job store (pagination, expiry, persistence),
-PyAV/Pillow encoding, request resolution against a pipeline's limits, and the runner's restart recovery."""
+PyAV/Pillow encoding, request resolution against a pipeline's limits, the runner's restart recovery, and its
+queued jobs across a sleep of their pipeline (a Triton double under the real ModelControl)."""
 from __future__ import annotations
 
 import asyncio
 import io
+import json
 import sqlite3
 
 import av
@@ -11,12 +13,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from omni_frontend.errors import APIError
+from omni_frontend.errors import APIError, from_triton_message
+from omni_frontend.model_control import ModelControl
+from omni_frontend.pipelines import REGISTRY
 from omni_frontend.routes.videos import VideoCreateRequest, resolve_params
-from omni_frontend.triton_client import TritonClient
+from omni_frontend.triton_client import StreamResponse, TritonClient
 from omni_frontend.tritonserver import free_port
 from omni_frontend.videos import encoding
-from omni_frontend.videos.runner import VideoRunner, progress_percent
+from omni_frontend.videos.runner import EVENT, VIDEO, VideoRunner, progress_percent
 from omni_frontend.videos.store import COMPLETED, FAILED, IN_PROGRESS, QUEUED, VideoStore
 
 pytestmark = pytest.mark.unit
@@ -188,7 +192,7 @@ def test_runner_stop_ends_a_worker_whose_job_finished_as_the_server_stopped(tmp_
         runner = VideoRunner(store, triton, {"wan": "wan"}, max_queued=4, max_running=1, ttl_s=None)
         stopping = []
 
-        async def finish_as_the_server_stops(job):
+        async def finish_as_the_server_stops(job, _sleeps):
             store.complete(job.id, inference_time_s=0.0, ttl_s=None)
             stopping.append(asyncio.create_task(runner.stop()))   # the shutdown lands right as the job ends
 
@@ -205,3 +209,140 @@ def test_runner_stop_ends_a_worker_whose_job_finished_as_the_server_stopped(tmp_
 
     asyncio.run(scenario())
     assert store.get("video_last").status == COMPLETED
+
+
+class _Triton:
+    """A Triton double for the runner and ModelControl: explicit model control over the `wan` pipeline's models
+    (an unload ends once the model's requests in flight have, as in Triton) and the `wan` entry's stream, whose
+    requests run until the test lets them finish. A request that arrives while its model is not READY gets
+    Triton's own error; `gates[job id]` (an asyncio.Event) holds a request back before it arrives."""
+
+    def __init__(self, models):
+        self.states = {m: "READY" for m in models}
+        self.inflight = dict.fromkeys(models, 0)
+        self.finish: dict[str, asyncio.Event] = {}   # job id -> set it to end that request with its video
+        self.gates: dict[str, asyncio.Event] = {}
+        self.arrived: list[str] = []
+
+    async def model_states(self):
+        return dict(self.states)
+
+    async def unload_model(self, model):
+        self.states[model] = "UNLOADING" if self.inflight[model] else "UNAVAILABLE"
+
+    async def load_model(self, model):
+        self.states[model] = "READY"
+
+    async def stream(self, model, inputs, request_id=None):
+        if request_id in self.gates:
+            await self.gates[request_id].wait()
+        if self.states[model] != "READY":
+            raise from_triton_message(f"Request for unknown model: '{model}' has no available versions")
+        self.arrived.append(request_id)
+        self.inflight[model] += 1
+        try:
+            yield StreamResponse({EVENT: np.array([json.dumps({"type": "progress", "step": 1, "total_steps": 4})
+                                                   .encode()], dtype=np.object_)}, False)
+            await self.finish.setdefault(request_id, asyncio.Event()).wait()
+            event = {"type": "video", "num_frames": 5, "width": 32, "height": 32, "fps": 16, "seed": 1}
+            yield StreamResponse({EVENT: np.array([json.dumps(event).encode()], dtype=np.object_),
+                                  VIDEO: _frames(5, 32, 32)}, True)
+        finally:
+            self.inflight[model] -= 1
+            if not self.inflight[model] and self.states[model] == "UNLOADING":
+                self.states[model] = "UNAVAILABLE"
+
+
+async def _until(condition, timeout_s=10.0):
+    for _ in range(int(timeout_s / 0.01)):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("timed out")
+
+
+def _sleepable_runner(store, max_running):
+    wan = REGISTRY["wan"]
+    triton = _Triton(wan.models)
+    control = ModelControl(triton, [wan])
+    runner = VideoRunner(store, triton, {"wan": "wan", "sora-2": "wan"}, max_queued=8, max_running=max_running,
+                         ttl_s=None, control=control, pipelines={"wan": "wan", "sora-2": "wan"})
+    return triton, control, runner
+
+
+def test_jobs_queued_when_their_pipeline_sleeps_wait_for_the_wake_and_running_ones_finish(tmp_path):
+    """Sleeping `wan` with two jobs generating and two queued: the sleep waits for the two running ones (requests in
+    flight) and unloads; the queued ones stay `queued` while it sleeps (the workers used to start them against the
+    unloaded model: failed with "Request for unknown model: 'wan' has no available versions", for good) and run,
+    oldest first, once it is awake again."""
+    store = VideoStore(tmp_path)
+    for i, name in enumerate(("video_a", "video_b", "video_c", "video_d")):
+        _job(store, name, created_at=1000 + i)
+    store.create("video_e", model="sora-2", prompt="an alias", seconds="1", size="64x64",   # wan by its alias
+                 params={"seed": 1, "fps": 16, "num_frames": 17, "num_inference_steps": 4}, created_at=1004)
+
+    async def scenario():
+        triton, control, runner = _sleepable_runner(store, max_running=2)
+        await runner.start()
+        try:
+            await _until(lambda: triton.arrived == ["video_a", "video_b"])
+            sleep = asyncio.create_task(control.sleep("wan"))
+            await _until(lambda: control.state("wan") == "falling_asleep")
+            for name in ("video_a", "video_b"):   # in flight: they finish before the unload
+                triton.finish[name].set()
+            slept = await asyncio.wait_for(sleep, 10)
+            assert slept["unloaded"] == ["wan", "wan_vae", "wan_dit", "wan_text_encoder"] and slept["pending"] == []
+            assert control.state("wan") == "sleeping"
+            await asyncio.sleep(0.3)   # the two workers are free: nothing starts while the pipeline sleeps
+            assert [store.get(n).status for n in ("video_a", "video_b")] == [COMPLETED, COMPLETED]
+            assert [store.get(n).status for n in ("video_c", "video_d", "video_e")] == [QUEUED] * 3
+            assert triton.arrived == ["video_a", "video_b"]
+            await control.wake("wan")
+            await _until(lambda: len(triton.arrived) == 4)
+            assert triton.arrived[2:] == ["video_c", "video_d"]   # oldest first, after the wake
+            for name in ("video_c", "video_d"):
+                triton.finish[name].set()
+            await _until(lambda: "video_e" in triton.arrived)
+            triton.finish["video_e"].set()
+            await _until(lambda: store.count(COMPLETED) == 5)
+        finally:
+            await runner.stop()
+
+    asyncio.run(scenario())
+    assert all(store.get(n).error is None for n in ("video_c", "video_d", "video_e"))
+    assert (store.job_dir("video_c") / "video.mp4").stat().st_size > 0
+
+
+def test_a_job_whose_request_arrives_after_its_pipeline_began_to_sleep_waits_for_the_wake(tmp_path):
+    """A job started while `wan` was awake whose request reached Triton only after the sleep had unloaded the model
+    (no answer yet, "unknown model") goes back to `queued` and runs after the wake, instead of failing; a job that
+    fails for its own reasons with no sleep begun still fails."""
+    store = VideoStore(tmp_path)
+    _job(store, "video_late")
+
+    async def scenario():
+        triton, control, runner = _sleepable_runner(store, max_running=1)
+        triton.gates["video_late"] = asyncio.Event()
+        await runner.start()
+        try:
+            await _until(lambda: store.get("video_late").status == IN_PROGRESS)
+            await control.sleep("wan")   # nothing in flight in Triton yet: the models unload at once
+            triton.gates["video_late"].set()   # the request arrives now
+            await _until(lambda: store.get("video_late").status == QUEUED)
+            await asyncio.sleep(0.2)
+            assert store.get("video_late").status == QUEUED and triton.arrived == []
+            await control.wake("wan")
+            await _until(lambda: triton.arrived == ["video_late"])
+            triton.finish["video_late"].set()
+            await _until(lambda: store.get("video_late").status == COMPLETED)
+
+            triton.states["wan"] = "UNAVAILABLE"   # gone without a sleep (no sleep began): the job fails
+            _job(store, "video_broken")
+            runner.submit(store.get("video_broken"))
+            await _until(lambda: store.get("video_broken").status == FAILED)
+        finally:
+            await runner.stop()
+
+    asyncio.run(scenario())
+    assert store.get("video_late").error is None
+    assert "unknown model" in store.get("video_broken").error["message"]
