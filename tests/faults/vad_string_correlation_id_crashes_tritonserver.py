@@ -1,5 +1,5 @@
 """Server A (Triton-native). A string correlation id sent to `voice_vad` corrupts tritonserver's heap and takes the
-whole server down (every pipeline); shorter ones that share their first 8 bytes share one VAD state.
+whole server down (every pipeline); string ids of one length sharing their first 4 characters share one VAD state.
 
 docs/pipelines.md "Driving the Triton models directly": "`voice_vad` is sequence-batched (strategy `oldest`): send
 each session's audio with one correlation id, `START` on the first request and `END` on the last (`tritonclient`
@@ -7,19 +7,21 @@ each session's audio with one correlation id, `START` on the first request and `
 string correlation ids (it keeps "session-aaaa" and "session-bbbb" as two sequences, in two slots). But the model's
 config declares its CORRID control `data_type: TYPE_UINT64` (model_repository/voice_vad/config.pbtxt; the same in
 qwen3_omni_talker / qwen3_omni_code2wav) and `vad_model.py` keys its per-session state by that CORRID value:
-Triton 2.51 writes the string's bytes into the 8-byte CORRID tensor, so
-  - two sequences whose ids share their first 8 bytes ("session-aaaa", "session-bbbb") get ONE state: the second's
-    START resets the first's, whose speech then never gets its `speech_stopped`;
-  - an id longer than 8 bytes overflows the tensor's buffer: tritonserver aborts a moment later
+Triton 2.51 writes the string as a serialized BYTES element (a 4-byte length, then the characters) into the
+8-byte CORRID tensor (the model saw "session-aaaa" as 8319104481279082508 = b"\x0c\x00\x00\x00sess"), so
+  - two sequences whose ids have the same length and first 4 characters ("session-aaaa", "session-bbbb") get ONE
+    state: the second's START replaces the first's, and a request of a live sequence is refused
+    `sequence_not_started` (or gets another session's events);
+  - an id longer than 4 characters overflows the tensor's buffer: tritonserver aborts moments later
     ("free(): invalid next size (fast)", Signal (6)) and the launcher exits ("tritonserver exited unexpectedly
     with code -6"): one direct client kills every pipeline (the third outside test fixed the same kind of abort,
-    a huge HTTP shape, by closing the HTTP port).
+    a huge HTTP shape, by closing the HTTP port). qwen3_omni_talker / qwen3_omni_code2wav declare the same CORRID.
 Right: a string correlation id is either served as its own sequence (CORRID control TYPE_STRING, or the model
 keyed by `request.correlation_id()`), or refused with an error; the server never dies from one request.
 
-Steps: (1) "session-aaaa": START with a whole turn (silence, speech, silence); START "session-bbbb"; "session-aaaa":
-silence + speech: its events (sample offsets) must equal those of the same requests with int ids; END both. (2) START+END 8 sequences with 40-byte string ids. (3) wait 10 s:
-Triton must still be live. Exits 1 while either is wrong. NOTE: while the fault is present this kills server A
+Steps: (0) the control with int ids; (1) "session-aaaa": START with a whole turn (silence, speech, silence); START
+"session-bbbb"; "session-aaaa": silence + speech: its events (sample offsets) must equal those of the control; END
+both. (2) START+END 8 sequences with 40-byte string ids. (3) wait 10 s: Triton must still be live. Exits 1 while either is wrong. NOTE: while the fault is present this kills server A
 (restart it afterwards).
 """
 import json
