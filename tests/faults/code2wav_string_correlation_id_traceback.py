@@ -10,8 +10,10 @@ Triton accepts string correlation ids (`tritonclient` `sequence_id="ab"`), but c
 `seq = int(request.correlation_id())` outside any check: the request gets
 "Failed to process the request(s) for model 'qwen3_omni_code2wav_0_0', message: ValueError: invalid literal for
 int() with base 10: 'ab' At: .../code2wav_model.py(92): _execute ...". Since the exception leaves `execute`,
-Triton fails EVERY request of that batch (from the code: the oldest strategy batches the turns of all callers,
-so a chat's speech batched with it fails too). talker_model.py `_parse` has the same `int(...)`.
+Triton fails EVERY request of that batch: the oldest strategy batches the turns of all callers, so another
+client's chat fails too (seen: 3 threads sending string-id START/END to code2wav while 6 qwen3_omni chats with speech
+ran one after another; the 6th ended with "qwen3_omni: StageError: qwen3_omni_code2wav: ... ValueError: invalid
+literal for int() with base 10: 'ef'"). talker_model.py `_parse` has the same `int(...)`.
 (Ids longer than 4 characters also overflow the CORRID control tensor and abort tritonserver:
 vad_string_correlation_id_crashes_tritonserver.py; this script keeps to 2-character ids, which do not.)
 Right: a string correlation id is refused with a 400 envelope naming it (or served as its own sequence), never a
