@@ -12,7 +12,8 @@ Triton 2.51 writes the string as a serialized BYTES element (a 4-byte length, th
   - two sequences whose ids have the same length and first 4 characters ("session-aaaa", "session-bbbb") get ONE
     state: the second's START replaces the first's, and a request of a live sequence is refused
     `sequence_not_started` (or gets another session's events);
-  - an id longer than 4 characters overflows the tensor's buffer: tritonserver aborts moments later
+  - an id longer than 4 characters writes past the tensor's 8 bytes; with the 12- and 40-character ids below
+    tritonserver aborts moments later (3 of 3 runs)
     ("free(): invalid next size (fast)", Signal (6)) and the launcher exits ("tritonserver exited unexpectedly
     with code -6"): one direct client kills every pipeline (the third outside test fixed the same kind of abort,
     a huge HTTP shape, by closing the HTTP port). qwen3_omni_talker / qwen3_omni_code2wav declare the same CORRID.
