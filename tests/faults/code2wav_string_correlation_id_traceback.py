@@ -14,10 +14,8 @@ Triton fails EVERY request of that batch: the oldest strategy batches the turns 
 client's chat fails too (seen: 3 threads sending string-id START/END to code2wav while 6 qwen3_omni chats with speech
 ran one after another; the 6th ended with "qwen3_omni: StageError: qwen3_omni_code2wav: ... ValueError: invalid
 literal for int() with base 10: 'ef'"). talker_model.py `_parse` has the same `int(...)`.
-Seen once after that failed chat (not reproduced separately): at the server's Ctrl-C two minutes later Triton
-still counted 1 in-flight `qwen3_omni_talker` inference (omni_inflight_requests was 0) for 16 s, then
-qwen3_omni_talker and qwen3_omni_code2wav never unloaded: "Exit timeout expired. Exiting immediately.", their stubs
-"Non-graceful termination detected" (docs/reliability.md "A clean stop leaves nothing behind").
+(The unclean stop seen later on that server happens after any qwen3_omni chats:
+qwen3_omni_stop_sits_out_exit_timeout.py.)
 (Ids longer than 4 characters also overflow the CORRID control tensor and abort tritonserver:
 vad_string_correlation_id_crashes_tritonserver.py; this script keeps to 2-character ids, which do not.)
 Right: a string correlation id is refused with a 400 envelope naming it (or served as its own sequence), never a
