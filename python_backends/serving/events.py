@@ -8,7 +8,8 @@ Outputs (decoupled: one response per event, then an empty FINAL response)
                        pipeline-specific types
                        (REQUEST {"action": "voices"} to a pipeline that speaks -> one
                        {"type": "voices", "voices": [str], "default": str};
-                       REQUEST {"action": "prompt_tokens", "messages", "max_tokens"} to a chat pipeline -> one
+                       REQUEST {"action": "prompt_tokens", "messages", "max_tokens"} to `voice` (the chat
+                       pipeline of realtime sessions, counted by voice_llm's tokenizer; `qwen3_omni` refuses it) -> one
                        {"type": "prompt_tokens", "prompt_tokens": int, "context_length": int}, or its 400
                        `context_length_exceeded` when the messages plus max_tokens cannot fit its context)
   AUDIO     FP32 [-1]  PCM samples of an "audio.delta" event (mono, at the event's sample_rate);
