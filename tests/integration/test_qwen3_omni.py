@@ -316,6 +316,16 @@ def test_code2wav_refuses_a_sequence_longer_than_the_talker_can_speak_at_once(se
     assert len(_code2wav(server, 4095 - 4090, 7_100_000_002, timeout_s=60).as_numpy("PCM")[0]) > 0
 
 
+def test_code2wav_serves_string_correlation_ids_as_int_ones(server):
+    """A Triton client's string correlation id (tritonclient's sequence_id takes str): code2wav answered a Python
+    traceback (int() of the id in _execute, failing the whole batch), and a long one overflowed the UINT64 CORRID
+    control and aborted tritonserver. The sequence models read request.correlation_id() and have no CORRID."""
+    by_int = _code2wav(server, 5, 7_100_000_003, timeout_s=60).as_numpy("PCM")
+    by_string = [_code2wav(server, 5, sequence, timeout_s=60).as_numpy("PCM")
+                 for sequence in ("ab", "a-realtime-turn-0123456789abcdef-0123456789")]
+    assert by_int.shape[1] > 0 and all(np.array_equal(pcm, by_int) for pcm in by_string)
+
+
 def test_code2wav_refuses_a_start_beyond_its_live_sequences_at_once(server):
     """Triton's `oldest` sequence batcher cannot refuse: with its slots held by STARTs never ENDed (a leaking direct
     client) a new turn's code2wav sequence waited unanswered for the 120 s idle timeout, and every chat's speech
