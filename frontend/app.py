@@ -16,6 +16,7 @@ from omni_frontend.model_control import ModelControl
 from omni_frontend.realtime import route as realtime
 from omni_frontend.routes import admin, chat, images, speech, speech_stream, system, transcriptions, videos
 from omni_frontend.stage_monitor import CrashedStubs, StageMonitor
+from omni_frontend.stopping import Stopping
 from omni_frontend.triton_client import TritonClient
 from omni_frontend.validation import BodyLimitMiddleware, require_valid_text
 
@@ -44,6 +45,7 @@ class BearerAuthMiddleware:
 async def _lifespan(app: FastAPI):
     """Startup: the video runner, then the stage monitor (when stage recovery is on). Shutdown, in order: video
     jobs stop, the monitor stops, then the Triton channel and the heartbeat reader close."""
+    app.state.stopping.bind(asyncio.get_running_loop())   # the launcher tells it when the stop begins
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(_close_clients, app)
         stack.push_async_callback(_stop_monitor, app)
@@ -109,6 +111,7 @@ def create_app(config: FrontendConfig, crashed_stubs: CrashedStubs | None = None
     app.state.monitor = StageMonitor(app.state.control, availability, app.state.liveness, crashed_stubs,
                                      recover_after_s=config.recover_after_stale_s)
     app.state.metrics = observability.FrontendMetrics()
+    app.state.stopping = Stopping()   # requests in flight at the stop end with a 503 envelope or SSE error event
     app.state.admission = admission.Admission(config.admission, app.state.metrics)
     app.state.images = ImageStore(config.image_url_ttl_s)
     app.state.pipeline_fields = {}   # entry model -> its {"action": "fields"} answer (refuse_unread_fields)
@@ -121,7 +124,7 @@ def create_app(config: FrontendConfig, crashed_stubs: CrashedStubs | None = None
     app.add_middleware(errors.CatchAllMiddleware)
     app.add_middleware(HeadAsGetMiddleware)
     app.add_middleware(observability.ObservabilityMiddleware, metrics=app.state.metrics,
-                       send_timeout_s=config.limits.send_timeout_s)  # outermost
+                       send_timeout_s=config.limits.send_timeout_s, stopping=app.state.stopping)  # outermost
     for module in (system, chat, speech, speech_stream, transcriptions, images, videos, realtime, admin):
         app.include_router(module.router)
     videos.install(app, config, app.state.triton)

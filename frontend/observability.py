@@ -22,11 +22,14 @@ All times are measured from the moment the request reached the frontend, so queu
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 import uuid
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from omni_frontend.stopping import Stopping, stopped_error
 
 log = logging.getLogger("omni_frontend")
 CLIENT_CLOSED = 499   # nginx's "client closed request"; never a server error
@@ -116,8 +119,10 @@ class ObservabilityMiddleware:
     request counted as 499 like a client that left. A client that stopped reading used to hold its slot for
     good. Whole bodies sent at once are not timed (a large answer to a slow but reading client)."""
 
-    def __init__(self, app, metrics: FrontendMetrics, send_timeout_s: float | None = None):
+    def __init__(self, app, metrics: FrontendMetrics, send_timeout_s: float | None = None,
+                 stopping: Stopping | None = None):
         self.app, self.metrics, self.send_timeout_s = app, metrics, send_timeout_s
+        self.stopping = stopping or Stopping()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -128,6 +133,7 @@ class ObservabilityMiddleware:
         state = scope.setdefault("state", {})
         state["request_id"], state["started"] = request_id, start
         status, complete, client_gone = [500], [False], [False]
+        started, event_stream, cut = [False], [False], [False]
 
         async def receive_watching():
             message = await receive()
@@ -137,8 +143,10 @@ class ObservabilityMiddleware:
 
         async def send_with_id(message):
             if message["type"] == "http.response.start":
-                status[0] = message["status"]
+                status[0], started[0] = message["status"], True
                 headers = list(message.get("headers") or [])
+                event_stream[0] = any(k.lower() == b"content-type" and v.startswith(b"text/event-stream")
+                                      for k, v in headers)
                 if not any(k.lower() == b"x-request-id" for k, _ in headers):
                     headers.append((b"x-request-id", request_id.encode("latin-1")))
                 message = {**message, "headers": headers}
@@ -156,7 +164,16 @@ class ObservabilityMiddleware:
             await send(message)
 
         try:
-            await self.app(scope, receive_watching, send_with_id)
+            try:
+                async with self.stopping.cutoff() as cutoff:
+                    await self.app(scope, receive_watching, send_with_id)
+            except TimeoutError:
+                if not cutoff.expired():
+                    raise
+                cut[0] = True   # still running when the stop's grace ran out: cancelled there
+            if self.stopping.begun and not complete[0] and not client_gone[0]:
+                cut[0] = True   # an SSE stream that sse_starlette ended when the stop began, or cut above
+                await self._answer_stopped(send_with_id, started[0], event_stream[0])
         except SlowClient:
             client_gone[0] = True   # the response stays incomplete: the server closes the connection
         except asyncio.CancelledError:
@@ -168,8 +185,24 @@ class ObservabilityMiddleware:
         finally:
             final = CLIENT_CLOSED if client_gone[0] and not complete[0] else status[0]
             self.metrics.requests.labels(_route(scope), scope["method"], str(final)).inc()
-            log.info("%s %s -> %d %.1f ms request_id=%s", scope["method"], scope["path"], final,
-                     (time.perf_counter() - start) * 1000, request_id)
+            log.info("%s %s -> %d %.1f ms request_id=%s%s", scope["method"], scope["path"], final,
+                     (time.perf_counter() - start) * 1000, request_id, " (cut by the server's stop)" if cut[0] else "")
+
+    @staticmethod
+    async def _answer_stopped(send, started: bool, event_stream: bool) -> None:
+        """The end of a request that the server's stop cut: a 503 envelope (Retry-After) when no response had
+        started, an SSE error event closing the stream when an event stream had; any other response stays cut
+        (uvicorn closes the connection: a truncated body is how it must end)."""
+        error = stopped_error()
+        if not started:
+            response = error.response()
+            await send({"type": "http.response.start", "status": response.status_code,
+                        "headers": response.raw_headers})
+            await send({"type": "http.response.body", "body": response.body, "more_body": False})
+        elif event_stream:
+            body = json.dumps(error.body(), separators=(",", ":")).encode()
+            await send({"type": "http.response.body", "body": b"data: " + body + b"\r\n\r\n", "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 def _route(scope) -> str:

@@ -34,6 +34,7 @@ from pathlib import Path
 from omni_frontend import deploy
 from omni_frontend import pipelines as registry
 from omni_frontend.config import AdmissionLimits, RequestLimits
+from omni_frontend.stopping import GRACEFUL_SHUTDOWN_S
 from omni_frontend.tritonserver import LaunchError, TritonServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -289,9 +290,11 @@ def main(argv: list[str] | None = None) -> int:
         # httptools: uvicorn's C HTTP parser (its pure-Python h11 fallback cost ~1 ms more per streamed
         # request in scripts/profile_ttft.py: serving overhead over the engine 9.3 vs 10.3 ms), with a deadline
         # for each request head (omni_frontend.http_protocol)
-        uv = _uvicorn_server()(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
-                                              http=with_head_timeout(args.http_head_timeout),
-                                              timeout_graceful_shutdown=5))
+        # the stop: requests in flight get GRACEFUL_SHUTDOWN_S to end, those still running are then answered 503 /
+        # an SSE error event (omni_frontend.stopping), before uvicorn would cancel them
+        uv = _uvicorn_server(app.state.stopping.begin)(uvicorn.Config(
+            app, host=args.host, port=args.port, log_level="warning", http=with_head_timeout(args.http_head_timeout),
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S))
         # uvicorn re-raises every signal it caught, the LAST first: exit with the FIRST one's code instead
         # (SIGTERM then Ctrl-C during the graceful shutdown is still a 143, as a supervisor expects).
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -388,15 +391,17 @@ def tts_engine_repository(repositories: list[Path], models: list[str], engine: s
         raise LaunchError(str(exc)) from None
 
 
-def _uvicorn_server():
+def _uvicorn_server(on_exit=lambda: None):
     import uvicorn
 
     class Server(uvicorn.Server):
-        """uvicorn.Server that remembers the first exit signal it handled (`first_signal`, None before)."""
+        """uvicorn.Server that remembers the first exit signal it handled (`first_signal`, None before) and calls
+        `on_exit()` (signal-safe: `Stopping.begin`) on each."""
         first_signal: int | None = None
 
         def handle_exit(self, sig, frame) -> None:
             self.first_signal = self.first_signal or sig
+            on_exit()
             super().handle_exit(sig, frame)
 
     return Server

@@ -574,3 +574,53 @@ def test_a_client_request_id_is_never_taken_for_a_bls_child_id(mock_server, requ
     failed = httpx.post(url, json={**body, "fail_at": 1}, headers={"x-request-id": request_id}, timeout=10)
     assert failed.status_code == 500 and "mock failure at 1" in failed.json()["error"]["message"], failed.text
     assert not (mock_server.sidechannel_dir / f"{request_id}.error").exists()   # nobody would ever take it
+
+
+def test_requests_in_flight_at_the_stop_get_a_503_envelope_or_an_sse_error_event(tmp_path):
+    """Ctrl-C with requests in flight: a non-streamed request still running when the stop's grace (4.5 s) ends used
+    to be cut by uvicorn with a plain-text `500 Internal Server Error` (no envelope, no x-request-id), a CancelledError
+    traceback, and be logged as a client abort (499); an SSE stream was cut without an event. Now the first gets a
+    503 envelope (`server_shutting_down`, Retry-After, its x-request-id), logged as 503; the stream ends at once with
+    an error event; the stop takes no longer than the grace."""
+    server = start_server(tmp_path, *MOCK_ARGS)
+    url = f"{server.base_url}/v1/chat/completions"
+    body = {"model": "relay", "messages": [{"role": "user", "content": "hi"}], "repeat": 200, "delay_ms": 100}
+    stream_lines: list[str] = []
+
+    def streamed():
+        with httpx.stream("POST", url, json={**body, "stream": True}, headers={"x-request-id": "stop-stream"},
+                          timeout=60) as response:
+            assert response.status_code == 200
+            for line in response.iter_lines():
+                stream_lines.append(line)
+
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            plain = pool.submit(httpx.post, url, json=body, headers={"x-request-id": "stop-plain"}, timeout=60)
+            stream = pool.submit(streamed)
+            assert wait_for(lambda: metric_value(server.metrics_url, "omni_inflight_requests", model="mock_relay") == 2,
+                            30)
+            assert wait_for(lambda: len(stream_lines) > 2, 30)
+            stopped = time.monotonic()
+            server.process.send_signal(signal.SIGINT)
+            answer = plain.result(timeout=60)
+            answered_s = time.monotonic() - stopped
+            stream.result(timeout=60)
+        assert server.process.wait(timeout=60) == 130
+    finally:
+        server.stop()
+    assert answer.status_code == 503, answer.text
+    assert answer.headers["content-type"] == "application/json"
+    assert answer.json() == {"error": {"message": "the server is shutting down; retry the request",
+                                       "type": "service_unavailable", "param": None, "code": "server_shutting_down"}}
+    assert answer.headers["retry-after"] == "5" and answer.headers["x-request-id"] == "stop-plain"
+    assert 3.5 < answered_s < 10, answered_s   # after the grace, well before uvicorn's own cancel would have cut it
+    events = [json.loads(line[6:]) for line in stream_lines if line.startswith("data: {")]
+    assert events[-1] == {"error": {"message": "the server is shutting down; retry the request",
+                                    "type": "service_unavailable", "param": None, "code": "server_shutting_down"}}
+    assert len(events) < 100   # ended at the stop, not after its 200 deltas
+    log = server.log()
+    assert "POST /v1/chat/completions -> 503" in log and "request_id=stop-plain (cut by the server's stop)" in log
+    assert "request_id=stop-stream (cut by the server's stop)" in log
+    assert "-> 499" not in log and "Traceback" not in log and "Exception in ASGI application" not in log
+    assert "ASGI callable returned without completing response" not in log

@@ -657,3 +657,39 @@ def test_a_colocated_deploy_is_healthy_and_sleeps_its_one_model(tmp_path):
         assert wait_for(lambda: httpx.get(f"{server.base_url}/health").status_code == 200, 60)
     finally:
         server.stop()
+
+
+def test_a_stop_after_the_talker_finished_before_the_text_does_not_wait_for_its_sequence(tmp_path):
+    """The talker may finish (codec_eos, talker_max_frames) before the thinker's text ends, so before the
+    orchestrator sent the talker sequence's END: Triton kept the sequence's slot until its 120 s idle timeout, and
+    tritonserver counts a held slot as an in-flight inference, so Ctrl-C within those 120 s (also during a speech
+    stream, the outside test's finding: 32-38 s) sat out the whole 30 s exit timeout ("Model 'qwen3_omni_talker'
+    (version 1) has 1 in-flight inferences") and killed every stub unfinalized. The orchestrator now ENDs (ABORT)
+    such a sequence at once, and at the end of any turn that leaves one open."""
+    from omni_frontend.tritonserver import EXIT_TIMEOUT_S
+
+    server = start_server(tmp_path, "--pipelines", "qwen3_omni")
+    early_end = {"max_tokens": 40, "min_tokens": 40, "talker_max_frames": 2, **_SPEAKS}
+    try:
+        reply = _client(server).chat.completions.create(model="qwen3_omni", messages=_messages(PROMPTS[1]),
+                                                        audio={"voice": "ethan", "format": "wav"},
+                                                        extra_body=early_end)   # the talker ends first
+        assert reply.choices[0].message.audio.data and reply.usage.completion_tokens_details.audio_tokens == 2
+        body = {"model": "qwen3_omni", "messages": _messages(PROMPTS[1]), "stream": True, "max_tokens": 250,
+                "min_tokens": 250, "audio": {"voice": "ethan", "format": "pcm16"}, **early_end}
+        with httpx.stream("POST", f"{server.base_url}/v1/chat/completions", json=body, timeout=60) as response:
+            assert response.status_code == 200
+            for line in response.iter_lines():   # Ctrl-C while the text streams on after the talker finished
+                if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["delta"].get("audio"):
+                    break
+            started = time.monotonic()
+            server.process.send_signal(signal.SIGINT)
+        assert server.process.wait(timeout=EXIT_TIMEOUT_S + 30) == 130
+        took = time.monotonic() - started
+    finally:
+        server.stop()
+    log = (tmp_path / "tritonserver.log").read_text(errors="replace")
+    assert "in-flight inferences" in log   # the stop's own check ran
+    assert "Exit timeout expired" not in log and "has 1 in-flight inferences" not in log
+    assert "Non-graceful termination" not in log
+    assert took < EXIT_TIMEOUT_S - 5, took   # an idle stop takes ~8 s here; the exit timeout is 30 s

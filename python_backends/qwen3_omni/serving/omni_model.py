@@ -56,6 +56,9 @@ class _Turn(Turn):
         super().__init__(body, voice)
         self.talker_seq = self.code2wav_seq = None   # correlation ids of open sequences
         self.talker_done = self.code2wav_done = False
+        # whether Triton has seen the talker sequence's END (an END-flagged request was delivered): until then it
+        # holds a sequence slot, which tritonserver counts as an in-flight inference (its stop waits for it)
+        self.talker_ended = False
 
 
 def _sequence_id() -> int:
@@ -135,12 +138,19 @@ class TritonPythonModel(AsyncDecoupledModel):
                 turn.talker_seq = turn.talker_seq or _sequence_id()
                 async for out in bls.stream(ctx, TALKER, inputs, [p.CODES, p.FINISH_REASON],
                                             correlation_id=turn.talker_seq, flags=flags):
+                    turn.talker_ended = turn.talker_ended or bool(flags & END)   # answered: Triton took the END
                     codes = out[p.CODES][0]
                     turn.frames += codes.shape[-1]
                     codes_q.put_nowait(codes)
                     turn.talker_done = p.FINISH_REASON in out
+                turn.talker_ended = turn.talker_ended or bool(flags & END)
         finally:
             codes_q.put_nowait(_END)
+        # The talker may finish (codec_eos, talker_max_frames) before the thinker's text ends, so before the END:
+        # Triton then kept the sequence's slot until its 120 s idle timeout, and a stop meanwhile sat out
+        # tritonserver's whole exit timeout waiting for it. End it in Triton now (shielded: a turn cancelled
+        # meanwhile must not leave it half sent).
+        await asyncio.shield(self._end_talker_sequence(turn))
 
     def _talker_inputs(self, turn: _Turn, responses: list[dict]) -> dict:
         """The talker request's tensors; the thinker's hidden states stay CUDA tensors when they came as such."""
@@ -188,14 +198,22 @@ class TritonPythonModel(AsyncDecoupledModel):
                                  "transcript": turn.take_transcript()}, pcm))
 
     @staticmethod
-    async def _abort_open_sequences(turn: _Turn) -> None:
-        """A turn that ends early (cancelled, failed) tells the stages to forget its sequences. These
-        calls run to their end whatever happened to the client (ctx None)."""
+    async def _end_talker_sequence(turn: _Turn) -> None:
+        """ABORT (flagged END) the turn's talker sequence unless Triton has seen its END: this frees the
+        sequence's Triton slot (which only an END or the 120 s idle timeout frees, and which tritonserver's stop
+        waits for) and the talker's state, if any is left. Runs to its end whatever happened to the client."""
+        if turn.talker_seq is None or turn.talker_ended:
+            return
+        turn.talker_ended = turn.talker_done = True
+        await _quietly(TALKER, bls.stream(None, TALKER, {p.ABORT: np.array([[True]])}, [p.CODES],
+                                          correlation_id=turn.talker_seq, flags=END))
+
+    @classmethod
+    async def _abort_open_sequences(cls, turn: _Turn) -> None:
+        """A turn that ends (cancelled, failed, or done) tells the stages to forget the sequences Triton still
+        holds open. These calls run to their end whatever happened to the client (ctx None)."""
         abort = np.array([[True]])
-        if turn.talker_seq is not None and not turn.talker_done:
-            turn.talker_done = True
-            await _quietly(TALKER, bls.stream(None, TALKER, {p.ABORT: abort}, [p.CODES],
-                                              correlation_id=turn.talker_seq, flags=END))
+        await cls._end_talker_sequence(turn)
         if turn.code2wav_seq is not None and not turn.code2wav_done:
             turn.code2wav_done = True
             await _quietly(CODE2WAV, bls.infer(None, CODE2WAV, {p.ABORT: abort}, [p.PCM],

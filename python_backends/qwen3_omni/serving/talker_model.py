@@ -6,7 +6,8 @@ last, flagged END, completes the text). `execute` only enqueues; one worker thre
 and advances ALL live sequences together (`Talker.step`: the code predictor runs batched), streams
 each frame to the request that fed its text, and ends that request (FINAL) as soon as its sequence
 needs more text — the talker waits for the thinker, it never pads. A sequence ends with codec_eos or
-max_frames after END (FINISH_REASON on its last response), on ABORT, or when its live request is
+max_frames (FINISH_REASON on its last response; this can come before the END request, and the orchestrator then
+sends an ABORT flagged END at once, so that Triton frees the sequence's slot), on ABORT, or when its live request is
 cancelled, or after `max_sequence_idle_microseconds` (the config's sequence-batching idle timeout,
 after which Triton itself frees the sequence's slot) without a request, or within about a second once
 the BLS parent that started it is gone (its stub crashed or was reloaded: `SequenceLeases`). At most
