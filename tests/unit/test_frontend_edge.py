@@ -235,6 +235,42 @@ def test_a_client_that_stops_reading_a_stream_gives_its_slot_back_after_the_send
     assert counted == 1
 
 
+async def _echo_app(scope, receive, send):
+    """An ASGI app answering each HTTP request with its body."""
+    if scope["type"] != "http":
+        return
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(body))]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _reply(sock, ending: bytes) -> bytes:
+    data = b""
+    while not data.endswith(ending):
+        data += sock.recv(4096) or b"<closed>"
+        assert not data.endswith(b"<closed>"), data
+    return data
+
+
+def _closed_within(sock, seconds: float) -> bool:
+    import socket
+
+    sock.settimeout(seconds)
+    try:
+        while sock.recv(4096):
+            pass
+        return True
+    except socket.timeout:
+        return False
+    except ConnectionError:
+        return True
+
+
 def test_a_connection_that_does_not_send_its_request_head_in_time_is_closed():
     """Silent connections and trickled request heads (slowloris) were held for good (each a socket and a file
     descriptor; ~20k of them make the frontend refuse everyone). With the launcher's protocol
@@ -245,51 +281,21 @@ def test_a_connection_that_does_not_send_its_request_head_in_time_is_closed():
 
     from omni_frontend.http_protocol import with_head_timeout
 
-    async def app(scope, receive, send):
-        if scope["type"] != "http":
-            return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(body))]})
-        await send({"type": "http.response.body", "body": body})
-
-    def reply(sock, ending: bytes) -> bytes:
-        data = b""
-        while not data.endswith(ending):
-            data += sock.recv(4096) or b"<closed>"
-            assert not data.endswith(b"<closed>"), data
-        return data
-
-    def closed_within(sock, seconds: float) -> bool:
-        sock.settimeout(seconds)
-        try:
-            while sock.recv(4096):
-                pass
-            return True
-        except socket.timeout:
-            return False
-        except ConnectionError:
-            return True
-
-    with _served(app, http=with_head_timeout(0.5), timeout_keep_alive=30) as url:
+    with _served(_echo_app, http=with_head_timeout(0.5), timeout_keep_alive=30) as url:
         port = int(url.rsplit(":", 1)[1])
         silent, partial, kept = (socket.create_connection(("127.0.0.1", port)) for _ in range(3))
         partial.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")
         kept.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nok")
-        assert reply(kept, b"ok").startswith(b"HTTP/1.1 200")
+        assert _reply(kept, b"ok").startswith(b"HTTP/1.1 200")
         kept.sendall(b"GET / HTTP/1.1\r\n")   # the next request on the kept-alive connection, never finished
-        assert all(closed_within(sock, 3) for sock in (silent, partial, kept))
+        assert all(_closed_within(sock, 3) for sock in (silent, partial, kept))
         with socket.create_connection(("127.0.0.1", port)) as slow:
             for piece in (b"POST / HTTP/1.1\r\n", b"Host: x\r\n", b"Content-Length: 4\r\n\r\n"):
                 slow.sendall(piece)
                 time.sleep(0.1)
             time.sleep(1.0)   # the body may take longer than the head's deadline
             slow.sendall(b"body")
-            assert reply(slow, b"body").startswith(b"HTTP/1.1 200")
+            assert _reply(slow, b"body").startswith(b"HTTP/1.1 200")
     with pytest.raises(ValueError):
         with_head_timeout(0)
 
@@ -303,50 +309,20 @@ def test_a_request_body_that_stalls_is_closed_and_a_slow_one_is_served():
 
     from omni_frontend.http_protocol import with_head_timeout
 
-    async def app(scope, receive, send):
-        if scope["type"] != "http":
-            return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(body))]})
-        await send({"type": "http.response.body", "body": body})
-
-    def reply(sock, ending: bytes) -> bytes:
-        data = b""
-        while not data.endswith(ending):
-            data += sock.recv(4096) or b"<closed>"
-            assert not data.endswith(b"<closed>"), data
-        return data
-
-    def closed_within(sock, seconds: float) -> bool:
-        sock.settimeout(seconds)
-        try:
-            while sock.recv(4096):
-                pass
-            return True
-        except socket.timeout:
-            return False
-        except ConnectionError:
-            return True
-
-    with _served(app, http=with_head_timeout(30, body_idle_timeout_s=0.5), timeout_keep_alive=30) as url:
+    with _served(_echo_app, http=with_head_timeout(30, body_idle_timeout_s=0.5), timeout_keep_alive=30) as url:
         port = int(url.rsplit(":", 1)[1])
         with socket.create_connection(("127.0.0.1", port)) as stalled:
             stalled.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc")
-            assert closed_within(stalled, 3)
+            assert _closed_within(stalled, 3)
         with socket.create_connection(("127.0.0.1", port)) as slow:
             slow.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 8\r\n\r\n")
             for piece in (b"ab", b"cd", b"ef", b"gh"):   # 1.2 s in all, no pause of 0.5 s
                 time.sleep(0.3)
                 slow.sendall(piece)
-            assert reply(slow, b"abcdefgh").startswith(b"HTTP/1.1 200")
+            assert _reply(slow, b"abcdefgh").startswith(b"HTTP/1.1 200")
             time.sleep(1.0)   # idle between requests: the keep-alive timeout's business
             slow.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nok")
-            assert reply(slow, b"ok").startswith(b"HTTP/1.1 200")
+            assert _reply(slow, b"ok").startswith(b"HTTP/1.1 200")
     with pytest.raises(ValueError):
         with_head_timeout(30, body_idle_timeout_s=0)
 
