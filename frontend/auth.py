@@ -16,6 +16,11 @@ def bearer_matches(authorization: str | bytes, api_key: str) -> bool:
 KEY_PROTOCOL = "openai-insecure-api-key."   # a browser's WebSocket subprotocol carrying the key
 
 
+def offered_subprotocols(websocket) -> list[str]:
+    """The subprotocols a WebSocket client offered (its Sec-WebSocket-Protocol header), in order."""
+    return [p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
+
+
 def websocket_authorized(websocket, api_key: str | None, protocols: list[str]) -> bool:
     """Whether a WebSocket client may connect: no key configured, or `Authorization: Bearer KEY` (SDKs), or the
     subprotocol `openai-insecure-api-key.KEY` among the offered `protocols` (browsers cannot set headers)."""

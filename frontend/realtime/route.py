@@ -14,7 +14,7 @@ from pathlib import Path
 from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import FileResponse
 
-from omni_frontend.auth import accepted_subprotocol, websocket_authorized
+from omni_frontend.auth import accepted_subprotocol, offered_subprotocols, websocket_authorized
 from omni_frontend.errors import APIError
 from omni_frontend.pipelines import CHAT
 from omni_frontend.realtime.protocol import ProtocolError, encode, error_event
@@ -30,7 +30,7 @@ TRY_AGAIN_LATER = 1013
 @router.websocket("/v1/realtime")
 async def realtime(websocket: WebSocket):
     cfg = websocket.app.state.config
-    protocols = [p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
+    protocols = offered_subprotocols(websocket)
     await websocket.accept(subprotocol=accepted_subprotocol(protocols, ("realtime",)))
     model = websocket.query_params.get("model")
     pipeline = cfg.pipeline(model, CHAT) if model else next((p for p in cfg.pipelines if p.vad), None)

@@ -54,7 +54,7 @@ from starlette.websockets import WebSocketDisconnect
 from omni_backends.voice.chunker import SentenceChunker
 from omni_frontend import audio as audio_codec
 from omni_frontend import pipeline_stream
-from omni_frontend.auth import accepted_subprotocol, websocket_authorized
+from omni_frontend.auth import accepted_subprotocol, offered_subprotocols, websocket_authorized
 from omni_frontend.chat_protocol import Voice
 from omni_frontend.errors import APIError
 from omni_frontend.observability import RequestTimer
@@ -385,7 +385,7 @@ class SpeechStream:
 
 @router.websocket("/v1/audio/speech/stream")
 async def speech_stream(websocket: WebSocket):
-    protocols = [p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
+    protocols = offered_subprotocols(websocket)
     await websocket.accept(subprotocol=accepted_subprotocol(protocols))
     if not websocket_authorized(websocket, websocket.app.state.config.api_key, protocols):
         await websocket.send_text(json.dumps({"type": "error", "message": "invalid or missing API key "

@@ -71,14 +71,14 @@ class VideoCreateRequest(RequestModel):
 def install(app: FastAPI, cfg: FrontendConfig, triton) -> None:
     """Creates the job store and its runner when a video pipeline is loaded (app.state.videos, else None);
     `running(app)` starts and stops them."""
-    video = [p for p in cfg.pipelines if p.kind == VIDEO]
-    entries = {name: p.entry for p in video for name in (p.name, *p.aliases)}
+    named = {name: p for p in cfg.pipelines if p.kind == VIDEO for name in (p.name, *p.aliases)}
+    entries = {name: p.entry for name, p in named.items()}
     app.state.videos = None
     if entries:
         app.state.videos = VideoRunner(VideoStore(cfg.data_dir), triton, entries, max_queued=cfg.max_queued_videos,
                                        max_running=cfg.max_running_videos, ttl_s=cfg.video_ttl_s or None,
                                        control=app.state.control,
-                                       pipelines={name: p.name for p in video for name in (p.name, *p.aliases)})
+                                       pipelines={name: p.name for name, p in named.items()})
 
 
 @contextlib.asynccontextmanager

@@ -142,13 +142,16 @@ class VideoStore:
 
     def start(self, video_id: str) -> bool:
         """queued -> in_progress; False if the job is gone or no longer queued."""
-        return self._db.execute("UPDATE videos SET status = ?, progress = 0 WHERE id = ? AND status = ?",
-                                (IN_PROGRESS, video_id, QUEUED)).rowcount == 1
+        return self._move(video_id, QUEUED, IN_PROGRESS)
 
     def requeue(self, video_id: str) -> bool:
         """in_progress -> queued (progress 0), for a job that did not get to run; False if it is not in progress."""
+        return self._move(video_id, IN_PROGRESS, QUEUED)
+
+    def _move(self, video_id: str, was: str, becomes: str) -> bool:
+        """Status `was` -> `becomes` with progress 0; False if the job is gone or not in `was`."""
         return self._db.execute("UPDATE videos SET status = ?, progress = 0 WHERE id = ? AND status = ?",
-                                (QUEUED, video_id, IN_PROGRESS)).rowcount == 1
+                                (becomes, video_id, was)).rowcount == 1
 
     def set_progress(self, video_id: str, progress: int) -> None:
         self._db.execute("UPDATE videos SET progress = ? WHERE id = ? AND status = ?",

@@ -79,7 +79,7 @@ class TritonPythonModel:
         self.max_sequences = model_config.int_parameter(parameters, "max_sequences", 256)
         self.metrics = StageMetrics(self.model_name)
         self._commands: queue.Queue = queue.Queue()
-        self._sequences: set[int] = set()                 # live sequences (START seen, not ended)
+        self._sequences: set[int | str] = set()           # live sequences (START seen, not ended)
         self._live: dict[int | str, tuple[object, str]] = {}   # sequence -> (sender, request id) of its open request
         self.leases = SequenceLeases(model_config.sequence_idle_seconds(config))
         self._worker = Supervisor(f"{self.model_name}-worker", self._run, self._crashed,
