@@ -37,7 +37,7 @@ from omni_frontend.routes.common import config, pipeline_for, refuse_unread_fiel
 from omni_frontend.validation import RequestModel
 
 router = APIRouter()
-_ROUTED_KEYS = ("input", "voice", "speed")   # the speech REQUEST keys the route fills (refuse_unread_fields)
+ROUTED_KEYS = ("input", "voice", "speed")   # the speech REQUEST keys the route fills (refuse_unread_fields)
 
 
 class SpeechRequest(RequestModel):
@@ -52,7 +52,9 @@ class SpeechRequest(RequestModel):
     stream_format: Literal["audio", "sse"] = "audio"
 
 
-def _validate(req: SpeechRequest, limits) -> None:
+def validate(req: SpeechRequest, limits) -> None:
+    """Raises APIError 400 naming the field for an empty or too long `input`, `instructions`, or SSE in a format
+    that cannot stream."""
     if not req.input.strip():
         raise bad_request("input must not be empty", param="input", code="empty_input")
     if len(req.input) > limits.max_speech_input_chars:
@@ -72,10 +74,10 @@ async def speech(req: SpeechRequest, request: Request):
     and the pipeline's first event before its head, so a rejection (or a queue wait past --max-queue-wait)
     is an HTTP status whatever the load."""
     cfg = config(request)
-    _validate(req, cfg.limits)
+    validate(req, cfg.limits)
     pipeline = pipeline_for(request, req.model, SPEECH, "speech")
     extra = pipeline_stream.extension_fields(req.model_extra)
-    await refuse_unread_fields(request, pipeline, "/v1/audio/speech", extra, SpeechRequest.model_fields, _ROUTED_KEYS)
+    await refuse_unread_fields(request, pipeline, "/v1/audio/speech", extra, SpeechRequest.model_fields, ROUTED_KEYS)
     ticket = admission.enter(request, pipeline)
     body = {**extra, "input": req.input, "voice": req.voice, "speed": req.speed}
     request_id = request.state.request_id
@@ -94,19 +96,24 @@ async def speech(req: SpeechRequest, request: Request):
         return pipeline_stream.ClosingStreamingResponse(_raw_stream(req, events, timer), media_type=media_type,
                                                         headers=headers)
 
-    async def collect():
-        pcm, rate = [], 24000
-        async for event, audio in events:
-            if event.get("type") == "audio.delta" and audio is not None:
-                pcm.append(audio)
-                rate = int(event.get("sample_rate", rate))
-                timer.audio(audio.size / rate)
-        timer.done()
-        return np.concatenate(pcm) if pcm else np.zeros(0, np.float32), rate
-
-    pcm, rate = await pipeline_stream.until_disconnect(request, collect())
+    pcm, rate, _ = await pipeline_stream.until_disconnect(request, collect(events, timer))
+    timer.done()
     data = await run_in_threadpool(audio_codec.encode, pcm, rate, req.response_format)
     return Response(data, media_type=media_type, headers=headers)
+
+
+async def collect(events, timer: RequestTimer) -> tuple[np.ndarray, int, dict | None]:
+    """The whole speech of a pipeline stream: (float32 PCM [samples], sample rate in Hz, the done event's usage or
+    None); each chunk is counted in `timer`'s audio. Raises the stream's APIError."""
+    pcm, rate, usage = [], 24000, None
+    async for event, audio in events:
+        if event.get("type") == "audio.delta" and audio is not None:
+            pcm.append(audio)
+            rate = int(event.get("sample_rate", rate))
+            timer.audio(audio.size / rate)
+        elif event.get("type") == "done":
+            usage = event.get("usage")
+    return (np.concatenate(pcm) if pcm else np.zeros(0, np.float32)), rate, usage
 
 
 def stream_encoder(response_format: str):

@@ -16,7 +16,8 @@ pytestmark = pytest.mark.integration
 
 EXAMPLES = 25   # per operation and generation mode
 # Valid requests name a loaded pipeline for their route half of the time, so they reach Triton.
-LOADED = {"/v1/chat/completions": "mock", "/v1/audio/speech": "mock-speech", "/v1/audio/transcriptions": "mock-asr"}
+LOADED = {"/v1/chat/completions": "mock", "/v1/audio/speech": "mock-speech", "/v1/audio/speech/batch": "mock-speech",
+          "/v1/audio/transcriptions": "mock-asr"}
 
 
 def test_openapi_fuzzing_finds_no_server_error(mock_server):
