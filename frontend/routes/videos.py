@@ -1,6 +1,7 @@
 """The OpenAI Videos job API for video pipelines (e.g. `wan`): create, retrieve, list, download, delete.
 
     POST   /v1/videos                      JSON or multipart -> video object (status "queued")
+    POST   /v1/videos/sync                 the same -> the finished MP4 (vLLM-Omni's blocking create)
     GET    /v1/videos/{id}                 video object (status, progress 0..100, error)
     GET    /v1/videos?limit&after&order    {"object": "list", "data", "first_id", "last_id", "has_more"}
     GET    /v1/videos/{id}/content?variant=video|thumbnail|spritesheet   MP4 | WebP | JPEG
@@ -16,6 +17,7 @@ and live in the job store under `--data-dir` (omni_frontend.videos.store).
 """
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import contextlib
@@ -23,6 +25,7 @@ import math
 import os
 import re
 import secrets
+import time
 import uuid
 from typing import Literal
 
@@ -35,11 +38,13 @@ from starlette.responses import MalformedRangeHeader, RangeNotSatisfiable
 
 from omni_frontend.config import FrontendConfig
 from omni_frontend.errors import APIError, bad_request
+from omni_frontend.observability import CLIENT_CLOSED
+from omni_frontend.pipeline_stream import until_disconnect
 from omni_frontend.pipelines import VIDEO
 from omni_frontend.routes.common import config, pipeline_for, single_part
 from omni_frontend.videos import encoding
 from omni_frontend.videos.runner import VideoRunner, save_reference
-from omni_frontend.videos.store import COMPLETED, VideoStore
+from omni_frontend.videos.store import COMPLETED, FAILED, VideoStore
 from omni_frontend.validation import RequestModel, read_form
 
 router = APIRouter()
@@ -47,6 +52,8 @@ _SIZE = re.compile(r"^(\d{1,5})x(\d{1,5})$")
 MAX_SEED = 2**63 - 1
 MAX_PROMPT_CHARS = 10_000
 POLL_AFTER_MS = 500  # the openai SDK's `videos.poll` waits this long between polls (header below)
+SYNC_TIMEOUT_S = 600.0   # POST /v1/videos/sync waits at most this long (vLLM-Omni's VLLM_OMNI_VIDEO_SYNC_TIMEOUT)
+SYNC_POLL_S = 0.2
 
 
 class VideoCreateRequest(RequestModel):
@@ -212,7 +219,52 @@ def resolve_params(req: VideoCreateRequest, described: dict) -> tuple[dict, str,
 
 @router.post("/v1/videos")
 async def create_video(request: Request):
-    cfg, runner = config(request), _runner(request)
+    return (await _create(request, _runner(request))).to_object()
+
+
+@router.post("/v1/videos/sync")
+async def create_video_sync(request: Request):
+    """vLLM-Omni's blocking create: the same fields as POST /v1/videos; answers the finished MP4 (header
+    `x-video-id`: the job, kept in the store as any other). The job queues and runs as any other; a client that
+    leaves cancels and deletes it. Raises the create's errors, APIError 500 (the job's error code and message)
+    when generation failed, 409 `video_deleted` when a DELETE removed it meanwhile, 504 `video_sync_timeout` after
+    SYNC_TIMEOUT_S (the job goes on: poll it by its id)."""
+    runner = _runner(request)
+    job_id = (await _create(request, runner)).id
+    try:
+        job = await until_disconnect(request, _finished(runner, job_id))
+    except APIError as exc:
+        if exc.status == CLIENT_CLOSED:
+            await runner.cancel(job_id)
+            runner.store.delete(job_id)
+        raise
+    if job is None:
+        raise APIError(409, f"video '{job_id}' was deleted while the request waited for it", code="video_deleted")
+    if job.status != COMPLETED:
+        error = job.error or {}
+        raise APIError(500, f"video '{job.id}' failed: {error.get('message', 'unknown error')}",
+                       code=error.get("code", "video_failed"), headers={"x-video-id": job.id})
+    path = runner.store.job_dir(job.id) / encoding.FILE_NAMES["video"]
+    return _VideoFile(path, media_type=encoding.CONTENT_TYPES["video"], content_disposition_type="inline",
+                      filename=f"{job.id}{path.suffix}", headers={"x-video-id": job.id})
+
+
+async def _finished(runner: VideoRunner, video_id: str):
+    """The job once it is completed or failed (polled every SYNC_POLL_S), None once it is deleted. Raises
+    APIError 504 `video_sync_timeout` after SYNC_TIMEOUT_S."""
+    deadline = time.monotonic() + SYNC_TIMEOUT_S
+    while time.monotonic() < deadline:
+        job = runner.store.get(video_id)
+        if job is None or job.status in (COMPLETED, FAILED):
+            return job
+        await asyncio.sleep(SYNC_POLL_S)
+    raise APIError(504, f"video '{video_id}' did not finish within {SYNC_TIMEOUT_S:g} s; it goes on: GET "
+                        f"/v1/videos/{video_id}", code="video_sync_timeout", headers={"x-video-id": video_id})
+
+
+async def _create(request: Request, runner: VideoRunner):
+    """Validates a create request (JSON or multipart) and queues its job; returns the job (status queued)."""
+    cfg = config(request)
     raw, upload, from_form = await _fields(request, cfg.limits.max_upload_bytes)
     try:
         req = VideoCreateRequest.model_validate(raw, strict=not from_form)
@@ -235,7 +287,7 @@ async def create_video(request: Request):
     if image is not None:
         save_reference(runner.store, video_id, image)
     runner.submit(job)
-    return job.to_object()
+    return job
 
 
 @router.get("/v1/videos")

@@ -80,6 +80,28 @@ def _delete_all(server) -> None:
         httpx.delete(f"{server.base_url}/v1/videos/{video['id']}", timeout=30)
 
 
+def test_sync_create_answers_the_finished_mp4_and_a_leaving_client_deletes_its_job(wan_server):
+    body = {"model": "wan", "prompt": "a red ball", "size": "64x64", "seconds": "1", "num_inference_steps": 2,
+            "seed": 3}
+    response = httpx.post(f"{wan_server.base_url}/v1/videos/sync", json=body, timeout=120)
+    assert response.status_code == 200 and response.headers["content-type"] == "video/mp4", response.text
+    video_id = response.headers["x-video-id"]
+    frames, stream = _decode(response.content)
+    assert frames.shape == (17, 64, 64, 3) and stream.codec_context.name == "h264"
+    job = _get(wan_server, video_id)   # the job stays in the store, as a polled one does
+    assert (job["status"], job["seed"], job["num_inference_steps"]) == ("completed", 3, 2)
+    assert httpx.get(f"{wan_server.base_url}/v1/videos/{video_id}/content").content == response.content
+    refused = httpx.post(f"{wan_server.base_url}/v1/videos/sync", json={**body, "size": "65x64"}, timeout=30)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "size"
+    # a client that leaves: its job is cancelled and deleted
+    before = {v["id"] for v in httpx.get(f"{wan_server.base_url}/v1/videos", params={"limit": 100}).json()["data"]}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{wan_server.base_url}/v1/videos/sync", json={"model": "wan", "prompt": "long", **LONG}, timeout=2)
+    assert wait_for(lambda: {v["id"] for v in httpx.get(f"{wan_server.base_url}/v1/videos",
+                                                        params={"limit": 100}).json()["data"]} == before, 30)
+    assert wait_for(lambda: metric_value(wan_server.metrics_url, "omni_inflight_requests", model="wan_dit") == 0, 30)
+
+
 def test_create_poll_download_with_the_sdk(wan_server, reference, tmp_path):
     client = _client(wan_server)
     video = client.videos.create(prompt="a cat walking on the grass", model="wan", size="64x64", seconds="1",
