@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from tests.harness import metric_value, settle_time, settle_limit_s
+from tests.harness import metric_value, settle_limit_s, settle_time, wait_for
 from tests.integration.test_realtime import transcribe
 
 pytestmark = pytest.mark.integration
@@ -110,6 +110,24 @@ def test_item_failures_slots_and_a_leaving_client_on_the_mock_pipeline(mock_serv
     assert response.json()["succeeded"] == 4 and peak[0] == 4
     assert metric_value(mock_server.base_url + "/metrics", "omni_frontend_inflight_requests",
                         pipeline="mock-speech") == 0
+
+    # A request that queues behind a batch gets a slot once an item ends, not once the batch ends.
+    finished: dict[str, float] = {}
+
+    def run_batch():
+        items = [{"input": str(i), "repeat": 1, "delay_ms": 600} for i in range(8)]
+        assert _batch(mock_server, {"model": "mock-speech", "voice": "alloy", "items": items}).json()["succeeded"] == 8
+        finished["batch"] = time.monotonic()
+
+    batch_thread = threading.Thread(target=run_batch)
+    batch_thread.start()
+    assert wait_for(lambda: metric_value(mock_server.base_url + "/metrics", "omni_frontend_inflight_requests",
+                                         pipeline="mock-speech") == 4, 10)
+    single = httpx.post(f"{mock_server.base_url}/v1/audio/speech", timeout=60, json={
+        "model": "mock-speech", "voice": "alloy", "input": "x", "repeat": 1})
+    finished["single"] = time.monotonic()
+    batch_thread.join()
+    assert single.status_code == 200 and finished["single"] < finished["batch"]
 
     # A client that leaves cancels every item still running in Triton.
     with pytest.raises(httpx.ReadTimeout):
