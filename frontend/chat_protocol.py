@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 import numpy as np
 from pydantic import BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
@@ -155,6 +155,14 @@ class ChatRequest(RequestModel):
     def output_modalities(self) -> list[str]:
         """Both text and audio unless asked otherwise (vLLM-Omni's default for omni models)."""
         return list(dict.fromkeys(self.modalities or ["text", "audio"]))
+
+
+class ChatBatchRequest(ChatRequest):
+    """POST /v1/chat/completions/batch (vLLM's batch chat): `messages` is a list of conversations (1..MAX), each
+    as ChatRequest's `messages`; every other field is ChatRequest's, applied to each conversation."""
+
+    MAX: ClassVar[int] = 32
+    messages: list[Annotated[list[Message], Field(min_length=1)]] = Field(min_length=1, max_length=MAX)
 
 
 def check_supported(req: ChatRequest) -> None:

@@ -19,10 +19,10 @@ from fastapi import APIRouter, Request
 from sse_starlette.sse import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
-from omni_frontend import admission, observability, pipeline_stream
+from omni_frontend import admission, batching, observability, pipeline_stream
 from omni_frontend import audio as audio_codec
-from omni_frontend.chat_protocol import ROUTED_KEYS, ChatRequest, extensions, to_pipeline
-from omni_frontend.errors import APIError
+from omni_frontend.chat_protocol import ROUTED_KEYS, ChatBatchRequest, ChatRequest, extensions, to_pipeline
+from omni_frontend.errors import APIError, bad_request
 from omni_frontend.observability import RequestTimer
 from omni_frontend.pipelines import CHAT
 from omni_frontend.routes.common import config, pipeline_for, refuse_unread_fields, triton
@@ -160,3 +160,48 @@ async def chat_completions(req: ChatRequest, request: Request):
             request.app.state.metrics.stream.labels("/v1/chat/completions").observe(time.perf_counter() - started)
 
     return EventSourceResponse(sse(), ping=15, headers={"x-request-id": request_id})
+
+
+@router.post("/v1/chat/completions/batch")
+async def chat_completions_batch(batch: ChatBatchRequest, request: Request):
+    """vLLM's batch chat: `messages` is a list of 1..ChatBatchRequest.MAX conversations, the other fields those of
+    /v1/chat/completions (applied to each); answers one chat.completion whose choice `i` answers conversation `i`
+    (usage summed). Not streamed (`stream: true` is a 400). Every conversation is checked before any runs (a 400
+    names `messages[i][j]...`); the batch is one request of the pipeline's admission gate, its conversations run on
+    that slot and the free ones (`omni_frontend.batching`); any conversation's failure fails the batch."""
+    cfg = config(request)
+    if batch.stream:
+        raise bad_request("a batch is not streamed: its answer is one chat.completion", param="stream",
+                          code="unsupported_parameter")
+    pipeline = pipeline_for(request, batch.model, CHAT, "chat completions")
+    await refuse_unread_fields(request, pipeline, "/v1/chat/completions/batch", extensions(batch),
+                               ChatRequest.model_fields, ROUTED_KEYS)
+    reqs = [batch.model_copy(update={"messages": conversation}) for conversation in batch.messages]
+    prepared = []
+    for i, req in enumerate(reqs):
+        try:
+            prepared.append(await run_in_threadpool(to_pipeline, req, cfg.limits))
+        except APIError as exc:
+            if exc.param and exc.param.startswith("messages["):
+                exc.param = f"messages[{i}]{exc.param[len('messages'):]}"
+            raise
+    ticket = admission.enter(request, pipeline)
+    await pipeline_stream.until_disconnect(request, ticket.wait(request))
+    request_id, timer = request.state.request_id, observability.timer(request, pipeline.name)
+
+    async def answer(i: int) -> dict:
+        body, input_audio = prepared[i]
+        completion = _Completion(reqs[i], f"{request_id}-{i}", cfg.audio_expires_s, timer)
+        extra = {"INPUT_AUDIO": input_audio} if input_audio is not None else None
+        async for event, audio in pipeline_stream.events(triton(request), pipeline.entry, body, f"{request_id}-{i}",
+                                                         extra):
+            completion.absorb(event, audio)
+        return await run_in_threadpool(completion.response)
+
+    gate = request.app.state.admission.gate(pipeline.name)
+    answers = await pipeline_stream.until_disconnect(request, batching.run_items(gate, len(reqs), answer))
+    timer.done()
+    usage = {key: sum(a["usage"].get(key, 0) for a in answers)
+             for key in ("prompt_tokens", "completion_tokens", "total_tokens")}
+    return {**answers[0], "id": f"chatcmpl-{request_id}", "usage": usage,
+            "choices": [{**a["choices"][0], "index": i} for i, a in enumerate(answers)]}

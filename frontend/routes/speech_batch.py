@@ -14,14 +14,11 @@ batch-level field it took); a bad item fails alone.
 Whole-batch errors (the OpenAI envelope): 400 for a malformed body, no items or more than MAX_ITEMS, items whose
 inputs together pass BATCH_INPUT_CHARS x --max-speech-input-chars, an item that is not an object, a batch-level
 field of the wrong type or not read by the pipeline; 404/400/503 for the model as /v1/audio/speech; 429 when the
-pipeline is full. Load: the batch is one request of the pipeline's admission gate (it queues and is refused as one);
-it also takes up to CONCURRENCY - 1 slots that are free when it starts, and gives each back as soon as another
-request queues, so a batch speeds up on an idle server without holding others back. A client that leaves cancels
-every item still running in Triton.
+pipeline is full. Load: the batch is one request of the pipeline's admission gate; its items run on that slot and the
+free ones (`omni_frontend.batching`). A client that leaves cancels every item still running in Triton.
 """
 from __future__ import annotations
 
-import asyncio
 import base64
 import uuid
 from typing import Literal
@@ -30,7 +27,7 @@ from fastapi import APIRouter, Request
 from pydantic import ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from omni_frontend import admission, observability, pipeline_stream
+from omni_frontend import admission, batching, observability, pipeline_stream
 from omni_frontend import audio as audio_codec
 from omni_frontend.chat_protocol import Voice
 from omni_frontend.errors import APIError, bad_request
@@ -41,7 +38,6 @@ from omni_frontend.validation import RequestModel
 
 router = APIRouter()
 MAX_ITEMS = 32     # vLLM-Omni's tts_batch_max_items default
-CONCURRENCY = 8    # items spoken at once at most (vLLM-Omni's tts_batch_concurrency default)
 BATCH_INPUT_CHARS = 4   # the items' inputs together: at most this many times one request's input limit (the answer
                         # holds every file at once: ~20 min of speech at the default limit)
 
@@ -76,8 +72,8 @@ def _validation_error(exc: ValidationError) -> APIError:
 
 @router.post("/v1/audio/speech/batch")
 async def speech_batch(batch: SpeechBatchRequest, request: Request):
-    """Checks the batch (400 for its own fields, before admission), then speaks its items, up to CONCURRENCY at
-    once, each through the pipeline as one /v1/audio/speech request would go."""
+    """Checks the batch (400 for its own fields, before admission), then speaks its items (`batching.run_items`),
+    each through the pipeline as one /v1/audio/speech request would go."""
     cfg = config(request)
     if len(batch.items) > MAX_ITEMS:
         raise bad_request(f"items has {len(batch.items)} entries; the limit is {MAX_ITEMS}", param="items",
@@ -127,32 +123,8 @@ async def speech_batch(batch: SpeechBatchRequest, request: Request):
         return {"index": index, "status": "success", "audio_data": base64.b64encode(data).decode(),
                 "media_type": audio_codec.CONTENT_TYPES[req.response_format], "usage": usage or {}}
 
-    results: list[dict | None] = [None] * len(batch.items)
-    pending = list(range(len(batch.items)))
     gate = request.app.state.admission.gate(pipeline.name)
-
-    async def worker(extra_ticket) -> None:
-        try:
-            while pending:
-                index = pending.pop(0)
-                results[index] = await speak(index)
-                if extra_ticket is not None and gate.waiting:   # another request waits: give its slot back
-                    return
-        finally:
-            if extra_ticket is not None:
-                extra_ticket.release()
-
-    extra_tickets = []
-    while len(extra_tickets) < min(CONCURRENCY, len(batch.items)) - 1:
-        extra = gate.try_enter()
-        if extra is None:
-            break
-        extra_tickets.append(extra)
-    try:
-        await pipeline_stream.until_disconnect(request, asyncio.gather(worker(None), *map(worker, extra_tickets)))
-    finally:
-        for extra in extra_tickets:
-            extra.release()
+    results = await pipeline_stream.until_disconnect(request, batching.run_items(gate, len(batch.items), speak))
     timer.done()
     succeeded = sum(r["status"] == "success" for r in results)
     return {"id": f"speech-batch-{uuid.uuid4().hex}", "results": results, "total": len(results),

@@ -16,7 +16,8 @@ pytestmark = pytest.mark.integration
 
 EXAMPLES = 25   # per operation and generation mode
 # Valid requests name a loaded pipeline for their route half of the time, so they reach Triton.
-LOADED = {"/v1/chat/completions": "mock", "/v1/audio/speech": "mock-speech", "/v1/audio/speech/batch": "mock-speech",
+LOADED = {"/v1/chat/completions": "mock", "/v1/chat/completions/batch": "mock", "/v1/audio/speech": "mock-speech",
+          "/v1/audio/speech/batch": "mock-speech",
           "/v1/audio/transcriptions": "mock-asr"}
 
 

@@ -1,5 +1,6 @@
-"""POST /v1/audio/speech/batch: the real `tts` pipeline (Kokoro) speaks each item, transcribed back by the server's
-Whisper; the framework's mock speech pipeline shows the batch's errors, its slots and its cancellation."""
+"""POST /v1/audio/speech/batch and /v1/chat/completions/batch: the real `tts` pipeline (Kokoro) speaks each item,
+transcribed back by the server's Whisper, and the real `voice` LLM answers each conversation as a single request
+does; the framework's mock pipelines show the batches' errors, their slots and their cancellation."""
 from __future__ import annotations
 
 import base64
@@ -135,3 +136,37 @@ def test_item_failures_slots_and_a_leaving_client_on_the_mock_pipeline(mock_serv
             {"input": str(i), "repeat": 100, "delay_ms": 200} for i in range(3)]}, timeout=1.0)
     settled = settle_time(mock_server.metrics_url, time.monotonic())
     assert settled is not None and settled < settle_limit_s(), settled
+
+
+def test_a_chat_batch_answers_each_conversation_as_a_single_request_does(voice_server):
+    conversations = [[{"role": "user", "content": "Name a fruit."}],
+                     [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "What is 2+2?"}],
+                     [{"role": "user", "content": "Say hello."}]]
+    common = {"model": "voice", "modalities": ["text"], "temperature": 0, "max_tokens": 12}
+    response = httpx.post(f"{voice_server.base_url}/v1/chat/completions/batch", timeout=120,
+                          json={**common, "messages": conversations})
+    assert response.status_code == 200, response.text
+    batch = response.json()
+    singles = [httpx.post(f"{voice_server.base_url}/v1/chat/completions", timeout=120,
+                          json={**common, "messages": c}).json() for c in conversations]
+    assert batch["object"] == "chat.completion" and [c["index"] for c in batch["choices"]] == [0, 1, 2]
+    assert [c["message"]["content"] for c in batch["choices"]] == [s["choices"][0]["message"]["content"] for s in singles]
+    assert [c["finish_reason"] for c in batch["choices"]] == [s["choices"][0]["finish_reason"] for s in singles]
+    for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        assert batch["usage"][key] == sum(s["usage"][key] for s in singles) > 0
+
+
+@pytest.mark.parametrize("body, status, param", [
+    ({"messages": [[{"role": "user", "content": "hi"}]], "stream": True}, 400, "stream"),
+    ({"messages": []}, 400, "messages"),
+    ({"messages": [[]]}, 400, "messages.0"),
+    ({"messages": [[{"role": "user", "content": "hi"}]] * 33}, 400, "messages"),
+    ({"messages": [[{"role": "user", "content": "hi"}], [{"role": "user", "content": [{"type": "input_audio",
+      "input_audio": {"data": "!!", "format": "wav"}}]}]]}, 400, "messages[1][0].content[0].input_audio"),
+    ({"messages": [[{"role": "user", "content": "hi"}]], "model": "nope"}, 404, "model"),
+])
+def test_a_malformed_chat_batch_is_refused_whole(mock_server, body, status, param):
+    response = httpx.post(f"{mock_server.base_url}/v1/chat/completions/batch", timeout=30,
+                          json={"model": "mock", **body})
+    assert response.status_code == status, response.text
+    assert response.json()["error"]["param"] == param, response.text
