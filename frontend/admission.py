@@ -81,9 +81,15 @@ class Gate:
         retry = max(1, min(60, math.ceil(self.expected_wait_s())))
         return APIError(429, f"{message}; retry after {retry} s", code=code, headers={"retry-after": str(retry)})
 
+    def record_run(self, run_s: float) -> None:
+        """Feeds one request's run time (seconds holding a slot) into the mean behind Retry-After and the expected
+        wait. Tickets do it when released; a batch, whose ticket holds its slot for many requests' work, untimes its
+        tickets and records each item instead (omni_frontend.batching)."""
+        self.mean_run_s = run_s if self.mean_run_s is None else (1 - _EWMA) * self.mean_run_s + _EWMA * run_s
+
     def _free_slot(self, run_s: float | None) -> None:
         if run_s is not None:
-            self.mean_run_s = run_s if self.mean_run_s is None else (1 - _EWMA) * self.mean_run_s + _EWMA * run_s
+            self.record_run(run_s)
         while self.waiting:
             future = self.waiting.popleft()
             if not future.done():
@@ -118,6 +124,7 @@ class Ticket:
         # raises the APIError of a request that may not run any more once it is admitted from the queue (set by
         # `enter`: its pipeline fell asleep meanwhile); None: nothing to check
         self.recheck: Callable[[], None] | None = None
+        self.timed = True   # release() feeds the slot's hold time into the gate's mean run time (Gate.record_run)
 
     async def wait(self, request: Request | None = None) -> None:
         """Returns once the request holds a slot (at once when it never queued). Raises APIError 429
@@ -153,7 +160,7 @@ class Ticket:
         future = self._future
         if future is None or (future.done() and not future.cancelled()):
             # Holds a slot: admitted at once, or a waiter the slot was handed to (even if it never resumed).
-            run_s = time.perf_counter() - self._admitted_at if self._admitted_at is not None else None
+            run_s = time.perf_counter() - self._admitted_at if self._admitted_at is not None and self.timed else None
             self.gate._free_slot(run_s)
         else:
             self.gate._leave_queue(future)

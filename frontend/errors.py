@@ -85,6 +85,22 @@ def from_triton_message(message: str) -> APIError:
     return APIError(500, f"inference failed: {message}", code="inference_error")
 
 
+def validation_error(errors, where: str) -> APIError:
+    """The 400 for pydantic's `errors` (a ValidationError's `.errors()`) of a request to `where` (e.g. "POST
+    /v1/audio/speech"): the first error, its location as `param` (dotted, without FastAPI's "body" prefix); code
+    `invalid_json`, `unsupported_parameter` (a field the model forbids) or `invalid_value`."""
+    first = errors[0] if errors else {}
+    loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "header")]
+    msg = first.get("msg", "invalid request")
+    if first.get("type") == "json_invalid":
+        return APIError(400, f"request body is not valid JSON: {first.get('ctx', {}).get('error', msg)}",
+                        code="invalid_json")
+    param = ".".join(loc) or None
+    if first.get("type") == "extra_forbidden":   # as a pipeline refuses a field it does not read
+        return APIError(400, f"{param} is not a request field of {where}", param=param, code="unsupported_parameter")
+    return APIError(400, f"{param}: {msg}" if param else msg, param=param, code="invalid_value")
+
+
 def install_handlers(app) -> None:
     """Registers exception handlers so that no route answers with FastAPI's default error shape."""
 
@@ -94,18 +110,7 @@ def install_handlers(app) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):
-        errors = exc.errors()
-        first = errors[0] if errors else {}
-        loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "header")]
-        msg = first.get("msg", "invalid request")
-        if first.get("type") == "json_invalid":
-            return APIError(400, f"request body is not valid JSON: {first.get('ctx', {}).get('error', msg)}",
-                            code="invalid_json").response()
-        param = ".".join(loc) or None
-        if first.get("type") == "extra_forbidden":   # as a pipeline refuses a field it does not read
-            return APIError(400, f"{param} is not a request field of {request.method} {request.url.path}",
-                            param=param, code="unsupported_parameter").response()
-        return APIError(400, f"{param}: {msg}" if param else msg, param=param, code="invalid_value").response()
+        return validation_error(exc.errors(), f"{request.method} {request.url.path}").response()
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException):

@@ -11,6 +11,8 @@ to message.audio.transcript), also with `modalities: ["audio"]`, where `content`
 from __future__ import annotations
 
 import base64
+import contextlib
+import dataclasses
 import json
 import time
 
@@ -21,7 +23,8 @@ from starlette.concurrency import run_in_threadpool
 
 from omni_frontend import admission, batching, observability, pipeline_stream
 from omni_frontend import audio as audio_codec
-from omni_frontend.chat_protocol import ROUTED_KEYS, ChatBatchRequest, ChatRequest, extensions, to_pipeline
+from omni_frontend.chat_protocol import (INPUT_SAMPLE_RATE, ROUTED_KEYS, ChatBatchRequest, ChatRequest, extensions,
+                                        to_pipeline)
 from omni_frontend.errors import APIError, bad_request
 from omni_frontend.observability import RequestTimer
 from omni_frontend.pipelines import CHAT
@@ -166,9 +169,11 @@ async def chat_completions(req: ChatRequest, request: Request):
 async def chat_completions_batch(batch: ChatBatchRequest, request: Request):
     """vLLM's batch chat: `messages` is a list of 1..ChatBatchRequest.MAX conversations, the other fields those of
     /v1/chat/completions (applied to each); answers one chat.completion whose choice `i` answers conversation `i`
-    (usage summed). Not streamed (`stream: true` is a 400). Every conversation is checked before any runs (a 400
-    names `messages[i][j]...`); the batch is one request of the pipeline's admission gate, its conversations run on
-    that slot and the free ones (`omni_frontend.batching`); any conversation's failure fails the batch."""
+    (usage summed, its nested details too). Not streamed (`stream: true` is a 400). The request limits
+    (--max-messages, --max-text-chars, --max-audio-seconds) hold for the batch as a whole, as for one request. Every
+    conversation is checked before any runs, and any error, also the pipeline's, names its conversation
+    (`messages[i]...`); the batch is one request of the pipeline's admission gate, its conversations run on that slot
+    and the free ones (`omni_frontend.batching`); one conversation's failure fails the batch."""
     cfg = config(request)
     if batch.stream:
         raise bad_request("a batch is not streamed: its answer is one chat.completion", param="stream",
@@ -177,14 +182,16 @@ async def chat_completions_batch(batch: ChatBatchRequest, request: Request):
     await refuse_unread_fields(request, pipeline, "/v1/chat/completions/batch", extensions(batch),
                                ChatRequest.model_fields, ROUTED_KEYS)
     reqs = [batch.model_copy(update={"messages": conversation}) for conversation in batch.messages]
-    prepared = []
+    prepared, left = [], cfg.limits
     for i, req in enumerate(reqs):
-        try:
-            prepared.append(await run_in_threadpool(to_pipeline, req, cfg.limits))
-        except APIError as exc:
-            if exc.param and exc.param.startswith("messages["):
-                exc.param = f"messages[{i}]{exc.param[len('messages'):]}"
-            raise
+        with _in_conversation(i):
+            body, input_audio = await run_in_threadpool(to_pipeline, req, left)
+        texts = sum(len(part.get("text", "")) for m in body["messages"] for part in m["content"])
+        left = dataclasses.replace(left, max_messages=left.max_messages - len(req.messages),
+                                   max_text_chars=left.max_text_chars - texts,
+                                   max_audio_seconds=left.max_audio_seconds - (
+                                       0 if input_audio is None else input_audio.size / INPUT_SAMPLE_RATE))
+        prepared.append((body, input_audio))
     ticket = admission.enter(request, pipeline)
     await pipeline_stream.until_disconnect(request, ticket.wait(request))
     request_id, timer = request.state.request_id, observability.timer(request, pipeline.name)
@@ -193,15 +200,39 @@ async def chat_completions_batch(batch: ChatBatchRequest, request: Request):
         body, input_audio = prepared[i]
         completion = _Completion(reqs[i], f"{request_id}-{i}", cfg.audio_expires_s, timer)
         extra = {"INPUT_AUDIO": input_audio} if input_audio is not None else None
-        async for event, audio in pipeline_stream.events(triton(request), pipeline.entry, body, f"{request_id}-{i}",
-                                                         extra):
-            completion.absorb(event, audio)
+        with _in_conversation(i):
+            async for event, audio in pipeline_stream.events(triton(request), pipeline.entry, body,
+                                                             f"{request_id}-{i}", extra):
+                completion.absorb(event, audio)
         return await run_in_threadpool(completion.response)
 
-    gate = request.app.state.admission.gate(pipeline.name)
-    answers = await pipeline_stream.until_disconnect(request, batching.run_items(gate, len(reqs), answer))
+    answers = await pipeline_stream.until_disconnect(request, batching.run_items(ticket, len(reqs), answer))
     timer.done()
-    usage = {key: sum(a["usage"].get(key, 0) for a in answers)
-             for key in ("prompt_tokens", "completion_tokens", "total_tokens")}
-    return {**answers[0], "id": f"chatcmpl-{request_id}", "usage": usage,
+    return {**answers[0], "id": f"chatcmpl-{request_id}", "usage": _summed([a["usage"] for a in answers]),
             "choices": [{**a["choices"][0], "index": i} for i, a in enumerate(answers)]}
+
+
+@contextlib.contextmanager
+def _in_conversation(i: int):
+    """An APIError raised inside names conversation `i`: param `messages...` becomes `messages[i]...`; otherwise
+    (another field, or none) its message starts with "conversation i: "."""
+    try:
+        yield
+    except APIError as exc:
+        if exc.param and exc.param.startswith("messages"):
+            exc.param = f"messages[{i}]{exc.param[len('messages'):]}"
+        else:
+            exc.message = f"conversation {i}: {exc.message}"
+        raise
+
+
+def _summed(usages: list[dict]) -> dict:
+    """The sum of usage objects, key by key (nested detail objects too; keys missing from some count 0 there)."""
+    total: dict = {}
+    for usage in usages:
+        for key, value in usage.items():
+            if isinstance(value, dict):
+                total[key] = _summed([total.get(key) or {}, value])
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                total[key] = total.get(key, 0) + value
+    return total

@@ -228,7 +228,8 @@ async def create_video_sync(request: Request):
     `x-video-id`: the job, kept in the store as any other). The job queues and runs as any other; a client that
     leaves cancels and deletes it. Raises the create's errors, APIError 500 (the job's error code and message)
     when generation failed, 409 `video_deleted` when a DELETE removed it meanwhile, 504 `video_sync_timeout` after
-    SYNC_TIMEOUT_S (the job goes on: poll it by its id)."""
+    SYNC_TIMEOUT_S (the job goes on: poll it by its id; a job whose pipeline sleeps waits for the wake, so for up to
+    that long)."""
     runner = _runner(request)
     job_id = (await _create(request, runner)).id
     try:
@@ -245,6 +246,8 @@ async def create_video_sync(request: Request):
         raise APIError(500, f"video '{job.id}' failed: {error.get('message', 'unknown error')}",
                        code=error.get("code", "video_failed"), headers={"x-video-id": job.id})
     path = runner.store.job_dir(job.id) / encoding.FILE_NAMES["video"]
+    if not path.exists():   # deleted (or expired) since it completed
+        raise APIError(409, f"video '{job_id}' was deleted while the request waited for it", code="video_deleted")
     return _VideoFile(path, media_type=encoding.CONTENT_TYPES["video"], content_disposition_type="inline",
                       filename=f"{job.id}{path.suffix}", headers={"x-video-id": job.id})
 

@@ -175,9 +175,16 @@ class VideoRunner:
         answered: list[bool] = []   # the pipeline answered (so it had the request) once this is not empty
         try:
             frames, fps = await self._generate(job, answered)
-            await asyncio.to_thread(encoding.write_assets, frames, fps, self.store.job_dir(job.id))
+            writing = asyncio.ensure_future(asyncio.to_thread(encoding.write_assets, frames, fps,
+                                                              self.store.job_dir(job.id)))
+            try:
+                await asyncio.shield(writing)
+            except asyncio.CancelledError:   # the thread cannot be stopped: the files go only once it has written
+                with contextlib.suppress(Exception):
+                    await writing
+                raise
         except asyncio.CancelledError:
-            raise  # deleted: the DELETE handler removes the row and files
+            raise  # deleted: the DELETE handler removes the row and files (after `cancel` returned)
         except Exception as exc:  # noqa: BLE001 - any failure ends the job as failed, never the worker
             if not answered and self._slept_since(job, sleeps) and self.store.requeue(job.id):
                 # Sent as its pipeline began to sleep: the model unloaded before the request arrived. Not lost:
@@ -207,7 +214,8 @@ class VideoRunner:
             inputs[INPUT_IMAGE] = await asyncio.to_thread(_read_png, reference)
         progress, frames, fps = 0, None, int(job.params["fps"])
         async for response in self.triton.stream(entry, inputs, request_id=job.id):
-            answered.append(True)
+            if not answered:
+                answered.append(True)
             if EVENT not in response.outputs:
                 continue
             event = json.loads(response.outputs[EVENT].reshape(-1)[0])

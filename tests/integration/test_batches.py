@@ -25,7 +25,7 @@ def _batch(server, body: dict, timeout: float = 120) -> httpx.Response:
 
 def test_each_item_is_spoken_in_its_format_and_a_bad_item_fails_alone(voice_server):
     response = _batch(voice_server, {"model": "tts", "voice": "alloy", "response_format": "pcm", "items": [
-        {"input": "The weather is sunny today.", "response_format": "wav"},
+        {"input": "The weather is sunny today.", "response_format": "wav", "model": "tts-1"},   # an alias of tts
         {"input": "   "},
         {"input": "We walk to the park.", "voice": "nope"},
         {"input": "Good night, see you tomorrow.", "response_format": "flac", "speed": 1.5},
@@ -66,6 +66,9 @@ def test_each_item_is_spoken_in_its_format_and_a_bad_item_fails_alone(voice_serv
     ({"items": []}, "items", "invalid_value"),
     ({"items": [{"input": "hi"}] * 33}, "items", "too_many_items"),
     ({"items": [{"input": "x" * 4096}] * 5}, "items", "input_too_long"),
+    ({"items": [{"input": "x" * 4096, "speed": 0.25}, {"input": "more"}]}, "items", "input_too_long"),
+    ({"items": [{"input": "hi"}], "input": "hello"}, "input", "unsupported_parameter"),
+    ({"items": [{"input": "hi"}], "instructions": "whisper"}, "instructions", "unsupported_parameter"),
     ({"items": ["hi"]}, "items.0", "invalid_value"),
     ({"items": [{"input": "hi"}], "stream_format": "sse"}, "stream_format", "unsupported_parameter"),
     ({"items": [{"input": "hi"}], "speed": 9}, "speed", "invalid_value"),
@@ -80,7 +83,7 @@ def test_a_malformed_batch_is_refused_whole(mock_server, body, param, code):
 def test_item_failures_slots_and_a_leaving_client_on_the_mock_pipeline(mock_server):
     response = _batch(mock_server, {"model": "mock-speech", "voice": "alloy", "response_format": "wav", "items": [
         {"input": "a", "repeat": 2}, {"input": "b", "reject": True}, {"input": "c", "fail_at": 0},
-        {"input": "d", "model": "mock"}, {"input": "e", "stream_format": "sse"}]})
+        {"input": "d", "model": "mock"}, {"input": "e", "stream_format": "sse"}, {"voice": "echo"}]})
     assert response.status_code == 200, response.text
     results = response.json()["results"]
     assert results[0]["status"] == "success"
@@ -88,7 +91,7 @@ def test_item_failures_slots_and_a_leaving_client_on_the_mock_pipeline(mock_serv
     assert rate == 24000 and wav.size == 200   # the mock speaks a 100-sample ramp per delta
     errors = [(r["error"]["param"], r["error"]["code"]) for r in results[1:]]
     assert errors == [("items[1].reject", "mock"), (None, "inference_error"), ("items[3].model", "model_mismatch"),
-                      ("items[4].stream_format", "unsupported_parameter")]
+                      ("items[4].stream_format", "unsupported_parameter"), ("items[5].input", "invalid_value")]
 
     # An idle pipeline: the items run at once on free slots (here 4 of them), which are given back at the end.
     peak, done = [0.0], threading.Event()
@@ -164,6 +167,9 @@ def test_a_chat_batch_answers_each_conversation_as_a_single_request_does(voice_s
     ({"messages": [[{"role": "user", "content": "hi"}], [{"role": "user", "content": [{"type": "input_audio",
       "input_audio": {"data": "!!", "format": "wav"}}]}]]}, 400, "messages[1][0].content[0].input_audio"),
     ({"messages": [[{"role": "user", "content": "hi"}]], "model": "nope"}, 404, "model"),
+    ({"messages": [[{"role": "user", "content": "hi"}], [{"role": "assistant", "content": "x"}]]}, 400, "messages[1]"),
+    # the request limits hold for the batch as a whole (--max-messages 512)
+    ({"messages": [[{"role": "user", "content": "hi"}] * 300] * 2}, 400, "messages[1]"),
 ])
 def test_a_malformed_chat_batch_is_refused_whole(mock_server, body, status, param):
     response = httpx.post(f"{mock_server.base_url}/v1/chat/completions/batch", timeout=30,

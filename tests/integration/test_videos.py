@@ -100,6 +100,7 @@ def test_sync_create_answers_the_finished_mp4_and_a_leaving_client_deletes_its_j
     assert wait_for(lambda: {v["id"] for v in httpx.get(f"{wan_server.base_url}/v1/videos",
                                                         params={"limit": 100}).json()["data"]} == before, 30)
     assert wait_for(lambda: metric_value(wan_server.metrics_url, "omni_inflight_requests", model="wan_dit") == 0, 30)
+    assert httpx.delete(f"{wan_server.base_url}/v1/videos/{video_id}").status_code == 200
 
 
 def test_create_poll_download_with_the_sdk(wan_server, reference, tmp_path):
