@@ -742,3 +742,41 @@ def test_verbose_json_language_is_the_name_openai_gives():
     from omni_frontend.routes.transcriptions import language_name
 
     assert [language_name(c) for c in ("en", "de", "yue", "xx", None)] == ["english", "german", "cantonese", "xx", None]
+
+
+def test_a_batch_runs_on_free_slots_feeds_per_item_run_times_and_frees_every_slot():
+    """batching.run_items: the batch's own ticket plus free slots (at most CONCURRENCY); the gate's mean run time
+    gets each item's time, not the tickets' hold times (a 32-item batch used to feed its whole duration: ordinary
+    requests then got an immediate 429); a failing item cancels the rest and every slot comes back."""
+    from omni_frontend import batching
+
+    async def scenario():
+        gate = Gate("p", max_inflight=3, max_queue=4)
+        ticket = gate.enter()
+        peak, order = [0], []
+
+        async def item(i):
+            peak[0] = max(peak[0], gate.running)
+            await asyncio.sleep(0.05)
+            order.append(i)
+            return i * 10
+
+        assert await batching.run_items(ticket, 7, item) == [0, 10, 20, 30, 40, 50, 60]
+        assert peak[0] == 3 and gate.running == 1 and sorted(order) == list(range(7))   # two extra slots, given back
+        assert 0.04 < gate.mean_run_s < 0.2, gate.mean_run_s    # ~0.05 s per item, not the batch's ~0.15 s
+        ticket.release()
+        assert gate.running == 0 and 0.04 < gate.mean_run_s < 0.2
+
+        async def failing(i):
+            await asyncio.sleep(0.01 * i)
+            if i == 1:
+                raise RuntimeError("item 1")
+            await asyncio.sleep(5)
+
+        ticket = gate.enter()
+        with pytest.raises(RuntimeError):
+            await asyncio.wait_for(batching.run_items(ticket, 5, failing), 2)
+        ticket.release()
+        assert gate.running == 0 and not gate.waiting
+
+    asyncio.run(scenario())
