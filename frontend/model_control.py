@@ -134,12 +134,13 @@ class ModelControl:
         drained by then (sleeping the pipeline again unloads them)."""
         deadline = time.monotonic() + UNLOAD_WAIT_S
         callers = [m for m in models if m in (pipeline.entry, pipeline.stream_entry)]
-        for phase in (callers, [m for m in models if m not in callers]):
+        stages = [m for m in models if m not in callers]
+        for phase, later in ((callers, stages), (stages, [])):
             for model in phase:
                 await self.client.unload_model(model)
             pending = await self._wait_unloaded(phase, deadline)
             if pending:
-                return pending + [m for m in models if m not in callers]
+                return pending + later
         return []
 
     async def _wait_unloaded(self, models: list[str], deadline: float) -> list[str]:
