@@ -21,6 +21,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from omni_frontend.availability import Availability
 from omni_frontend.errors import APIError
 from omni_frontend.pipelines import Pipeline, triton_models
 from omni_frontend.triton_client import TritonClient
@@ -31,10 +32,12 @@ UNLOAD_WAIT_S = 60.0  # how long sleep() waits for unloads to finish (requests i
 
 
 class ModelControl:
-    """Pipeline states and model loading over `client` for the launcher's `pipelines`."""
+    """Pipeline states and model loading over `client` for the launcher's `pipelines`; `availability` tells which
+    models the stage monitor marked down (a sleep does not wait for them to unload)."""
 
-    def __init__(self, client: TritonClient, pipelines: list[Pipeline]):
+    def __init__(self, client: TritonClient, pipelines: list[Pipeline], availability: Availability | None = None):
         self.client = client
+        self.availability = availability or Availability()
         self.pipelines = {p.name: p for p in pipelines}
         self.sleeping: set[str] = set()   # every pipeline that is not awake (refused), transitions included
         self._transitions: dict[str, str] = {}   # name -> FALLING_ASLEEP | WAKING while sleep / wake runs
@@ -131,18 +134,24 @@ class ModelControl:
         drained by then (sleeping the pipeline again unloads them)."""
         deadline = time.monotonic() + UNLOAD_WAIT_S
         callers = [m for m in models if m in (pipeline.entry, pipeline.stream_entry)]
-        for phase in (callers, [m for m in models if m not in callers]):
+        stages = [m for m in models if m not in callers]
+        for phase, later in ((callers, stages), (stages, [])):
             for model in phase:
                 await self.client.unload_model(model)
             pending = await self._wait_unloaded(phase, deadline)
             if pending:
-                return pending + [m for m in models if m not in callers]
+                return pending + later
         return []
 
     async def _wait_unloaded(self, models: list[str], deadline: float) -> list[str]:
+        """The `models` still loaded once all have unloaded, `deadline` passed, or every one left is down or routes
+        through a model that is (a stub died: the requests it held never end, nor does its caller's BLS stream from
+        it, so their unloads never do; the stage monitor reloads a dead stage once its pipeline is awake)."""
+        availability = self.availability
         while True:
             states = await self.client.model_states()
             pending = [m for m in models if states.get(m) in ("READY", "UNLOADING", "LOADING")]
-            if not pending or time.monotonic() > deadline:
+            down = availability.down().keys()
+            if not pending or time.monotonic() > deadline or all(down & set(availability.route(m)) for m in pending):
                 return pending
             await asyncio.sleep(0.1)

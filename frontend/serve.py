@@ -7,7 +7,7 @@
 
 Loads only the selected pipelines' models (explicit model control), waits until every model is
 ready, serves the OpenAI API with uvicorn, restarts a stage whose stub process dies (model control:
-unload + load, omni_frontend.stage_monitor), and on SIGINT/SIGTERM stops both, leaving no child
+unload + load, omni_frontend.stage_monitor), and on SIGINT/SIGTERM/SIGHUP stops both, leaving no child
 process (alive or defunct) and no /dev/shm file behind. Failures (port in use, missing binary, a
 model that does not load) print one clear line (plus the relevant server-log lines) and exit non-zero.
 Bad input (a flag's value, a deploy file, a --log-dir / --data-dir / $OMNI_MODEL_HOME that cannot be
@@ -40,6 +40,9 @@ from omni_frontend.tritonserver import LaunchError, TritonServer
 ROOT = Path(__file__).resolve().parent.parent
 CHECKPOINT_PRESETS = ("qwen3_omni_tiny", "qwen3_omni_30b_a3b_random")   # python -m omni_backends.prepare NAME
 TTS_STAGE = "voice_tts"
+# Signals that stop the launcher cleanly: Ctrl-C, a supervisor's SIGTERM, and SIGHUP (its terminal closed: killed at
+# once by default, it cut the requests in flight without an answer and left the --tts-engine run copy behind).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 log = logging.getLogger("omni_frontend.serve")
 
 
@@ -249,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     # there, leaving the run copy and stub processes behind); so does SIGINT, also when it was inherited ignored
     # (`./scripts/serve &` in a script: the launcher went on loading and served, uvicorn's handler later did stop it).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGHUP, lambda *_: sys.exit(129))
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         if not args.no_frontend:   # the frontend's port only; tritonserver checks its own in start()
@@ -297,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S))
         # uvicorn re-raises every signal it caught, the LAST first: exit with the FIRST one's code instead
         # (SIGTERM then Ctrl-C during the graceful shutdown is still a 143, as a supervisor expects).
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in STOP_SIGNALS:
             signal.signal(sig, lambda sig, _: sys.exit(128 + (uv.first_signal or sig)))
         threading.Thread(target=_announce, args=(uv, args, server, selected), daemon=True).start()
         died = threading.Event()
@@ -312,8 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         # A second Ctrl-C or SIGTERM must not cut the cleanup short (it left the server's /dev/shm entries and
         # the run copy); server.stop() is bounded by its own timeouts.
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
         if server is not None:
             server.stop()
             log.info("tritonserver stopped")
@@ -393,6 +397,9 @@ def tts_engine_repository(repositories: list[Path], models: list[str], engine: s
 
 def _uvicorn_server(on_exit=lambda: None):
     import uvicorn
+    import uvicorn.server
+
+    uvicorn.server.HANDLED_SIGNALS = STOP_SIGNALS   # its graceful shutdown on SIGHUP too (it handles INT and TERM)
 
     class Server(uvicorn.Server):
         """uvicorn.Server that remembers the first exit signal it handled (`first_signal`, None before) and calls
@@ -408,11 +415,11 @@ def _uvicorn_server(on_exit=lambda: None):
 
 
 def _serve_triton_only(server: TritonServer) -> int:
-    """Wait until SIGINT/SIGTERM (exit 0) or until tritonserver dies (exit 1); the caller stops the server."""
+    """Wait until SIGINT/SIGTERM/SIGHUP (exit 0) or until tritonserver dies (exit 1); the caller stops the server."""
     print(f"Omni-Triton ready (Triton only): gRPC {server.grpc_url}   metrics {server.metrics_url}", flush=True)
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, lambda *_: stop.set())
     while not stop.wait(0.5):
         if server.process is not None and server.process.poll() is not None:
             print(f"error: {server.failure(f'tritonserver exited unexpectedly with code {server.process.returncode}')}",

@@ -1,4 +1,4 @@
-"""Stage recovery: finds dead stages of the awake pipelines and restarts them without a server restart.
+"""Stage recovery: finds dead stages and restarts those of the awake pipelines without a server restart.
 
 A stage is dead when its stub process died (the launcher sees it as a defunct child of tritonserver:
 `TritonServer.crashed_stubs`) or when its heartbeat (omni_model_heartbeat_seconds) is older than
@@ -8,6 +8,9 @@ stub held, so for each dead model the monitor
      (not a hang until the client's timeout) and new ones get 503 at once;
   2. reloads it through `ModelControl.reload` (unload + load: a fresh stub; retried with backoff);
   3. marks it up once it is READY with a fresh heartbeat, so /health answers 200 again.
+A stub that dies while its pipeline is not awake (falling asleep, sleeping, waking) gets step 1 too (its requests
+would hold the sleep's drain and their clients for good) and stays down until the pipeline is awake, then step 2 and 3
+(Triton may still read the model READY, so a wake alone would keep the dead stub).
 """
 from __future__ import annotations
 
@@ -46,7 +49,7 @@ class StageMonitor:
         while True:
             try:
                 for model in await self._dead_models():
-                    if model not in self.recovering and model in self.control.awake_models():
+                    if model not in self.recovering:
                         self._start(model)
             except Exception:  # noqa: BLE001 - the monitor must outlive any single failure
                 log.exception("stage monitor iteration failed")
@@ -82,10 +85,8 @@ class StageMonitor:
         log.warning("stage %s is down: failed %d request(s) in flight; reloading it", model, failed)
         try:
             while True:
-                try:
-                    if not await self.control.reload(model):
-                        return  # no awake pipeline needs it any more
-                    if await self._alive(model):
+                try:   # reload() is False while no awake pipeline needs the model: it waits for a wake
+                    if await self.control.reload(model) and await self._alive(model):
                         break
                 except APIError as exc:
                     log.error("stage %s: reload failed: %s", model, exc.message)

@@ -270,6 +270,48 @@ def test_api_key_dead_stage_recovery_and_clean_shutdown(tmp_path):
     assert "models mock_relay cannot unload" in server.log() and stop_s < EXIT_TIMEOUT_S, (stop_s, server.log()[-2000:])
 
 
+def test_a_stage_killed_while_its_pipeline_falls_asleep_fails_its_requests_at_once(tmp_path):
+    """A separate server (the killed stub's requests never end in Triton): two chats stream through relay, relay is
+    put to sleep (draining them) and mock_stream's stub is SIGKILLed meanwhile. The requests in flight get 503
+    `model_unavailable` at once, as for an awake pipeline, and the sleep ends without waiting UNLOAD_WAIT_S for the
+    dead stage (the stage monitor skipped pipelines that were not awake: the requests hung until the client's
+    timeout, holding the sleep); the frontend's gauges are back to 0, and after the wake the stage is reloaded and
+    serves again (Triton still read the dead model READY, so the wake alone kept it: every request got 503)."""
+    server = start_server(tmp_path, "--pipelines", "", "--model-repository", str(TEST_REPOSITORY),
+                          "--extra-pipeline", "relay=chat:mock_stream,mock_relay")
+    admin = f"{server.base_url}/v1/admin/pipelines"
+    body = {"model": "relay", "messages": [{"role": "user", "content": "hi"}], "repeat": 100, "delay_ms": 1000}
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            chats = [pool.submit(httpx.post, f"{server.base_url}/v1/chat/completions", json=body, timeout=60)
+                     for _ in range(2)]
+            assert wait_for(lambda: metric_value(server.metrics_url, "omni_inflight_requests", model="mock_stream") == 2, 30)
+            sleep = pool.submit(httpx.post, f"{admin}/relay/sleep", timeout=120)
+            assert wait_for(lambda: httpx.get(admin).json()["data"][0]["state"] == "falling_asleep", 10)
+            victim = next(p for p in stub_processes(server.process.pid) if "mock_stream/1/model.py" in " ".join(p.cmdline()))
+            os.kill(victim.pid, signal.SIGKILL)
+            killed = time.monotonic()
+            failed = [chat.result() for chat in chats]
+            failed_after = time.monotonic() - killed
+            slept, slept_after = sleep.result().json(), time.monotonic() - killed
+        for response in failed:
+            assert response.status_code == 503 and response.json()["error"]["code"] == "model_unavailable", response.text
+        assert failed_after < 10 and slept_after < 20, (failed_after, slept_after)
+        assert slept["state"] == "sleeping" and slept["pending"] == ["mock_relay", "mock_stream"], slept
+        health = httpx.get(f"{server.base_url}/health")
+        assert health.status_code == 200 and health.json()["sleeping"] == ["relay"]
+        assert 'omni_frontend_inflight_requests{pipeline="relay"} 0.0' in httpx.get(f"{server.base_url}/metrics").text
+        # awake, with the dead stage down until the monitor's reload: "recovering", then /health 200
+        assert httpx.post(f"{admin}/relay/wake", timeout=120).json()["state"] == "recovering"
+        assert wait_for(lambda: httpx.get(f"{server.base_url}/health").status_code == 200, 30, 0.1)
+        assert httpx.get(admin).json()["data"][0]["state"] == "awake"
+        reply = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=30,
+                           json={"model": "relay", "messages": [{"role": "user", "content": "x"}]})
+        assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"] == "tok0tok1tok2", reply.text
+    finally:
+        server.stop()
+
+
 def test_sleep_and_wake_unload_and_reload_models(mock_server):
     """mock, relay and mock-speech share mock_stream: sleeping relay unloads only mock_relay; sleeping mock
     keeps mock_stream while mock-speech is awake, sleeping mock-speech then unloads it; waking relay loads
@@ -576,8 +618,10 @@ def test_a_client_request_id_is_never_taken_for_a_bls_child_id(mock_server, requ
     assert not (mock_server.sidechannel_dir / f"{request_id}.error").exists()   # nobody would ever take it
 
 
-def test_requests_in_flight_at_the_stop_get_a_503_envelope_or_an_sse_error_event(tmp_path):
-    """Ctrl-C with requests in flight: a non-streamed request still running when the stop's grace (4.5 s) ends used
+@pytest.mark.parametrize("sig, exit_code", [(signal.SIGINT, 130), (signal.SIGHUP, 129)])
+def test_requests_in_flight_at_the_stop_get_a_503_envelope_or_an_sse_error_event(tmp_path, sig, exit_code):
+    """Ctrl-C (or SIGHUP: the terminal closed, which killed the launcher at once, cutting every request without an
+    answer and leaving the --tts-engine run copy) with requests in flight: a non-streamed request still running when the stop's grace (4.5 s) ends used
     to be cut by uvicorn with a plain-text `500 Internal Server Error` (no envelope, no x-request-id), a CancelledError
     traceback, and be logged as a client abort (499); an SSE stream was cut without an event. Now the first gets a
     503 envelope (`server_shutting_down`, Retry-After, its x-request-id), logged as 503; the stream ends at once with
@@ -602,13 +646,14 @@ def test_requests_in_flight_at_the_stop_get_a_503_envelope_or_an_sse_error_event
                             30)
             assert wait_for(lambda: len(stream_lines) > 2, 30)
             stopped = time.monotonic()
-            server.process.send_signal(signal.SIGINT)
+            server.process.send_signal(sig)
             answer = plain.result(timeout=60)
             answered_s = time.monotonic() - stopped
             stream.result(timeout=60)
-        assert server.process.wait(timeout=60) == 130
+        assert server.process.wait(timeout=60) == exit_code
     finally:
         server.stop()
+    assert server.shm_entries() == []
     assert answer.status_code == 503, answer.text
     assert answer.headers["content-type"] == "application/json"
     assert answer.json() == {"error": {"message": "the server is shutting down; retry the request",

@@ -14,6 +14,7 @@ import pytest
 from PIL import Image
 
 from omni_frontend.errors import APIError, from_triton_message
+from omni_frontend import model_control
 from omni_frontend.model_control import ModelControl
 from omni_frontend.pipelines import REGISTRY
 from omni_frontend.routes.videos import VideoCreateRequest, resolve_params
@@ -346,3 +347,15 @@ def test_a_job_whose_request_arrives_after_its_pipeline_began_to_sleep_waits_for
     asyncio.run(scenario())
     assert store.get("video_late").error is None
     assert "unknown model" in store.get("video_broken").error["message"]
+
+
+def test_a_sleep_lists_each_model_still_unloading_once(monkeypatch):
+    """A stage that does not unload within UNLOAD_WAIT_S once its callers drained is `pending`, alone: the others
+    unloaded (the list used to repeat it and name every stage of the pipeline)."""
+    monkeypatch.setattr(model_control, "UNLOAD_WAIT_S", 0.3)
+    triton = _Triton(REGISTRY["wan"].models)
+    triton.inflight["wan_dit"] = 1   # a request that does not end
+    slept = asyncio.run(ModelControl(triton, [REGISTRY["wan"]]).sleep("wan"))
+    assert slept["pending"] == ["wan_dit"]
+    assert triton.states == {"wan_text_encoder": "UNAVAILABLE", "wan_dit": "UNLOADING", "wan_vae": "UNAVAILABLE",
+                             "wan": "UNAVAILABLE"}
