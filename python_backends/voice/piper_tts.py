@@ -12,8 +12,8 @@ padded with zeros, where Kokoro's is trimmed). Cost on this machine: ~0.05 CPU-s
 
 Speed: VITS's `length_scale` (1/speed) scales the predicted durations before they are rounded up to whole
 frames, so the joe voice's audio shrinks less than asked (length_scale 0.8 gave 0.9x the duration, 0.5 gave
-0.65x); as with Kokoro, speeds above NATIVE_MAX_SPEED are rendered at it and the rest of the tempo change is
-done by `audio.time_stretch`. Cancellation is checked before each sentence (a sentence renders in ~0.05 s).
+0.65x); as with Kokoro, speeds outside [NATIVE_MIN_SPEED, NATIVE_MAX_SPEED] are rendered at the nearer bound and
+the rest of the tempo change is done by `audio.time_stretch`. Cancellation is checked before each sentence (a sentence renders in ~0.05 s).
 Output is random in its details: VITS samples noise (the voice's noise_scale 0.667, noise_w 0.8).
 """
 from __future__ import annotations
