@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 _TYPES = {404: "not_found_error", 429: "rate_limit_error", 503: "service_unavailable"}
+# The code of a speech pipeline's 400 for text it says nothing of (the speech WebSocket makes that sentence silence)
+NOTHING_TO_SPEAK = "nothing_to_speak"
 
 
 class RequestError(ValueError):

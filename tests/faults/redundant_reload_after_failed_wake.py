@@ -3,7 +3,7 @@ running. Sleeps voice, wakes it and SIGKILLs voice_llm's stub while it loads (th
 then wakes voice again. Exits 1 while that successful wake answers `recovering` (the stage monitor, still holding the
 dead voice_llm down, reloads the fresh stub the wake just loaded: more seconds of 503 model_unavailable), 0 when the
 second wake serves at once."""
-import asyncio, httpx, time, psutil, os, signal, sys, re
+import asyncio, httpx, time, psutil, sys, re
 BASE = "http://127.0.0.1:31000"; MET = "http://127.0.0.1:31003/metrics"
 def tritonserver():
     for p in psutil.process_iter(["cmdline"]):

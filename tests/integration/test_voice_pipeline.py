@@ -396,6 +396,26 @@ def test_bad_audio_requests_get_openai_errors(voice_server, route, kwargs, statu
     assert httpx.get(f"{voice_server.base_url}/health").status_code == 200
 
 
+def test_speech_of_text_the_voice_cannot_say_is_a_400_not_an_empty_file(voice_server):
+    """Letters or digits the engine says nothing of (Arabic-Indic digits, a modifier letter, Markdown that strips to
+    nothing) passed the "nothing speakable" check and came back as a 200 with an empty WAV (44 bytes), 10 ms of mp3 or
+    an SSE stream without audio; the pipeline now refuses them as it refuses "!!!", and speaks the rest of a text
+    that also has words."""
+    url = f"{voice_server.base_url}/v1/audio/speech"
+    for text in ("\u0661\u0662\u0663", "\u02bb\u02bb", "[](abc)"):
+        for extra in ({"response_format": "wav"}, {"response_format": "mp3"},
+                      {"response_format": "pcm", "stream_format": "sse"}):
+            response = httpx.post(url, json={"model": "tts", "voice": "alloy", "input": text, **extra}, timeout=120)
+            assert response.status_code == 400, (text, extra, response.text)
+            assert response.json()["error"]["param"] == "input"
+            assert response.json()["error"]["code"] == "nothing_to_speak"
+    response = httpx.post(url, json={"model": "tts", "voice": "alloy", "input": "\u0661\u0662. Good morning.",
+                                     "response_format": "wav"}, timeout=120)
+    assert response.status_code == 200, response.text
+    speech, rate = sf.read(io.BytesIO(response.content))
+    assert speech.size / rate > 0.5 and np.abs(speech).max() > 0.1
+
+
 def test_rejected_stage_requests_leave_no_side_channel_files(voice_server):
     """A request that a BLS child stage rejects (voice_llm: context length) is a 400, and the
     parent/child side channel (cancel flags, error files) is cleaned up."""

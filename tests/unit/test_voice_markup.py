@@ -31,3 +31,8 @@ def test_text_that_is_not_markup_is_unchanged(text):
                                            ("`pip", "pip"), ("install`", "install")])
 def test_a_chunk_cut_inside_a_mark_loses_its_half(piece, spoken):
     assert speakable(piece) == spoken
+
+
+def test_control_characters_are_read_as_spaces():
+    """A NUL ends the C string espeak-ng reads: Kokoro dropped the rest of the clause after one."""
+    assert speakable("Hello\x00 world,\x1b red\x7f.\tTab\nline") == "Hello  world,  red .\tTab\nline"
