@@ -40,6 +40,7 @@ _FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
 # Formats a streamed answer can carry: its events (TranscriptionTextDeltaEvent / TranscriptionTextDoneEvent)
 # hold text and usage, no segment timings, language or words.
 _STREAMED_FORMATS = ("json", "text")
+MIN_AUDIO_S = 0.1   # shorter files are a 400 audio_too_short, as at OpenAI ("Minimum audio length is 0.1 seconds")
 
 
 def _timestamp(seconds: float, sep: str) -> str:
@@ -178,6 +179,9 @@ async def transcriptions(request: Request):
     except audio_codec.AudioTooLong as exc:
         raise bad_request(f"file is longer than {exc.max_seconds:g} s (limit --max-audio-seconds)", param="file",
                           code="audio_too_long") from exc
+    if pcm.size < (MIN_AUDIO_S - 0.001) * 16000:   # OpenAI's minimum (a resampled 0.1 s may round a sample short)
+        raise bad_request(f"file is {pcm.size / 16000:.3f} s of audio; the minimum is {MIN_AUDIO_S:g} s", param="file",
+                          code="audio_too_short")
 
     options = {"language": language, "prompt": prompt,
                "temperature": temperature, "word_timestamps": "word" in granularities}

@@ -103,6 +103,7 @@ def _wav(samples: np.ndarray) -> bytes:
                                          ({"language": "english!"}, "language"),
                                          ({"prompt": "word " * 26215}, "prompt"),   # over --max-text-chars
                                          ({"file": np.full(1600, np.nan, np.float32)}, "file"),
+                                         ({"file": np.full(160, 0.5, np.float32)}, "file"),   # < 0.1 s
                                          ({"stream": "true", "response_format": "srt"}, "response_format"),
                                          ({"stream": "true"}, "stream")])   # mock-asr has no streaming model
 def test_bad_or_unsupported_transcription_fields_are_rejected(mock_server, form, param):
@@ -136,7 +137,7 @@ def test_a_batch_of_transcriptions_runs_two_at_a_time_and_each_gets_its_own_answ
                           files={"file": ("a.wav", _wav(np.zeros(samples, np.float32)), "audio/wav")},
                           data={"model": "mock-asr", "prompt": prompt})
 
-    jobs = [(1600 * (i + 1), "sleep 0.4") for i in range(4)] + [(800, "fail")]
+    jobs = [(1600 * (i + 1), "sleep 0.4") for i in range(4)] + [(1600, "fail")]
     with ThreadPoolExecutor(len(jobs)) as pool:
         answers = list(pool.map(lambda job: post(*job), jobs))
     texts = [answer.json()["text"] for answer in answers[:4]]
