@@ -292,17 +292,19 @@ def test_disconnect_cancels_the_llm_stage(voice_server):
 
 
 def test_speech_to_transcription_round_trip_word_error_rate(voice_server, client):
-    """10 fixed sentences -> /v1/audio/speech/batch (wav) -> /v1/audio/transcriptions, 4 at once: WER <= 20 %."""
+    """6 fixed sentences -> /v1/audio/speech/batch (wav) -> /v1/audio/transcriptions, 4 at once: WER <= 20 %
+    (the engines in-process have their own round trip: test_voice_speech.py)."""
+    sentences = ROUND_TRIP[:6]
     response = httpx.post(f"{voice_server.base_url}/v1/audio/speech/batch", timeout=300, json={
-        "model": "tts-1", "voice": "alloy", "response_format": "wav", "items": [{"input": s} for s in ROUND_TRIP]})
-    assert response.json()["succeeded"] == len(ROUND_TRIP), response.text
+        "model": "tts-1", "voice": "alloy", "response_format": "wav", "items": [{"input": s} for s in sentences]})
+    assert response.json()["succeeded"] == len(sentences), response.text
     wavs = [base64.b64decode(r["audio_data"]) for r in response.json()["results"]]
     with ThreadPoolExecutor(4) as pool:   # within the admission bound (--max-inflight 4)
         heard = list(pool.map(lambda wav: client.audio.transcriptions.create(
             model="whisper-1", file=("s.wav", wav, "audio/wav")).text, wavs))
-    wer = word_error_rate(ROUND_TRIP, heard)
-    print(f"\nround-trip WER over {len(ROUND_TRIP)} sentences: {wer:.3f}")
-    assert wer <= 0.20, list(zip(ROUND_TRIP, heard))
+    wer = word_error_rate(sentences, heard)
+    print(f"\nround-trip WER over {len(sentences)} sentences: {wer:.3f}")
+    assert wer <= 0.20, list(zip(sentences, heard))
 
 
 def test_streamed_speech_matches_the_non_streamed_length(voice_server, client):
@@ -739,7 +741,7 @@ def test_32_concurrent_streamed_chats_complete_or_get_429_at_once(voice_server):
     import asyncio
 
     async def one(client: httpx.AsyncClient, i: int):
-        body = {"model": "voice", "stream": True, "max_tokens": 8, "temperature": 0,
+        body = {"model": "voice", "stream": True, "max_tokens": 4, "temperature": 0,
                 "audio": {"voice": "alloy", "format": "pcm16"},
                 "messages": [{"role": "user", "content": ["What is the capital of France?", "Name a color."][i % 2]}]}
         async with client.stream("POST", "/v1/chat/completions", json=body) as response:
