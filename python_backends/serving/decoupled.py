@@ -24,7 +24,6 @@ from omni_backends.serving.metrics import StageMetrics
 
 
 CANCEL_POLL_S = 0.05
-MIN_EXECUTE_S = 0.005   # see AsyncDecoupledModel.execute
 
 
 class Cancelled(Exception):
@@ -156,16 +155,7 @@ class AsyncDecoupledModel:
         return events.encode_event(event, payload)
 
     async def execute(self, requests) -> None:
-        started = time.monotonic()
         await asyncio.gather(*(self._serve(r) for r in requests))
-        # Triton 2.51's stub schedules an async execute, then adds its done-callback, then adds its future to the
-        # set the callback removes it from (pb_stub.cc Stub::RunCoroutine): an execute that ended before that (a
-        # request refused at once) logged "Cannot remove future from background; KeyError" and left the future in
-        # the set; stops after it sat out the 30 s exit timeout with the model never unloaded. The execute ends
-        # no sooner than MIN_EXECUTE_S after it started (its responses are not delayed).
-        left = MIN_EXECUTE_S - (time.monotonic() - started)
-        if left > 0:
-            await asyncio.sleep(left)
 
     async def _serve(self, request) -> None:
         sender = request.get_response_sender()
