@@ -1,7 +1,8 @@
 """POST /v1/audio/speech/batch: up to MAX_ITEMS speech requests in one call (vLLM-Omni's batch speech API).
 
-Body: `items` (1..MAX_ITEMS objects, each a /v1/audio/speech body: `input` required, the other fields optional) plus batch-level defaults for the items (`model`, `voice`, `response_format` (default wav, as
-vLLM-Omni's), `speed`, and the pipeline's extension fields). An item's non-null fields override the defaults; an item's
+Body: `items` (1..MAX_ITEMS objects, each a /v1/audio/speech body: `input` required, the other fields optional) plus
+batch-level defaults for the items (`model`, `voice`, `response_format` (default wav, as vLLM-Omni's), `speed`, and
+the pipeline's extension fields). An item's non-null fields override the defaults; an item's
 `model` must name the batch's pipeline. `input` and `stream_format` are not batch fields.
 
 Answer (200 whenever the batch itself was valid): {"id": "speech-batch-<hex>", "results": [one per item, in item
@@ -13,9 +14,10 @@ on an internal error.
 
 Whole-batch errors (the OpenAI envelope): 400 for a malformed body, no items or more than MAX_ITEMS, items whose
 inputs together (each divided by its speed) pass BATCH_INPUT_CHARS x --max-speech-input-chars, an item that is not an
-object, `instructions`, a batch-level field of the wrong type or not read by the pipeline; 404/400/503 for the model as /v1/audio/speech; 429 when the
-pipeline is full. Load: the batch is one request of the pipeline's admission gate; its items run on that slot and the
-free ones (`omni_frontend.batching`). A client that leaves cancels every item still running in Triton.
+object, `instructions`, a batch-level field of the wrong type or not read by the pipeline; 404/400/503 for the model
+as /v1/audio/speech; 429 when the pipeline is full. Load: the batch is one request of the pipeline's admission gate;
+its items run on that slot and the free ones (`omni_frontend.batching`). A client that leaves cancels every item
+still running in Triton.
 """
 from __future__ import annotations
 
@@ -82,9 +84,9 @@ async def speech_batch(batch: SpeechBatchRequest, request: Request):
     if len(batch.items) > MAX_ITEMS:
         raise bad_request(f"items has {len(batch.items)} entries; the limit is {MAX_ITEMS}", param="items",
                           code="too_many_items")
-    limit = BATCH_INPUT_CHARS * cfg.limits.max_speech_input_chars
-    if _spoken_chars(batch) > limit:
-        raise bad_request(f"the items' input has {_spoken_chars(batch):.0f} characters in all (each divided by its "
+    chars = _spoken_chars(batch)
+    if chars > BATCH_INPUT_CHARS * cfg.limits.max_speech_input_chars:
+        raise bad_request(f"the items' input has {chars:.0f} characters in all (each divided by its "
                           f"speed); the limit is {BATCH_INPUT_CHARS} x {cfg.limits.max_speech_input_chars} "
                           f"(--max-speech-input-chars)", param="items", code="input_too_long")
     pipeline = pipeline_for(request, batch.model, SPEECH, "speech")

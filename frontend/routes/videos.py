@@ -239,17 +239,14 @@ async def create_video_sync(request: Request):
             await runner.cancel(job_id)
             runner.store.delete(job_id)
         raise
-    if job is None:
-        raise APIError(409, f"video '{job_id}' was deleted while the request waited for it", code="video_deleted")
-    if job.status != COMPLETED:
+    if job is not None and job.status != COMPLETED:
         error = job.error or {}
-        raise APIError(500, f"video '{job.id}' failed: {error.get('message', 'unknown error')}",
-                       code=error.get("code", "video_failed"), headers={"x-video-id": job.id})
-    path = runner.store.job_dir(job.id) / encoding.FILE_NAMES["video"]
-    if not path.exists():   # deleted (or expired) since it completed
+        raise APIError(500, f"video '{job_id}' failed: {error.get('message', 'unknown error')}",
+                       code=error.get("code", "video_failed"), headers={"x-video-id": job_id})
+    file = None if job is None else _content(runner, job_id, "video", headers={"x-video-id": job_id})
+    if file is None:   # deleted (or expired) while the request waited, or since it completed
         raise APIError(409, f"video '{job_id}' was deleted while the request waited for it", code="video_deleted")
-    return _VideoFile(path, media_type=encoding.CONTENT_TYPES["video"], content_disposition_type="inline",
-                      filename=f"{job.id}{path.suffix}", headers={"x-video-id": job.id})
+    return file
 
 
 async def _finished(runner: VideoRunner, video_id: str):
@@ -321,11 +318,19 @@ async def download_video(video_id: str, request: Request,
     if job.status != COMPLETED:
         raise APIError(400, f"video '{video_id}' is {job.status}; its content exists once it is completed",
                        param="video_id", code="video_not_ready")
+    file = _content(runner, video_id, variant)
+    if file is None:
+        raise APIError(404, f"the {variant} of video '{video_id}' is gone", code="content_not_found")
+    return file
+
+
+def _content(runner: VideoRunner, video_id: str, variant: str, headers: dict | None = None):
+    """The response of a video's `variant` file (video, thumbnail, spritesheet), None when the file is gone."""
     path = runner.store.job_dir(video_id) / encoding.FILE_NAMES[variant]
     if not path.exists():
-        raise APIError(404, f"the {variant} of video '{video_id}' is gone", code="content_not_found")
+        return None
     return _VideoFile(path, media_type=encoding.CONTENT_TYPES[variant], content_disposition_type="inline",
-                      filename=f"{video_id}{path.suffix}")
+                      filename=f"{video_id}{path.suffix}", headers=headers)
 
 
 class _VideoFile(FileResponse):
