@@ -621,8 +621,8 @@ def test_a_client_request_id_is_never_taken_for_a_bls_child_id(mock_server, requ
 @pytest.mark.parametrize("sig, exit_code", [(signal.SIGINT, 130), (signal.SIGHUP, 129)])
 def test_requests_in_flight_at_the_stop_get_a_503_envelope_or_an_sse_error_event(tmp_path, sig, exit_code):
     """Ctrl-C (or SIGHUP: the terminal closed, which killed the launcher at once, cutting every request without an
-    answer and leaving the --tts-engine run copy) with requests in flight: a non-streamed request still running when the stop's grace (4.5 s) ends used
-    to be cut by uvicorn with a plain-text `500 Internal Server Error` (no envelope, no x-request-id), a CancelledError
+    answer and leaving the --tts-engine run copy) with requests in flight: a non-streamed request still running when
+    the stop's grace (4.5 s) ends used to be cut by uvicorn with a plain-text `500 Internal Server Error` (no envelope, no x-request-id), a CancelledError
     traceback, and be logged as a client abort (499); an SSE stream was cut without an event. Now the first gets a
     503 envelope (`server_shutting_down`, Retry-After, its x-request-id), logged as 503; the stream ends at once with
     an error event; the stop takes no longer than the grace."""
