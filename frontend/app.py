@@ -128,5 +128,6 @@ def create_app(config: FrontendConfig, crashed_stubs: CrashedStubs | None = None
                        send_timeout_s=config.limits.send_timeout_s, stopping=app.state.stopping)  # outermost
     for module in (system, chat, speech, speech_batch, speech_stream, transcriptions, images, videos, realtime, admin):
         app.include_router(module.router)
+    app.include_router(admin.engine_router)
     videos.install(app, config, app.state.triton)
     return app

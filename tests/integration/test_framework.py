@@ -358,6 +358,42 @@ def test_sleep_and_wake_unload_and_reload_models(mock_server):
     assert httpx.get(f"{base}/health").status_code == 200
 
 
+def test_vllm_sleep_endpoints_sleep_and_wake_every_pipeline(mock_server):
+    """vLLM's whole-server POST /sleep, POST /wake_up and GET /is_sleeping: every pipeline sleeps (its models
+    unloaded, its requests 503) and wakes; a level, mode or tag outside what a sleep does here is a 400 envelope
+    naming it, and nothing changes."""
+    base = mock_server.base_url
+
+    def chat(model):
+        return httpx.post(f"{base}/v1/chat/completions", timeout=60,
+                          json={"model": model, "messages": [{"role": "user", "content": "hi"}]})
+
+    try:
+        assert httpx.get(f"{base}/is_sleeping").json() == {"is_sleeping": False}
+        for query, param in (("level=3", "level"), ("level=x", "level"), ("mode=abort", "mode")):
+            refused = httpx.post(f"{base}/sleep?{query}")
+            assert refused.status_code == 400 and refused.json()["error"]["param"] == param, refused.text
+        assert httpx.get(f"{base}/is_sleeping").json() == {"is_sleeping": False} and chat("mock").status_code == 200
+        slept = httpx.post(f"{base}/sleep?level=2", timeout=180)
+        assert slept.status_code == 200, slept.text
+        assert slept.json()["is_sleeping"] is True and set(slept.json()["pipelines"]) == {"mock", "relay", "mock-speech",
+                                                                                           "mock-asr"}
+        assert wait_for(lambda: _live_stubs(mock_server) == [], 30), "the sleep did not end the stubs"
+        assert httpx.get(f"{base}/is_sleeping").json() == {"is_sleeping": True}
+        assert chat("relay").json()["error"]["code"] == "pipeline_sleeping"
+        bad_tag = httpx.post(f"{base}/wake_up?tags=optimizer")
+        assert bad_tag.status_code == 400 and bad_tag.json()["error"]["param"] == "tags"
+        woke = httpx.post(f"{base}/wake_up?tags=weights&tags=kv_cache", timeout=180).json()
+        loaded = sorted(m for result in woke["pipelines"].values() for m in result["loaded"])
+        assert woke["is_sleeping"] is False and loaded == ["mock_asr", "mock_relay", "mock_stream"], woke
+        assert httpx.get(f"{base}/is_sleeping").json() == {"is_sleeping": False}
+        assert chat("relay").json()["choices"][0]["message"]["content"] == "tok0tok1tok2"
+        assert _live_stubs(mock_server) == ["mock_asr", "mock_relay", "mock_stream"]
+    finally:
+        httpx.post(f"{base}/wake_up", timeout=180)
+    assert httpx.get(f"{base}/health").status_code == 200
+
+
 def test_health_stays_200_while_a_pipeline_drains_to_sleep_and_wakes(mock_server):
     """Sleeping relay with a request in flight: its unload waits for the request, and Triton's strict readiness
     is false meanwhile (as while the wake loads mock_relay). /health used to equate that with a dead server (503
