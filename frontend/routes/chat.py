@@ -33,7 +33,7 @@ from omni_frontend.routes.common import config, pipeline_for, refuse_unread_fiel
 router = APIRouter()
 
 
-class _Completion:
+class Completion:
     """Accumulates one request's events into OpenAI objects and feeds its RequestTimer."""
 
     def __init__(self, req: ChatRequest, request_id: str, expires_s: int, timer: RequestTimer):
@@ -123,7 +123,7 @@ async def chat_completions(req: ChatRequest, request: Request):
     ticket = admission.enter(request, pipeline)
     request_id = request.state.request_id
     extra = {"INPUT_AUDIO": input_audio} if input_audio is not None else None
-    completion = _Completion(req, request_id, cfg.audio_expires_s, observability.timer(request, pipeline.name))
+    completion = Completion(req, request_id, cfg.audio_expires_s, observability.timer(request, pipeline.name))
     stream = pipeline_stream.events(triton(request), pipeline.entry, body, request_id, extra)
 
     if not req.stream:
@@ -198,7 +198,7 @@ async def chat_completions_batch(batch: ChatBatchRequest, request: Request):
 
     async def answer(i: int) -> dict:
         body, input_audio = prepared[i]
-        completion = _Completion(reqs[i], f"{request_id}-{i}", cfg.audio_expires_s, timer)
+        completion = Completion(reqs[i], f"{request_id}-{i}", cfg.audio_expires_s, timer)
         extra = {"INPUT_AUDIO": input_audio} if input_audio is not None else None
         with _in_conversation(i):
             async for event, audio in pipeline_stream.events(triton(request), pipeline.entry, body,
