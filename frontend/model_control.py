@@ -10,6 +10,10 @@ those in flight drain and its models unload) or `waking` (still refusing while i
 either way it is not awake, so /health does not judge its models (Triton's own readiness is false
 meanwhile: see routes/system.health).
 
+Every load that starts a model afresh (a wake's load of a model that was not READY, a reload's) is noted with the
+`time.monotonic()` it began (`loaded_after`): a stub that was running before then is no longer the model's, so the
+stage monitor does not restart a model for the death of a stub that a wake has already replaced.
+
 Work the frontend holds outside Triton for a pipeline (queued video jobs: omni_frontend.videos.runner) is not
 started while the pipeline is not awake: `on_wake` tells its holder when to start it, and `sleeps` counts the
 sleeps begun, so a request sent as one began (and refused by the unloaded model) can be told from a real failure.
@@ -43,6 +47,7 @@ class ModelControl:
         self._transitions: dict[str, str] = {}   # name -> FALLING_ASLEEP | WAKING while sleep / wake runs
         self._sleeps: dict[str, int] = {}        # name -> sleeps begun (see `sleeps`)
         self._wake_listeners: list[Callable[[str], None]] = []
+        self._fresh: dict[str, float] = {}        # model -> when its last successful fresh load began (monotonic)
         self._lock = asyncio.Lock()
 
     def state(self, name: str) -> str:
@@ -59,6 +64,17 @@ class ModelControl:
         """How many sleeps of pipeline `name` have begun: a caller that notes it before sending a request knows,
         when the request fails, whether a sleep began meanwhile (the model may have unloaded before it arrived)."""
         return self._sleeps.get(name, 0)
+
+    def loaded_after(self, model: str, seen: float) -> bool:
+        """Whether a load that began after `seen` (time.monotonic()) started `model` afresh and succeeded: a stub of
+        the model that was running at `seen` has been replaced since."""
+        return self._fresh.get(model, float("-inf")) > seen
+
+    async def _load_fresh(self, model: str) -> None:
+        """Loads `model`, which is not READY (or was just unloaded): Triton starts new stubs for it."""
+        began = time.monotonic()
+        await self.client.load_model(model)
+        self._fresh[model] = began
 
     def on_wake(self, listener: Callable[[str], None]) -> None:
         """Calls `listener(name)` each time pipeline `name` is awake again (after `wake` loaded its models)."""
@@ -107,7 +123,7 @@ class ModelControl:
                 states = await self.client.model_states()
                 load = [m for m in pipeline.models if states.get(m) != "READY"]
                 for model in load:
-                    await self.client.load_model(model)
+                    await self._load_fresh(model)
             finally:
                 del self._transitions[name]
             self.sleeping.discard(name)
@@ -116,14 +132,19 @@ class ModelControl:
                 listener(name)
             return {"loaded": load}
 
-    async def reload(self, model: str) -> bool:
+    async def reload(self, model: str, unless_loaded_after: float | None = None) -> bool:
         """Restart `model` with a fresh stub process (unload, then load: a load alone keeps a dead stub).
-        Returns False (nothing done) when no awake pipeline needs it. Raises APIError on failure."""
+        Returns False (nothing done) when no awake pipeline needs it. With `unless_loaded_after` (when a stub of
+        the model that died was last seen running), a model loaded afresh since then (`loaded_after`: a wake
+        loaded it while the caller waited for the lock or for the wake) is not restarted again, and True is
+        returned. Raises APIError on failure."""
         async with self._lock:
             if model not in self.awake_models():
                 return False
+            if unless_loaded_after is not None and self.loaded_after(model, unless_loaded_after):
+                return True
             await self.client.unload_model(model)
-            await self.client.load_model(model)
+            await self._load_fresh(model)
             return True
 
     async def _unload_callers_first(self, pipeline: Pipeline, models: list[str]) -> list[str]:

@@ -160,6 +160,7 @@ class TritonServer:
     extra_args: tuple[str, ...] = ()
     process: subprocess.Popen | None = None
     _stub_models: dict[int, str] = dataclasses.field(default_factory=dict)  # stub pid -> model
+    _stub_seen: dict[int, float] = dataclasses.field(default_factory=dict)  # stub pid -> monotonic time seen running
     _reported: set[int] = dataclasses.field(default_factory=set)            # dead stubs already reported
     _zombies: set[int] = dataclasses.field(default_factory=set)             # stubs seen as zombies by the last call
 
@@ -264,8 +265,10 @@ class TritonServer:
         tail = "\n".join((keep or lines)[-25:])
         return f"{headline} (server log: {self.log_path})\n{tail}"
 
-    def crashed_stubs(self) -> dict[int, str]:
-        """Stub processes that died under the running server since the last call: {pid: model}.
+    def crashed_stubs(self) -> dict[int, tuple[str, float]]:
+        """Stub processes that died under the running server since the last call: {pid: (model, seen)}, `seen`
+        the last `time.monotonic()` at which a call saw the stub running (it existed then: a model loaded
+        afresh after that time has another stub; omni_frontend.stage_monitor).
 
         A stub the Python backend stops (unload) is reaped by tritonserver; one that crashed or was
         killed stays a zombie (tritonserver never waits for it) while the model still reads READY
@@ -286,15 +289,22 @@ class TritonServer:
                     if child.pid in self._stub_models and child.pid not in self._reported:
                         if child.pid in self._zombies:
                             self._reported.add(child.pid)
-                            dead[child.pid] = self._stub_models[child.pid]
+                            dead[child.pid] = (self._stub_models[child.pid], self._stub_seen[child.pid])
                         zombies.add(child.pid)
-                elif child.pid not in self._stub_models:
+                    continue
+                if child.pid not in self._stub_models:
                     args = child.cmdline()
-                    if len(args) > 1 and args[0].endswith(STUB_BINARY):
-                        self._stub_models[child.pid] = Path(args[1]).parent.parent.name
+                    if not (len(args) > 1 and args[0].endswith(STUB_BINARY)):
+                        continue
+                    self._stub_models[child.pid] = Path(args[1]).parent.parent.name
+                self._stub_seen[child.pid] = time.monotonic()   # after the look: the stub existed by then
             except psutil.Error:
                 continue
         self._zombies = zombies
+        for pid in set(self._stub_models) - {child.pid for child in children}:   # reaped: the pid may be reused
+            del self._stub_models[pid]
+            self._stub_seen.pop(pid, None)
+            self._reported.discard(pid)
         return dead
 
     def stop(self, timeout_s: float = STOP_WAIT_S) -> None:

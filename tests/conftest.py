@@ -6,6 +6,7 @@ mock and image servers, whose work is done by then."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -40,11 +41,18 @@ MOCK_ARGS = ("--pipelines", "", "--model-repository", str(TEST_REPOSITORY),
              "--extra-pipeline", "mock-speech=speech:mock_stream", "--extra-pipeline", "mock-asr=transcription:mock_asr")
 
 
+def hold_load_file(server) -> Path:
+    """While this file exists, a load of mock_relay on `server` (the mock server) waits in the model's setup."""
+    return server.log_path.parent / "hold-load"
+
+
 @pytest.fixture(scope="session")
 def mock_server(tmp_path_factory):
     """Launcher with the framework test models only (mock_stream, mock_relay, mock_asr) behind chat, speech
-    and transcription routes; no pipelines."""
-    server = _shared("mock_server", start_server(tmp_path_factory.mktemp("mock_server"), *MOCK_ARGS))
+    and transcription routes; no pipelines. mock_relay's loads wait while `hold_load_file` exists."""
+    tmp_dir = tmp_path_factory.mktemp("mock_server")
+    server = _shared("mock_server", start_server(tmp_dir, *MOCK_ARGS,
+                                                 env={"OMNI_TEST_HOLD_LOAD": str(tmp_dir / "hold-load")}))
     yield server
     server.stop()
 

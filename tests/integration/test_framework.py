@@ -19,7 +19,7 @@ import soundfile
 import tritonclient.grpc as grpcclient
 
 from omni_frontend.tritonserver import EXIT_TIMEOUT_S, free_port, free_ports
-from tests.conftest import MOCK_ARGS
+from tests.conftest import MOCK_ARGS, hold_load_file
 from tests.harness import (TEST_REPOSITORY, cancel_storm, inflight, metric_value, settle_limit_s, settle_time,
                            start_server, stub_processes, triton_stream, wait_for)
 
@@ -429,6 +429,66 @@ def test_health_stays_200_while_a_pipeline_drains_to_sleep_and_wakes(mock_server
         assert set(waking) == {200} and "waking" in wake_states, (waking, wake_states)
         assert httpx.get(f"{base}/health").json()["pipelines"]["relay"] == "awake"
     finally:
+        httpx.post(f"{admin}/relay/wake", timeout=120)
+
+
+def _stub_pids(server, model: str) -> list[int]:
+    """Pids of `model`'s stub processes that run now."""
+    pids = []
+    for p in stub_processes(server.process.pid):
+        try:
+            if f"/{model}/1/model.py" in " ".join(p.cmdline()):
+                pids.append(p.pid)
+        except psutil.Error:   # exited since
+            continue
+    return pids
+
+
+def test_a_wake_after_one_that_failed_on_a_dead_stub_serves_at_once_without_a_reload(mock_server):
+    """Sleeping relay unloads mock_relay; the next wake's load of it is held in the model's setup (hold_load_file)
+    and its stub SIGKILLed there, so that wake fails (503) and the stage monitor marks mock_relay down until relay is
+    awake. The wake after it loads mock_relay afresh: it answers `awake`, relay serves at once and the stub the wake
+    started is kept. (The monitor took the stage for dead still and reloaded the stub the wake had just loaded: the
+    wake answered `recovering` and requests got 503 `model_unavailable` for the seconds of the reload.)"""
+    base = mock_server.base_url
+    admin = f"{base}/v1/admin/pipelines"
+    hold = hold_load_file(mock_server)
+
+    def chat():
+        return httpx.post(f"{base}/v1/chat/completions", timeout=60,
+                          json={"model": "relay", "messages": [{"role": "user", "content": "hi"}]})
+
+    def relay_state():
+        return {p["id"]: p["state"] for p in httpx.get(admin).json()["data"]}["relay"]
+
+    try:
+        assert httpx.post(f"{admin}/relay/sleep", timeout=120).json()["unloaded"] == ["mock_relay"]
+        assert wait_for(lambda: not _stub_pids(mock_server, "mock_relay"), 30), "the unload did not end the stub"
+        hold.touch()
+        with ThreadPoolExecutor(1) as pool:
+            first = pool.submit(httpx.post, f"{admin}/relay/wake", timeout=120)
+            loading = wait_for(lambda: _stub_pids(mock_server, "mock_relay"), 30)
+            assert loading, "the wake started no mock_relay stub"
+            time.sleep(1.5)   # the launcher has seen it running (it looks every 0.5 s)
+            assert not first.done()
+            os.kill(loading[0], signal.SIGKILL)
+            hold.unlink()
+            failed = first.result()
+        assert failed.status_code == 503 and failed.json()["error"]["code"] == "model_control_failed", failed.text
+        assert wait_for(lambda: f"stage mock_relay: its stub process (pid {loading[0]}) died" in mock_server.log(), 10)
+        assert relay_state() == "sleeping"
+        woke = httpx.post(f"{admin}/relay/wake", timeout=120)
+        assert woke.status_code == 200, woke.text
+        assert (woke.json()["state"], woke.json()["loaded"]) == ("awake", ["mock_relay"]), woke.json()
+        fresh = _stub_pids(mock_server, "mock_relay")
+        reply = chat()
+        assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"] == "tok0tok1tok2", reply.text
+        assert httpx.get(f"{base}/health").status_code == 200
+        time.sleep(3)   # the monitor retries a pending restart every 2 s
+        assert _stub_pids(mock_server, "mock_relay") == fresh, "the stub the wake loaded was restarted"
+        assert chat().status_code == 200 and relay_state() == "awake"
+    finally:
+        hold.unlink(missing_ok=True)
         httpx.post(f"{admin}/relay/wake", timeout=120)
 
 

@@ -9,9 +9,13 @@ asked to drop it. Each array must still be freed by a thread holding the GIL
 {"type": "release_report", "probed", "freed", "freed_without_gil"} (counts since the stub started; the
 request's own cancellation poll first drops the iterators retired before it).
 REQUEST "calls": N relays the request N times, one child stream after another (one "done" at the end), as an
-orchestrator calls a stage once per chunk."""
+orchestrator calls a stage once per chunk.
+While the file named by $OMNI_TEST_HOLD_LOAD exists (at most 60 s), the model's load waits in `setup`: a test can
+act on a stub that is loading (tests/conftest.py: hold_load_file)."""
 import ctypes
 import json
+import os
+import time
 import weakref
 
 import numpy as np
@@ -31,6 +35,12 @@ def _freed(ref) -> None:
 
 
 class TritonPythonModel(AsyncDecoupledModel):
+    def setup(self, args: dict) -> None:
+        hold = os.environ.get("OMNI_TEST_HOLD_LOAD")
+        deadline = time.monotonic() + 60
+        while hold and os.path.exists(hold) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
     async def handle(self, ctx):
         body = ctx.body()
         if body.get("action") == "release_report":
