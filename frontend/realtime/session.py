@@ -727,9 +727,11 @@ class _Output:
             await self._open()
             self.part.text += event["text"]
             await send({"type": "response.output_text.delta", **self.ids, "content_index": 0, "delta": event["text"]})
-        elif kind == "audio.delta" and audio is not None and self.response.audio_out:
+        elif kind == "audio.delta" and self.response.audio_out and (audio is not None or event.get("transcript")):
+            # a transcript without samples (a pipeline's text written after its last audio) is transcript only, as
+            # chat's delta.audio; text the voice cannot say ("👍") comes as 10 ms of silence with its transcript
             await self._open()
-            data = self.encoder.encode(audio, int(event.get("sample_rate", 24000)))
+            data = b"" if audio is None else self.encoder.encode(audio, int(event.get("sample_rate", 24000)))
             words = (event.get("transcript") or "").strip()
             delta = (" " if self.part.text and words else "") + words
             self.part.text += delta
@@ -737,8 +739,9 @@ class _Output:
             if delta:
                 await send({"type": "response.output_audio_transcript.delta", **self.ids, "content_index": 0,
                             "delta": delta})
-            await send({"type": "response.output_audio.delta", **self.ids, "content_index": 0,
-                        "delta": base64.b64encode(data).decode()})
+            if audio is not None:
+                await send({"type": "response.output_audio.delta", **self.ids, "content_index": 0,
+                            "delta": base64.b64encode(data).decode()})
 
     async def finish(self, status: str) -> None:
         """Closes the output in order: the part's `response.output_audio.done` + `.output_audio_transcript.done`

@@ -13,7 +13,10 @@ Outputs (decoupled: one response per event, then an empty FINAL response)
                        {"type": "prompt_tokens", "prompt_tokens": int, "context_length": int}, or its 400
                        `context_length_exceeded` when the messages plus max_tokens cannot fit its context)
   AUDIO     FP32 [-1]  PCM samples of an "audio.delta" event (mono, at the event's sample_rate);
-                       an empty tensor for other events
+                       an empty tensor for other events. A chat answer asked with the "audio" modality always
+                       has an audio.delta with samples: text the voice cannot say (an emoji-only reply, "👍") is
+                       `silence()` (10 ms) with that text as its transcript, as the speech WebSocket sends for
+                       such a sentence, so every client gets an audio object (OpenAI's always has one).
 Errors: a Triton error response whose message is the OpenAI error envelope as JSON (see
 omni_backends.errors.RequestError), then FINAL.
 """
@@ -30,6 +33,12 @@ REQUEST = "REQUEST"
 EVENT = "EVENT"
 AUDIO = "AUDIO"
 _EMPTY_AUDIO = np.zeros((0,), dtype=np.float32)
+SILENCE_S = 0.01  # the audio of text with nothing to say (the speech WebSocket's, omni_frontend.audio.encode)
+
+
+def silence(sample_rate: int) -> np.ndarray:
+    """float32 [samples]: SILENCE_S of silence at `sample_rate`, the audio of a chunk of text the voice cannot say."""
+    return np.zeros(max(1, round(sample_rate * SILENCE_S)), dtype=np.float32)
 
 
 def json_tensor(value) -> np.ndarray:

@@ -16,7 +16,11 @@ With `clauses=False` (the in-process sentence baseline of `scripts/bench --basel
 first_min_words, first_max_words and growth are then unused.
 A boundary counts only once the character after it has arrived and is whitespace ("3.5" and "1,000"
 stay whole), and common abbreviations ("Mr.", "e.g.") do not end a sentence. `flush()` returns the rest.
-Joining the chunks with single spaces gives back the text with its whitespace runs collapsed.
+A piece without a word (an emoji-only reply "👍", the "🎉" after "Great job!", a "---" line) is dropped, or with
+`keep_wordless=True` (the voice chat, whose audio transcript must hold the whole answer) returned as a chunk of
+its own that `has_words` tells apart and that does not count toward the growth.
+Joining the chunks with single spaces gives back the text with its whitespace runs collapsed (less the wordless
+pieces unless they are kept).
 """
 from __future__ import annotations
 
@@ -34,9 +38,10 @@ class SentenceChunker:
     """Feed text deltas with `feed`, get speakable chunks (stripped, never empty); call `flush` at the end."""
 
     def __init__(self, first_min_words: int = 2, first_max_words: int = 3, min_words: int = 4, max_words: int = 40,
-                 growth: float = 2.0, clauses: bool = True):
+                 growth: float = 2.0, clauses: bool = True, keep_wordless: bool = False):
         self.first_min_words, self.first_max_words = first_min_words, first_max_words
         self.min_words, self.max_words, self.growth, self.clauses = min_words, max_words, growth, clauses
+        self.keep_wordless = keep_wordless
         self._buffer = ""
         self._emitted = 0  # chunks returned since the last flush
 
@@ -105,10 +110,15 @@ class SentenceChunker:
 
     def _take(self, end: int) -> list[str]:
         chunk, self._buffer = self._buffer[:end].strip(), self._buffer[end:].lstrip()
-        if not _WORD.search(chunk):
-            return []
+        if not has_words(chunk):
+            return [chunk] if chunk and self.keep_wordless else []
         self._emitted += 1
         return [chunk]
+
+
+def has_words(text: str) -> bool:
+    """Whether `text` holds a word (letters or digits) to speak; a chunk without one is not spoken."""
+    return _WORD.search(text) is not None
 
 
 def _word_count(text: str) -> int:

@@ -98,6 +98,46 @@ def test_streamed_chat_sends_text_before_the_first_audio(client):
     assert audio_chunks >= 2  # sentence-chunked speech, not one clip at the end
 
 
+EMOJI = [{"role": "user", "content": "Reply with only this emoji: 👍"}]   # SmolLM2 answers "👍👍👍..." greedily
+
+
+def test_an_emoji_answer_cut_inside_a_character_drops_it_and_has_a_silent_clip(client):
+    """SmolLM2 spells "👍" in 3 byte-level tokens. max_tokens 5 cuts the answer inside its second one: the text ends
+    before it (it ended in U+FFFD, the decode of the partial tokens), completion_tokens counts all 5. The answer
+    "👍" is nothing the voice can say (no word): its audio is 10 ms of silence whose transcript is the text (was
+    `message.audio` null); streamed, one delta.audio carries that silence and transcript. With max_tokens 2 the
+    answer has no text, and still its silent clip."""
+    audio = {"voice": "jf_alpha", "format": "wav"}
+    reply = client.chat.completions.create(model="voice", messages=EMOJI, modalities=["text", "audio"], audio=audio,
+                                           max_tokens=5, temperature=0)
+    message = reply.choices[0].message
+    assert message.content == "👍" and reply.choices[0].finish_reason == "length"
+    assert reply.usage.completion_tokens == 5
+    pcm, rate = sf.read(io.BytesIO(base64.b64decode(message.audio.data)), dtype="int16")
+    assert rate == 24000 and pcm.shape == (240,) and not pcm.any() and message.audio.transcript == "👍"
+
+    stream = client.chat.completions.create(model="voice", messages=EMOJI, modalities=["text", "audio"],
+                                            audio={"voice": "jf_alpha", "format": "pcm16"}, max_tokens=5,
+                                            temperature=0, stream=True, stream_options={"include_usage": True})
+    text, transcripts, data, usage = [], [], b"", None
+    for chunk in stream:
+        usage = chunk.usage or usage
+        delta = chunk.choices[0].delta if chunk.choices else None
+        if delta and delta.content:
+            text.append(delta.content)
+        if delta and getattr(delta, "audio", None):
+            transcripts.append(delta.audio.transcript)
+            data += base64.b64decode(delta.audio.data or "")
+    assert "".join(text) == "👍" and not any("\ufffd" in t for t in text) and usage.completion_tokens == 5
+    assert transcripts == ["👍"] and data == bytes(480)   # 240 samples of PCM16 silence
+
+    reply = client.chat.completions.create(model="voice", messages=EMOJI, modalities=["text", "audio"], audio=audio,
+                                           max_tokens=2, temperature=0)
+    message = reply.choices[0].message
+    assert message.content == "" and reply.usage.completion_tokens == 2 and message.audio.transcript == ""
+    assert sf.read(io.BytesIO(base64.b64decode(message.audio.data)), dtype="int16")[0].shape == (240,)
+
+
 def test_spoken_question_is_transcribed_and_answered(client):
     question = client.audio.speech.create(model="tts-1", voice="jf_alpha", input=QUESTION, response_format="wav")
     reply = client.chat.completions.create(

@@ -4,6 +4,7 @@ every ending (completed, cancelled, barge-in, failed)."""
 from __future__ import annotations
 
 import asyncio
+import base64
 
 import pytest
 
@@ -420,3 +421,30 @@ def test_a_vad_sequence_idle_past_the_refresh_is_ended_and_a_new_one_started_wit
     vad.restart()                                                     # after a failure the session counts anew
     asyncio.run(vad.feed(np.zeros(10, np.float32)))
     assert calls[-1][1] and vad.base == 0 and vad.fed == 10
+
+
+def test_a_transcript_without_audio_is_kept_and_a_silent_chunk_is_sent(monkeypatch):
+    """An audio.delta without samples (a pipeline's text written after its last audio, as qwen3_omni sends it) was
+    dropped with its transcript, so the item's transcript lacked that text where chat's message.audio.transcript
+    has it: it is now a transcript delta with no audio delta. A silent chunk (voice's 10 ms for an emoji-only
+    chunk) is audio like any other, its transcript "👍"."""
+    from tests.unit import test_realtime_speculation as double
+
+    monkeypatch.setattr(double, "REPLY", [("Paris is", 0.25), ("the capital.", 0.0), ("👍", 0.01)])
+
+    async def run():
+        client = Client(None)
+        await client.start()
+        await ask(client)
+        await until(lambda: done_events(client))
+        await client.session.close()
+        return client
+
+    client = asyncio.run(run())
+    transcripts = [e["delta"] for e in client.sent if e["type"] == "response.output_audio_transcript.delta"]
+    assert transcripts == ["Paris is", " the capital.", " 👍"]
+    audio = [len(base64.b64decode(e["delta"])) for e in client.sent if e["type"] == "response.output_audio.delta"]
+    assert audio == [0.25 * 24000 * 2, 0.01 * 24000 * 2]   # PCM16 at 24 kHz: no delta for the chunk without samples
+    done = [e for e in client.sent if e["type"] == "response.output_audio_transcript.done"]
+    assert [e["transcript"] for e in done] == ["Paris is the capital. 👍"]
+    assert done_events(client)[0]["response"]["status"] == "completed"

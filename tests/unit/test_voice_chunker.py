@@ -1,7 +1,7 @@
 """Sentence chunker that cuts streamed LLM text into speakable pieces for TTS."""
 import pytest
 
-from omni_backends.voice.chunker import SentenceChunker
+from omni_backends.voice.chunker import SentenceChunker, has_words
 
 pytestmark = pytest.mark.unit
 
@@ -153,3 +153,16 @@ def test_a_long_input_of_short_clauses_is_chunked_in_linear_time():
     chunks = _run(text, pieces=len(text))
     assert time.process_time() - started < 1.0
     assert " ".join(chunks) == text.strip() and len(chunks) > 40
+
+
+def test_wordless_pieces_are_dropped_or_kept_as_chunks_of_their_own():
+    """A piece without a word ("👍", the "🎉" after a sentence, a "---" line) is dropped by default (speech, the
+    speech WebSocket); the voice chat keeps it (keep_wordless) so that its audio transcript holds the whole answer,
+    and it does not count toward the growth of the next chunks."""
+    text = "👍\nGreat job! 🎉\n---\nSee you soon, my friend. Bye 🎉"
+    plain, kept = SentenceChunker(), SentenceChunker(keep_wordless=True)
+    assert plain.feed(text) + plain.flush() == ["Great job!", "See you soon, my friend.", "Bye 🎉"]
+    chunks = kept.feed(text) + kept.flush()
+    assert chunks == ["👍", "Great job!", "🎉", "---", "See you soon, my friend.", "Bye 🎉"]
+    assert [c for c in chunks if has_words(c)] == ["Great job!", "See you soon, my friend.", "Bye 🎉"]  # same cuts
+    assert SentenceChunker(keep_wordless=True).feed("👍") == [] and SentenceChunker(keep_wordless=True).flush() == []

@@ -71,6 +71,20 @@ def test_max_tokens_and_stop_strings(llm):
     assert final.finish_reason == "stop" and "Paris" not in text and text.startswith("The capital")
 
 
+EMOJI = [{"role": "user", "content": "Reply with only this emoji: 👍"}]
+
+
+@pytest.mark.parametrize("max_tokens, expected", [(2, ""), (4, "👍"), (5, "👍"), (7, "👍👍"), (9, "👍👍👍")])
+def test_an_answer_cut_inside_an_emoji_ends_before_it(llm, max_tokens, expected):
+    """SmolLM2 answers EMOJI with "👍👍👍..." greedily, each "👍" 3 byte-level tokens: a max_tokens cut inside one
+    ends the answer before it, in the deltas and in all (was a trailing U+FFFD, the decode of the partial tokens),
+    and completion_tokens still counts every generated token."""
+    deltas = list(llm.generate(EMOJI, SamplingParams(max_tokens=max_tokens, temperature=0.0)))
+    assert "".join(d.text for d in deltas) == expected
+    assert not any("\ufffd" in d.text for d in deltas)
+    assert deltas[-1].finish_reason == "length" and deltas[-1].usage.completion_tokens == max_tokens
+
+
 def test_closing_the_stream_aborts_the_request(llm):
     stream = llm.generate(FRANCE, SamplingParams(max_tokens=200, temperature=0.0))
     next(stream)

@@ -179,6 +179,7 @@ class TritonPythonModel(AsyncDecoupledModel):
                         pending = []
                         if timeline is not None:
                             timeline.mark("audio_read", read)
+                        turn.audio_sent = True
                         yield {"type": "audio.delta", "sample_rate": SAMPLE_RATE,
                                "transcript": turn.take_transcript()}, event.pcm
                         if timeline is not None:   # resumed after the sender took the event
@@ -186,8 +187,8 @@ class TritonPythonModel(AsyncDecoupledModel):
                             timeline = None
                 if pending and send_text:
                     yield {"type": "text.delta", "text": "".join(pending)}, None
-            if voice and any(turn.unspoken):   # text written after the last audio chunk (or past max_frames)
-                yield {"type": "audio.delta", "sample_rate": SAMPLE_RATE, "transcript": turn.take_transcript()}, None
+            if voice and (last := turn.last_audio(SAMPLE_RATE)) is not None:   # unspoken text, or no audio at all
+                yield last
             yield turn.done_event(), None
         finally:
             pipeline.abort(rid)   # no-op once finished; a cancelled or failed turn stops every engine

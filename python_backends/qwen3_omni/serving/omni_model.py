@@ -13,7 +13,8 @@ With modalities ["text"] only `think` runs. Events: {"type": "text.delta", "text
 {"type": "audio.delta", "sample_rate": 24000, "transcript"} + AUDIO (transcript: the thinker text
 written since the previous audio event, which the talker speaks; the transcripts concatenate to the
 thinker's whole answer, also with modalities ["audio"]: text still unsent when the audio ends comes
-in a last audio.delta with empty AUDIO), and last {"type": "done",
+in a last audio.delta with empty AUDIO; a turn whose talker made no audio at all ends with 10 ms of silence,
+`Turn.last_audio`), and last {"type": "done",
 "finish_reason" (the thinker's: "stop" | "length"), "usage": {"prompt_tokens", "completion_tokens"
 (text tokens + codec frames), "completion_tokens_details": {"text_tokens", "audio_tokens" (codec
 frames, 12.5 per second)}}, "token_ids" (with "return_token_ids": true)}.
@@ -98,8 +99,8 @@ class TritonPythonModel(AsyncDecoupledModel):
         try:
             async for item in out:
                 yield item
-            if voice and any(turn.unspoken):   # text written after the last audio chunk (or past talker_max_frames)
-                yield {"type": "audio.delta", "sample_rate": SAMPLE_RATE, "transcript": turn.take_transcript()}, None
+            if voice and (last := turn.last_audio(SAMPLE_RATE)) is not None:   # unspoken text, or no audio at all
+                yield last
             yield turn.done_event(), None
         finally:
             await out.close()
@@ -194,6 +195,7 @@ class TritonPythonModel(AsyncDecoupledModel):
             turn.code2wav_done = end
             pcm = result[p.PCM][0]
             if pcm.size:
+                turn.audio_sent = True
                 out.put_nowait(({"type": "audio.delta", "sample_rate": SAMPLE_RATE,
                                  "transcript": turn.take_transcript()}, pcm))
 

@@ -18,6 +18,7 @@ from omni_backends.engine.sampling import check_context_length, request_sampling
 from omni_backends.errors import RequestError
 from omni_backends.qwen3_omni.prompt import ThinkerInputs
 from omni_backends.qwen3_omni.serving.protocol import TALKER_FIELDS
+from omni_backends.serving.events import silence
 
 MODALITIES = ("text", "audio")
 # the REQUEST keys a turn reads; `first_chunk_words` (the voice pipeline's first spoken chunk, which realtime sessions
@@ -116,6 +117,18 @@ class Turn:
         self.usage: dict = {}
         self.frames = 0
         self.unspoken: list[str] = []
+        self.audio_sent = False  # an audio.delta with samples went out
+
+    def last_audio(self, sample_rate: int) -> tuple[dict, np.ndarray | None] | None:
+        """The turn's closing audio.delta, or None when none is needed: the text written after the last audio
+        chunk (or past talker_max_frames) as a transcript without samples; when no audio went out at all (the
+        talker ended before its first frame) 10 ms of silence (`events.silence`), so an answer with the audio
+        modality always has audio, as voice's (its voice cannot say "👍") and OpenAI's."""
+        if self.audio_sent and not any(self.unspoken):
+            return None
+        pcm = None if self.audio_sent else silence(sample_rate)
+        self.audio_sent = True
+        return {"type": "audio.delta", "sample_rate": sample_rate, "transcript": self.take_transcript()}, pcm
 
     def take_transcript(self) -> str:
         """The thinker text written since the previous audio event (the next audio event's transcript)."""

@@ -4,7 +4,9 @@ REQUEST/INPUT_AUDIO/EVENT/AUDIO follow omni_frontend.chat_protocol and omni_back
 Events: {"type": "input_audio.transcription", "text"} per input_audio part, then text deltas as the LLM
 writes them ("text" modality) and, concurrently, {"type": "audio.delta", "sample_rate": 24000,
 "transcript"} + AUDIO for each sentence chunk as soon as it is spoken ("audio" modality; the
-transcripts concatenate to the spoken text), then {"type": "done", "finish_reason", "usage"}. Text and
+transcripts concatenate to the spoken text; a chunk the voice cannot say, such as "👍", is 10 ms of silence
+(`events.silence`) and an answer without text one such delta with an empty transcript: an answer with the audio
+modality always has audio), then {"type": "done", "finish_reason", "usage"}. Text and
 audio deltas carry "usage" too: voice_llm's {"prompt_tokens", "completion_tokens"} so far, so that a client
 that cancels knows what its answer spent.
 REQUEST extension `first_chunk_words` (1-40): the most words of the first spoken chunk (protocol.chunker_options).
@@ -22,7 +24,7 @@ import numpy as np
 from omni_backends.serving.fanin import FanIn
 from omni_backends.serving import bls, events
 from omni_backends.serving.decoupled import AsyncDecoupledModel
-from omni_backends.voice.chunker import SentenceChunker
+from omni_backends.voice.chunker import SentenceChunker, has_words
 from omni_backends.chat_request import audio_clips, check_request
 from omni_backends.voice.protocol import REQUEST_FIELDS, SAMPLING_FIELDS, chunker_options, text_messages
 from omni_backends.voice.serving.speech_model import speak
@@ -62,7 +64,8 @@ class TritonPythonModel(AsyncDecoupledModel):
         out = FanIn()
         chunks: asyncio.Queue | None = asyncio.Queue() if voice else None
         usage: dict = {}  # voice_llm's counts so far (_write updates it, both tasks send it)
-        out.spawn(_write(ctx, llm_body, "text" in modalities, chunks, out, SentenceChunker(**chunking), usage))
+        chunker = SentenceChunker(**chunking, keep_wordless=True)   # "👍" too: its transcript is 10 ms of silence
+        out.spawn(_write(ctx, llm_body, "text" in modalities, chunks, out, chunker, usage))
         if voice:
             out.spawn(_speak_chunks(ctx, voice, chunks, out, usage))
         done = None
@@ -122,11 +125,21 @@ async def _write(ctx, llm_body: dict, send_text: bool, chunks: asyncio.Queue | N
 async def _speak_chunks(ctx, voice: str, chunks: asyncio.Queue, out: FanIn, usage: dict) -> None:
     """Speak sentence chunks in order as they arrive; each becomes one audio.delta event whose
     transcript is the chunk (after a space from the second on, so transcripts concatenate), with the LLM's
-    `usage` so far. When the request ends early this task is cancelled: queued chunks are dropped, the one
-    being spoken is cancelled in voice_tts (bls.infer)."""
+    `usage` so far. A chunk without a word (an emoji-only reply "👍": nothing to speak, as the `tts` pipeline refuses
+    it) is not sent to voice_tts, and one that makes no sound there (letters the voice cannot read, "١٢٣") is
+    neither: each is 10 ms of silence with its transcript; an answer with no chunk at all (no text) is one such
+    delta with an empty transcript. So every audio-modality answer has audio and a transcript of all its text
+    (OpenAI's `message.audio` is never null there; the speech WebSocket makes a sentence with nothing to say the
+    same silence). When the request ends early this task is cancelled: queued chunks are dropped, the one being
+    spoken is cancelled in voice_tts (bls.infer)."""
     separator = ""
     while (chunk := await chunks.get()) is not _END:
-        audio, _ = await speak(ctx, chunk, voice, 1.0)
+        audio = (await speak(ctx, chunk, voice, 1.0))[0] if has_words(chunk) else None
+        if audio is None or not audio.size:
+            audio = events.silence(SAMPLE_RATE)
         await out.put(({"type": "audio.delta", "sample_rate": SAMPLE_RATE, "transcript": separator + chunk,
                         "usage": dict(usage)}, audio))
         separator = " "
+    if not separator:   # no text to speak: the answer's audio is still a (silent) clip
+        await out.put(({"type": "audio.delta", "sample_rate": SAMPLE_RATE, "transcript": "", "usage": dict(usage)},
+                       events.silence(SAMPLE_RATE)))
