@@ -19,23 +19,17 @@ import functools
 import re
 from typing import Sequence
 
+from transformers.convert_slow_tokenizer import bytes_to_unicode
+
 REPLACEMENT_CHAR = "\ufffd"
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece byte fallback
 
 
 @functools.lru_cache(maxsize=1)
 def _byte_decoder() -> dict[str, int]:
-    """GPT-2's byte-level alphabet, reversed: the character a byte-level BPE token spells each byte with -> the byte."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) \
-        + list(range(ord("\xae"), ord("\xff") + 1))
-    chars, extra = {}, 0
-    for byte in range(256):
-        if byte in printable:
-            chars[chr(byte)] = byte
-        else:
-            chars[chr(256 + extra)] = byte
-            extra += 1
-    return chars
+    """GPT-2's byte-level alphabet, reversed: the character a byte-level BPE token spells each byte with -> the byte
+    (transformers' `bytes_to_unicode`)."""
+    return {char: byte for byte, char in bytes_to_unicode().items()}
 
 
 def incomplete_utf8_tail(data: bytes) -> bytes:
