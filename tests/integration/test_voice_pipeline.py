@@ -6,6 +6,7 @@ import base64
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -861,3 +862,31 @@ def test_wrong_json_shapes_and_non_finite_audio_sent_to_the_models_are_a_400_env
                                                      messages=[{"role": "user", "content": QUESTION}]).choices[0].message.content
     tone = (0.3 * np.sin(2 * np.pi * 220 * np.arange(16000) / 16000)).astype(np.float32)
     assert triton_stream_error(voice_server.grpc_url, "voice_asr_stream", {}, tone) is None
+
+
+def test_direct_clients_that_leave_at_their_last_event_do_not_hold_a_model_at_the_stop(tmp_path):
+    """tritonclient users stop their stream, cancelling its request, as soon as they read the event they wait for (as
+    `triton_stream_error` does at `done`). When that event and the FINAL were two responses, a cancel between them left
+    the request inside Triton 2.51 for good: no longer in flight, but its model could never unload, so the stop sat out
+    the 30 s exit timeout (`voice_asr_stream` after the test above: 4 of 9 suite runs; 8 tones: every stop, 36 s).
+    A model's last event now carries the FINAL (`decoupled.TERMINAL_EVENTS`): every model unloads and the stop is
+    quick. An `asr`-only server keeps it cheap."""
+    from omni_backends.voice.models import prepare_voice_models
+    from omni_frontend.tritonserver import EXIT_TIMEOUT_S
+
+    prepare_voice_models()
+    server = start_server(tmp_path, "--pipelines", "asr", "--no-prepare")
+    tone = (0.3 * np.sin(2 * np.pi * 220 * np.arange(16000) / 16000)).astype(np.float32)
+    try:
+        assert "finite" in triton_stream_error(server.grpc_url, "voice_asr_stream", {}, np.full(16000, np.nan, np.float32))
+        for _ in range(8):
+            assert triton_stream_error(server.grpc_url, "voice_asr_stream", {}, tone) is None
+    finally:
+        started = time.monotonic()
+        code = server.stop()
+        stop_s = time.monotonic() - started
+    log = (tmp_path / "tritonserver.log").read_text(errors="replace")
+    loaded = set(re.findall(r"successfully loaded '(\w+)'", log))
+    unloaded = set(re.findall(r"successfully unloaded '(\w+)'", log))
+    assert code == 130 and "voice_asr_stream" in loaded and unloaded == loaded, (sorted(loaded - unloaded), log[-3000:])
+    assert stop_s < EXIT_TIMEOUT_S / 2, (stop_s, log[-3000:])
