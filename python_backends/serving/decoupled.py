@@ -24,10 +24,6 @@ from omni_backends.serving.metrics import StageMetrics
 
 
 CANCEL_POLL_S = 0.05
-# Event types that end a request's stream (the protocol's "done"; the one answer of a control action or of an
-# image / video request): `AsyncDecoupledModel` sends such an event together with the FINAL (`send_final`), so
-# that no client can read it and cancel before the FINAL. Another event after one only costs it its FINAL.
-TERMINAL_EVENTS = frozenset({"done", "fields", "voices", "prompt_tokens", "image", "video", "describe"})
 
 
 class Cancelled(Exception):
@@ -48,15 +44,8 @@ def send_response(sender, request_id: str, response) -> bool:
     return True
 
 
-def send_final(sender, request_id: str, error: str | None = None, response=None) -> None:
-    """Ends a decoupled request: FINAL, on the error response when there is an error, else on `response` (the
-    request's last event) when one is given.
-
-    A client that has its last event must not be able to cancel before the FINAL: Triton 2.51 then keeps the
-    request for good (no longer counted in flight, but its model can never be unloaded: an unload, or the
-    server's stop, waits its whole exit timeout for it). tritonclient users typically stop their stream (cancel
-    its requests) as soon as they read the event they wait for, so the last event and the FINAL travel in one
-    response (`AsyncDecoupledModel` passes its terminal events here).
+def send_final(sender, request_id: str, error: str | None = None) -> None:
+    """Ends a decoupled request: FINAL, on the error response when there is an error.
 
     A BLS parent cannot see a child's error through Triton 2.51, so a BLS child's error travels on the
     side channel only: an error response to a BLS parent arrives empty, and it also leaves the
@@ -68,16 +57,10 @@ def send_final(sender, request_id: str, error: str | None = None, response=None)
     if sidechannel.is_child(request_id):
         if error is not None:
             sidechannel.report_error(request_id, error)
-            response = None
-        if response is not None:
-            outbox.put(request_id, lambda: sender.send(response, flags=final))
-        else:
-            outbox.put(request_id, lambda: sender.send(flags=final))
+        outbox.put(request_id, lambda: sender.send(flags=final))
     elif error is not None and not sender.is_cancelled():
         # One response carrying both the error and FINAL: two sends in a row could race in the backend.
         sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error)), flags=final)
-    elif error is None and response is not None:
-        sender.send(response, flags=final)
     else:
         sender.send(flags=final)
 
@@ -178,18 +161,14 @@ class AsyncDecoupledModel:
         sender = request.get_response_sender()
         ctx = RequestContext(request, sender)
         outcome, error = "ok", None
-        last = None   # a terminal event held back to travel with the FINAL (`send_final`)
         stream = self._answer(ctx)
         try:
             self.metrics.started()
             async for event, audio in stream:
                 ctx.check()
-                if last is not None and not send_response(sender, ctx.request_id, last):
-                    raise Cancelled()   # an event followed the terminal one: it goes alone
                 tensors = self.encode(event, audio)
-                response = pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in tensors.items()])
-                last = response if isinstance(event, dict) and event.get("type") in TERMINAL_EVENTS else None
-                if last is None and not send_response(sender, ctx.request_id, response):
+                if not send_response(sender, ctx.request_id,
+                                     pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in tensors.items()])):
                     raise Cancelled()
             ctx.check()
         except Cancelled:
@@ -204,7 +183,7 @@ class AsyncDecoupledModel:
             sidechannel.clear(ctx.request_id)
             self.metrics.finished(outcome)
         ctx.finish()
-        send_final(sender, ctx.request_id, error, last if outcome == "ok" else None)
+        send_final(sender, ctx.request_id, error)
 
     async def _answer(self, ctx: RequestContext):
         """The events of `handle(ctx)`, or the fields event for {"action": "fields"} (with `request_fields`, which
