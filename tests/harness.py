@@ -240,7 +240,13 @@ def triton_stream(grpc_url: str, model: str, inputs: dict, timeout_s: float = 30
 
 def triton_stream_error(grpc_url: str, model: str, body: dict, audio=None) -> str | None:
     """The error message of one REQUEST (the JSON `body`) + optional INPUT_AUDIO (float32 samples) sent straight
-    to decoupled `model` over gRPC streaming (tritonclient), or None when it was answered up to its `done` event."""
+    to decoupled `model` over gRPC streaming (tritonclient), or None when it was answered up to its `done` event.
+
+    Reads on to the request's FINAL and then closes the stream without cancelling (as `triton_stream` and the
+    frontend's client do): this helper used to cancel its stream as soon as it read `done`, around the FINAL, and
+    Triton 2.51 can then keep the request for good (no longer in flight, but its model never unloads), so the shared
+    voice server's stop sat out the whole exit timeout with `voice_asr_stream` loaded (docs/reliability.md). Our
+    models send an error response together with the FINAL. Only a request still running after 120 s is cancelled."""
     import queue
 
     import numpy as np
@@ -255,14 +261,19 @@ def triton_stream_error(grpc_url: str, model: str, body: dict, audio=None) -> st
     if audio is not None:
         inputs.append(grpcclient.InferInput("INPUT_AUDIO", [audio.size], "FP32"))
         inputs[1].set_data_from_numpy(audio.astype(np.float32))
-    triton.async_stream_infer(model, inputs)
+    triton.async_stream_infer(model, inputs, enable_empty_final_response=True)
+    done, completed = False, False
     try:
         while True:
             result, error = got.get(timeout=120)
             if error is not None:
+                completed = True   # sent with the FINAL (`decoupled.send_final`)
                 return error.message() if isinstance(error, InferenceServerException) else str(error)
-            if json.loads(result.as_numpy("EVENT")[0])["type"] == "done":
-                return None
+            event = result.as_numpy("EVENT")
+            done = done or (event is not None and json.loads(event[0])["type"] == "done")
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                completed = True
+                return None if done else f"{model} sent its FINAL without a done event"
     finally:
-        triton.stop_stream(cancel_requests=True)
+        triton.stop_stream(cancel_requests=not completed)
         triton.close()

@@ -6,6 +6,7 @@ import base64
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -901,3 +902,32 @@ def test_wrong_json_shapes_and_non_finite_audio_sent_to_the_models_are_a_400_env
                                                      messages=[{"role": "user", "content": QUESTION}]).choices[0].message.content
     tone = (0.3 * np.sin(2 * np.pi * 220 * np.arange(16000) / 16000)).astype(np.float32)
     assert triton_stream_error(voice_server.grpc_url, "voice_asr_stream", {}, tone) is None
+
+
+def test_the_suites_direct_triton_requests_leave_every_model_free_to_unload_at_the_stop(tmp_path):
+    """`triton_stream_error` (the test above sends NaN audio, then a tone, straight to voice_asr_stream with it) used to
+    cancel its gRPC stream as soon as it read `done`, around the request's FINAL; Triton 2.51 can then keep that request
+    for good (no longer in flight, but its model never unloads), so the shared voice server's stop sat out the 30 s exit
+    timeout with voice_asr_stream loaded (4 of 9 clean-clone suite runs; 10 such pairs hung every stop here). It now reads
+    on to the FINAL and closes the stream without cancelling: every model unloads and the stop is quick. An `asr`-only
+    server keeps it cheap; the old helper fails it (voice_asr_stream never unloaded, 36 s)."""
+    from omni_backends.voice.models import prepare_voice_models
+    from omni_frontend.tritonserver import EXIT_TIMEOUT_S
+
+    prepare_voice_models()
+    server = start_server(tmp_path, "--pipelines", "asr", "--no-prepare")
+    nan = np.full(16000, np.nan, np.float32)
+    tone = (0.3 * np.sin(2 * np.pi * 220 * np.arange(16000) / 16000)).astype(np.float32)
+    try:
+        for _ in range(6):
+            assert "finite" in triton_stream_error(server.grpc_url, "voice_asr_stream", {}, nan)
+            assert triton_stream_error(server.grpc_url, "voice_asr_stream", {}, tone) is None
+    finally:
+        started = time.monotonic()
+        code = server.stop()
+        stop_s = time.monotonic() - started
+    log = (tmp_path / "tritonserver.log").read_text(errors="replace")
+    loaded = set(re.findall(r"successfully loaded '(\w+)'", log))
+    unloaded = set(re.findall(r"successfully unloaded '(\w+)'", log))
+    assert code == 130 and "voice_asr_stream" in loaded and unloaded == loaded, (sorted(loaded - unloaded), log[-3000:])
+    assert stop_s < EXIT_TIMEOUT_S / 2, (stop_s, log[-3000:])
