@@ -128,16 +128,18 @@ def test_every_ending_closes_the_opened_part_and_item_in_order_with_the_usage_so
     assert client.items[item_id].status == "incomplete"
 
 
-def test_a_completed_response_closes_its_item_completed_with_the_final_usage():
-    async def run():
-        client = Client(None)
-        await client.start()
-        await ask(client)
-        await until(lambda: done_events(client))
-        await client.session.close()
-        return client
+async def _answered() -> "Client":
+    """A session that asked one question and got its response.done, then closed."""
+    client = Client(None)
+    await client.start()
+    await ask(client)
+    await until(lambda: done_events(client))
+    await client.session.close()
+    return client
 
-    client = asyncio.run(run())
+
+def test_a_completed_response_closes_its_item_completed_with_the_final_usage():
+    client = asyncio.run(_answered())
     assert [k for k in client.kinds() if k in CLOSING][1:] == CLOSING  # after the user item's conversation.item.done
     response = done_events(client)[0]["response"]
     assert response["status"] == "completed" and response["output"][0]["status"] == "completed"
@@ -432,15 +434,7 @@ def test_a_transcript_without_audio_is_kept_and_a_silent_chunk_is_sent(monkeypat
 
     monkeypatch.setattr(double, "REPLY", [("Paris is", 0.25), ("the capital.", 0.0), ("👍", 0.01)])
 
-    async def run():
-        client = Client(None)
-        await client.start()
-        await ask(client)
-        await until(lambda: done_events(client))
-        await client.session.close()
-        return client
-
-    client = asyncio.run(run())
+    client = asyncio.run(_answered())
     transcripts = [e["delta"] for e in client.sent if e["type"] == "response.output_audio_transcript.delta"]
     assert transcripts == ["Paris is", " the capital.", " 👍"]
     audio = [len(base64.b64decode(e["delta"])) for e in client.sent if e["type"] == "response.output_audio.delta"]
