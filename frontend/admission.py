@@ -152,6 +152,27 @@ class Ticket:
         if self.recheck is not None:
             self.recheck()
 
+    async def take_turn(self) -> None:
+        """For a ticket that holds its slot for many requests' work (a batch between two items): when live requests
+        wait, passes the slot to the first of them and queues at the back (past max_queue and without max_wait_s:
+        it was admitted) until a slot comes back, so that a batch runs one item per turn and an ordinary request
+        waits about one item's run, not a whole batch's. Returns at once when nobody waits. Cancelled while
+        queued, the ticket holds nothing (its release does nothing)."""
+        gate = self.gate
+        if self._released or self._admitted_at is None or all(f.done() for f in gate.waiting):
+            return
+        gate._free_slot(None)   # a live waiter exists and nothing awaited since: the slot passes to it
+        future = asyncio.get_running_loop().create_future()
+        gate.waiting.append(future)
+        gate._publish()
+        try:
+            await future
+        except BaseException:
+            if not (future.done() and not future.cancelled()):   # the slot did not come back: holds nothing
+                self._released = True
+                gate._leave_queue(future)
+            raise
+
     def release(self) -> None:
         """Frees the slot (or the queue place) this ticket holds."""
         if self._released:

@@ -4,7 +4,9 @@
 The HTTP request holds one admission ticket (`admission.enter`, awaited by the route: the batch queues and is
 refused as one request). `run_items` also takes up to CONCURRENCY - 1 slots that are free when it starts, runs the
 items on all the slots it holds, and gives an extra slot back after its current item as soon as another request
-queues, so a batch speeds up on an idle server without holding others back. A realtime session's preemptive
+queues, so a batch speeds up on an idle server without holding others back; between two items its own slot passes
+to a waiting request and the batch queues again behind it (`Ticket.take_turn`: a batch runs one item per turn, an
+ordinary request waits about one item's run). A realtime session's preemptive
 response (`Gate.try_enter`, which never queues) gets no slot while a batch holds them all.
 """
 from __future__ import annotations
@@ -39,6 +41,8 @@ async def run_items(ticket: Ticket, count: int, run: Callable[[int], Awaitable[T
                 gate.record_run(time.perf_counter() - started)
                 if extra_ticket is not None and gate.waiting:   # another request waits: give it this slot
                     return
+                if extra_ticket is None and pending:   # the batch's own slot: its turn passes to a waiting request
+                    await ticket.take_turn()
         finally:
             if extra_ticket is not None:
                 extra_ticket.release()

@@ -224,6 +224,9 @@ def to_pipeline(req: ChatRequest, limits: RequestLimits | None = None) -> tuple[
     """
     limits = limits or RequestLimits()
     check_supported(req)
+    if req.stream_options is not None and not req.stream:
+        raise bad_request("stream_options is only allowed when stream is true", param="stream_options",
+                          code="unsupported_parameter")
     if len(req.messages) > limits.max_messages:
         raise bad_request(f"{len(req.messages)} messages; the limit is {limits.max_messages} (--max-messages)",
                           param="messages", code="too_many_messages")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
@@ -85,6 +86,11 @@ def from_triton_message(message: str) -> APIError:
     return APIError(500, f"inference failed: {message}", code="inference_error")
 
 
+# pydantic's names of a union's members in an error's location (`str`, `list[str]`, `dict[any,any]`, a model class)
+_UNION_TAG = re.compile(r"^(str|int|float|bool|bytes|none|list\[.*\]|dict\[.*\]|tuple\[.*\]|set\[.*\]|literal\[.*\]|"
+                        r"(function|json)-[a-z-]+\[.*\]|[A-Z][A-Za-z0-9]*)$")
+
+
 def validation_error(errors, where: str) -> APIError:
     """The 400 for pydantic's `errors` (a ValidationError's `.errors()`) of a request to `where` (e.g. "POST
     /v1/audio/speech"): the first error, its location as `param` (dotted, without FastAPI's "body" prefix); code
@@ -95,6 +101,21 @@ def validation_error(errors, where: str) -> APIError:
     if first.get("type") == "json_invalid":
         return APIError(400, f"request body is not valid JSON: {first.get('ctx', {}).get('error', msg)}",
                         code="invalid_json")
+    tag = next((i for i, p in enumerate(loc) if _UNION_TAG.match(p)), None) if first.get("type") != "extra_forbidden" \
+        else None
+    if tag is not None:
+        # a value none of a union's members took (`stop: 5`, content `["hi"]`): pydantic names each member (`stop.str`,
+        # `stop.list[str]`), which is no field of the request; the param is the union's field, the message each
+        # member's complaint
+        param, complaints = ".".join(loc[:tag]), []
+        for error in errors:
+            where = [str(p) for p in error.get("loc", ()) if p not in ("body", "query", "path", "header")]
+            if where[:tag] == loc[:tag] and len(where) > tag and _UNION_TAG.match(where[tag]):
+                inner = ".".join(p for p in where[tag + 1:] if not _UNION_TAG.match(p))
+                complaint = f"{param}.{inner}: {error.get('msg')}" if inner else error.get("msg")
+                if complaint not in complaints:
+                    complaints.append(complaint)
+        return APIError(400, f"{param}: {'; or '.join(complaints)}", param=param or None, code="invalid_value")
     param = ".".join(loc) or None
     if first.get("type") == "extra_forbidden":   # as a pipeline refuses a field it does not read
         return APIError(400, f"{param} is not a request field of {where}", param=param, code="unsupported_parameter")

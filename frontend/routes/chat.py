@@ -31,6 +31,21 @@ from omni_frontend.pipelines import CHAT
 from omni_frontend.routes.common import config, pipeline_for, refuse_unread_fields, triton
 
 router = APIRouter()
+# Pipeline REQUEST keys whose request field has another name: a pipeline's error naming the key names the field.
+_FIELD_OF_KEY = {"voice": "audio.voice"}
+
+
+async def _events(request: Request, pipeline, body: dict, request_id: str, extra: dict | None):
+    """pipeline_stream.events of a chat, whose errors name the chat request's field (`audio.voice`, not the
+    REQUEST key `voice`). Closing it closes the pipeline stream (which cancels its Triton request)."""
+    try:
+        async with contextlib.aclosing(pipeline_stream.events(triton(request), pipeline.entry, body, request_id,
+                                                              extra)) as events:
+            async for item in events:
+                yield item
+    except APIError as exc:
+        exc.param = _FIELD_OF_KEY.get(exc.param, exc.param)
+        raise
 
 
 class Completion:
@@ -124,7 +139,7 @@ async def chat_completions(req: ChatRequest, request: Request):
     request_id = request.state.request_id
     extra = {"INPUT_AUDIO": input_audio} if input_audio is not None else None
     completion = Completion(req, request_id, cfg.audio_expires_s, observability.timer(request, pipeline.name))
-    stream = pipeline_stream.events(triton(request), pipeline.entry, body, request_id, extra)
+    stream = _events(request, pipeline, body, request_id, extra)
 
     if not req.stream:
         async def collect():
@@ -178,6 +193,9 @@ async def chat_completions_batch(batch: ChatBatchRequest, request: Request):
     if batch.stream:
         raise bad_request("a batch is not streamed: its answer is one chat.completion", param="stream",
                           code="unsupported_parameter")
+    if batch.stream_options is not None:
+        raise bad_request("stream_options is only allowed when stream is true, and a batch is not streamed",
+                          param="stream_options", code="unsupported_parameter")
     pipeline = pipeline_for(request, batch.model, CHAT, "chat completions")
     await refuse_unread_fields(request, pipeline, "/v1/chat/completions/batch", extensions(batch),
                                ChatRequest.model_fields, ROUTED_KEYS)
@@ -201,8 +219,7 @@ async def chat_completions_batch(batch: ChatBatchRequest, request: Request):
         completion = Completion(reqs[i], f"{request_id}-{i}", cfg.audio_expires_s, timer)
         extra = {"INPUT_AUDIO": input_audio} if input_audio is not None else None
         with _in_conversation(i):
-            async for event, audio in pipeline_stream.events(triton(request), pipeline.entry, body,
-                                                             f"{request_id}-{i}", extra):
+            async for event, audio in _events(request, pipeline, body, f"{request_id}-{i}", extra):
                 completion.absorb(event, audio)
         return await run_in_threadpool(completion.response)
 

@@ -16,8 +16,8 @@ Whole-batch errors (the OpenAI envelope): 400 for a malformed body, no items or 
 inputs together (each divided by its speed) pass BATCH_INPUT_CHARS x --max-speech-input-chars, an item that is not an
 object, `instructions`, a batch-level field of the wrong type or not read by the pipeline; 404/400/503 for the model
 as /v1/audio/speech; 429 when the pipeline is full. Load: the batch is one request of the pipeline's admission gate;
-its items run on that slot and the free ones (`omni_frontend.batching`). A client that leaves cancels every item
-still running in Triton.
+its items run on that slot and the free ones, one item per turn when others queue (`omni_frontend.batching`). A
+client that leaves cancels every item still running in Triton.
 """
 from __future__ import annotations
 

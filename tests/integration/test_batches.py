@@ -163,6 +163,7 @@ def test_a_chat_batch_answers_each_conversation_as_a_single_request_does(voice_s
     ({"messages": [[{"role": "user", "content": "hi"}]], "stream": True}, 400, "stream"),
     ({"messages": []}, 400, "messages"),
     ({"messages": [[]]}, 400, "messages.0"),
+    ({"messages": [[{"role": "user", "content": ["hi"]}]]}, 400, "messages.0.0.content"),   # was ...content.str
     ({"messages": [[{"role": "user", "content": "hi"}]] * 33}, 400, "messages"),
     ({"messages": [[{"role": "user", "content": "hi"}], [{"role": "user", "content": [{"type": "input_audio",
       "input_audio": {"data": "!!", "format": "wav"}}]}]]}, 400, "messages[1][0].content[0].input_audio"),

@@ -83,6 +83,11 @@ def test_size_limits_answer_before_any_model_work(mock_server):
     ({"logprobs": True, "top_logprobs": 3}, "logprobs"),
     ({"n": 2}, "n"),
     ({"audio": {"voice": "", "format": "wav"}, "modalities": ["text", "audio"]}, "audio.voice"),
+    # twelfth outside test: refused by OpenAI and vLLM when not streamed (was a 200 that dropped it)
+    ({"stream_options": {"include_usage": True}}, "stream_options"),
+    # twelfth outside test: a value no member of a union takes named the member (`stop.str`), no field of the request
+    ({"stop": 5}, "stop"),
+    ({"stop": [1]}, "stop"),
 ])
 def test_unsupported_or_invalid_chat_fields_are_rejected_not_dropped(mock_server, kwargs, param):
     client = openai.OpenAI(base_url=f"{mock_server.base_url}/v1", api_key="unused", max_retries=0)

@@ -711,3 +711,56 @@ def test_a_stop_after_the_talker_finished_before_the_text_does_not_wait_for_its_
     assert "Exit timeout expired" not in log and "has 1 in-flight inferences" not in log
     assert "Non-graceful termination" not in log
     assert took < EXIT_TIMEOUT_S - 5, took   # an idle stop takes ~8 s here; the exit timeout is 30 s
+
+
+def test_stream_options_without_stream_and_a_bad_audio_voice_are_400s_naming_the_request_field(server):
+    """Twelfth outside test: `stream_options` on a chat that is not streamed (and on a batch, never streamed) was a
+    200 that dropped it (OpenAI and vLLM refuse it); an unknown `audio.voice` was a 400 naming `voice`, the pipeline
+    REQUEST's key, which a chat request does not have (single, streamed and batched chats alike)."""
+    client = _client(server)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="qwen3_omni", messages=_messages("hi"), max_tokens=3, modalities=["text"],
+                                       stream_options={"include_usage": True})
+    assert refused.value.response.json()["error"]["param"] == "stream_options"
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(model="qwen3_omni", messages=_messages("hi"), max_tokens=3, stream=stream,
+                                           modalities=["text", "audio"], audio={"voice": "nope", "format": "wav"})
+        error = refused.value.response.json()["error"]
+        assert error["param"] == "audio.voice" and "ethan" in error["message"], (stream, error)
+    batch = {"model": "qwen3_omni", "max_tokens": 3, "messages": [_messages("hi"), _messages("yo")]}
+    for change, param in (({"stream_options": {"include_usage": True}, "modalities": ["text"]}, "stream_options"),
+                          ({"audio": {"voice": "nope", "format": "wav"}}, "audio.voice")):
+        response = httpx.post(f"{server.base_url}/v1/chat/completions/batch", json={**batch, **change}, timeout=120)
+        assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text
+    ok = client.chat.completions.create(model="qwen3_omni", messages=_messages("hi"), max_tokens=3, stream=True,
+                                        modalities=["text"], stream_options={"include_usage": True})
+    assert [chunk.usage.completion_tokens for chunk in ok if chunk.usage] == [3]
+
+
+def test_ordinary_requests_wait_one_item_not_whole_batches_that_hold_every_slot(server):
+    """Twelfth outside test: four chat batches of 32 conversations held the pipeline's four slots for all their
+    items (a batch gave back only the extra slots it took), so an ordinary chat waited for a whole batch to end
+    (or 30 s, then 429 `queue_timeout`). A batch's own slot now passes to a waiting request between two items
+    (`Ticket.take_turn`): the ordinary chat is answered while every batch still has items to run."""
+    user = _messages("Tell me a long story.")
+    ended: list[tuple[int, float]] = []
+
+    def batch():
+        response = httpx.post(f"{server.base_url}/v1/chat/completions/batch", timeout=600, json={
+            "model": "qwen3_omni", "modalities": ["text"], "max_tokens": 64, "messages": [user] * 32})
+        ended.append((response.status_code, time.perf_counter()))
+
+    threads = [threading.Thread(target=batch) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.3)
+    time.sleep(1.0)
+    single = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=300, json={
+        "model": "qwen3_omni", "modalities": ["text"], "max_tokens": 64, "messages": user})
+    answered = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    assert single.status_code == 200, single.text
+    assert [status for status, _ in ended] == [200] * 4
+    assert all(at > answered for _, at in ended), [round(at - answered, 2) for _, at in ended]

@@ -780,3 +780,56 @@ def test_a_batch_runs_on_free_slots_feeds_per_item_run_times_and_frees_every_slo
         assert gate.running == 0 and not gate.waiting
 
     asyncio.run(scenario())
+
+
+def test_a_batch_passes_its_own_slot_to_a_waiting_request_between_items_and_a_cancel_frees_it_once():
+    """Twelfth outside test: a batch holding every slot made ordinary requests wait for all its items. Between two
+    items the batch's own ticket passes its slot to a queued request and queues behind it (`Ticket.take_turn`); a
+    batch cancelled while queued so holds nothing, and its release frees no slot a second time."""
+    from omni_frontend import batching
+
+    async def scenario():
+        gate = Gate("p", max_inflight=1, max_queue=4)
+        ticket = gate.enter()
+        order = []
+
+        async def item(i):
+            await asyncio.sleep(0.05)
+            order.append(i)
+            return i
+
+        async def ordinary():
+            other = gate.enter()
+            await other.wait()
+            order.append("single")
+            other.release()
+
+        batch = asyncio.ensure_future(batching.run_items(ticket, 4, item))
+        await asyncio.sleep(0.02)
+        await ordinary()
+        assert await batch == [0, 1, 2, 3] and order == [0, "single", 1, 2, 3], order
+        ticket.release()
+        assert gate.running == 0 and not gate.waiting
+
+        ticket = gate.enter()
+        blocker = []
+
+        async def held():
+            other = gate.enter()
+            await other.wait()
+            blocker.append(other)
+            await asyncio.sleep(10)
+
+        batch = asyncio.ensure_future(batching.run_items(ticket, 3, item))
+        waiter = asyncio.ensure_future(held())
+        await asyncio.sleep(0.2)     # item 0 ran, the slot passed to `held`, the batch queued behind it
+        assert blocker and gate.running == 1 and len([f for f in gate.waiting if not f.done()]) == 1
+        batch.cancel()
+        await asyncio.sleep(0)
+        ticket.release()
+        assert gate.running == 1 and not [f for f in gate.waiting if not f.done()]
+        waiter.cancel()
+        blocker[0].release()
+        assert gate.running == 0
+
+    asyncio.run(scenario())
