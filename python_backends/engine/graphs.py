@@ -30,6 +30,10 @@ import torch
 from omni_backends.engine import sm_split
 
 log = logging.getLogger(__name__)
+# One capture at a time in the process: entering torch.cuda.graph synchronizes the device and empties the caching
+# allocator, which invalidates a capture another thread has under way (the co-located layout's engines capture
+# lazily, each in its own thread: "operation failed due to a previous error during capture" in some runs).
+_CAPTURING = threading.RLock()
 
 StepFn = Callable[..., tuple[torch.Tensor, ...]]
 ReplayTimer = Callable[[str], AbstractContextManager]
@@ -135,6 +139,10 @@ class StepGraphs:
         return self.enabled and torch.cuda.is_available() and all(t.is_cuda for t in inputs.values())
 
     def _capture(self, key: Hashable, inputs: Mapping[str, torch.Tensor]) -> _Graph | None:
+        with _CAPTURING:
+            return self._capture_alone(key, inputs)
+
+    def _capture_alone(self, key: Hashable, inputs: Mapping[str, torch.Tensor]) -> _Graph | None:
         static = {name: value.clone() for name, value in inputs.items()}
         try:
             if self._warmup_stream is None:   # streams of the caller's SM partition at the first capture, if any
@@ -158,7 +166,14 @@ class StepGraphs:
             self._failed += 1
             self._eager_keys.add(key)
             log.warning("%s: CUDA graph capture of bucket %s failed, running it eagerly: %s", self.name, key, exc)
-            torch.cuda.synchronize()
+            # Only this object's streams are waited for: a device-wide synchronize would break a capture that another
+            # thread (another engine of the co-located layout) has under way. A capture that failed at its end leaves
+            # torch's allocator recording into its pool ("beginAllocateToPool: already recording to mempool_id" for
+            # every later capture with it), so the next bucket captures into a fresh pool on a fresh stream.
+            for side in (self._warmup_stream, self._capture_stream):
+                if side is not None:
+                    side.synchronize()
+            self._pool = self._capture_stream = self._warmup_stream = None
             return None
         self._graphs[key] = _Graph(graph, static, tuple(outputs))
         log.info("%s: captured CUDA graph for bucket %s", self.name, key)
