@@ -749,9 +749,10 @@ def test_voice_counts_a_prompts_tokens_as_a_chat_request_prefills_them(voice_ser
 
 
 def test_unknown_chat_voice_is_a_400_before_any_model_work(voice_server):
+    """The error names the chat request's field (`audio.voice`), not the pipeline REQUEST key `voice`."""
     response = httpx.post(f"{voice_server.base_url}/v1/chat/completions", timeout=60, json={
         "model": "voice", "audio": {"voice": "nobody", "format": "wav"}, "messages": [{"role": "user", "content": "hi"}]})
-    assert response.status_code == 400 and response.json()["error"]["param"] == "voice"
+    assert response.status_code == 400 and response.json()["error"]["param"] == "audio.voice"
 
 
 @pytest.mark.parametrize("route, body, field", [
