@@ -24,11 +24,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 import uuid
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from omni_frontend.client_text import printable
 from omni_frontend.stopping import Stopping, stopped_error
 
 log = logging.getLogger("omni_frontend")
@@ -98,6 +100,19 @@ class RequestTimer:
             self.metrics.rtf.labels(self.pipeline).observe(e2e / audio_s)
 
 
+_CLIENT_REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")   # 1-128 visible ASCII characters
+
+
+def request_id_of(incoming: str | bytes | None) -> str:
+    """The id of a request or WebSocket session: the client's `x-request-id` header value when it is 1-128 visible
+    ASCII characters, else (absent, longer, or holding blanks, control or non-ASCII characters) a fresh uuid4 hex.
+    The id is echoed in the response's x-request-id header, logged, sent to Triton and part of response ids
+    (`chatcmpl-`, `resp_`), so a client's id of 60 000 characters or with terminal escapes is not taken."""
+    if isinstance(incoming, bytes):
+        incoming = incoming.decode("latin-1")
+    return incoming if incoming and _CLIENT_REQUEST_ID.fullmatch(incoming) else uuid.uuid4().hex
+
+
 def timer(request, pipeline: str) -> RequestTimer:
     """The RequestTimer of this request (measured from its arrival at the frontend)."""
     return RequestTimer(request.app.state.metrics, pipeline, request.state.started)
@@ -127,8 +142,7 @@ class ObservabilityMiddleware:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        incoming = dict(scope.get("headers") or []).get(b"x-request-id", b"").decode("latin-1")
-        request_id = incoming or uuid.uuid4().hex
+        request_id = request_id_of(dict(scope.get("headers") or []).get(b"x-request-id"))
         start = time.perf_counter()
         state = scope.setdefault("state", {})
         state["request_id"], state["started"] = request_id, start
@@ -185,7 +199,7 @@ class ObservabilityMiddleware:
         finally:
             final = CLIENT_CLOSED if client_gone[0] and not complete[0] else status[0]
             self.metrics.requests.labels(_route(scope), scope["method"], str(final)).inc()
-            log.info("%s %s -> %d %.1f ms request_id=%s%s", scope["method"], scope["path"], final,
+            log.info("%s %s -> %d %.1f ms request_id=%s%s", scope["method"], printable(scope["path"]), final,
                      (time.perf_counter() - start) * 1000, request_id, " (cut by the server's stop)" if cut[0] else "")
 
     @staticmethod

@@ -14,6 +14,7 @@ import uuid
 import pydantic
 from openai.types.realtime import RealtimeClientEvent, RealtimeServerEvent
 
+from omni_frontend.client_text import MAX_MESSAGE_CHARS, MAX_PARAM_CHARS, clipped
 from omni_frontend.validation import invalid_text
 
 _CLIENT = pydantic.TypeAdapter(RealtimeClientEvent)
@@ -33,6 +34,9 @@ class ProtocolError(Exception):
 
     def __init__(self, message: str, code: str = "invalid_value", param: str | None = None,
                  event_id: str | None = None, type: str = "invalid_request_error"):
+        # bounded as the HTTP routes' errors are (errors.APIError): they quote client input
+        message, param = clipped(message, MAX_MESSAGE_CHARS), clipped(param, MAX_PARAM_CHARS)
+        event_id = clipped(event_id, MAX_PARAM_CHARS)
         super().__init__(message)
         self.message, self.code, self.param, self.event_id, self.type = message, code, param, event_id, type
 

@@ -8,12 +8,12 @@ of a sleeping pipeline gets `pipeline_sleeping`, then 1013 (try again later).
 from __future__ import annotations
 
 import logging
-import uuid
 from pathlib import Path
 
 from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import FileResponse
 
+from omni_frontend import observability
 from omni_frontend.auth import accepted_subprotocol, offered_subprotocols, websocket_authorized
 from omni_frontend.errors import APIError
 from omni_frontend.pipelines import CHAT
@@ -52,7 +52,7 @@ async def realtime(websocket: WebSocket):
         await websocket.send_text(encode(error_event(problem)))
         await websocket.close(close_code)
         return
-    request_id = websocket.headers.get("x-request-id") or uuid.uuid4().hex
+    request_id = observability.request_id_of(websocket.headers.get("x-request-id"))
     state = websocket.app.state
     session = RealtimeSession(state.triton, pipeline, model or pipeline.name, websocket.send_text, request_id,
                               state.admission.gate(pipeline.name), state.control, cfg.realtime_speculation_ms,

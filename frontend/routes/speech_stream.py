@@ -43,7 +43,6 @@ import dataclasses
 import json
 import logging
 import time
-import uuid
 from typing import Literal
 
 import numpy as np
@@ -55,11 +54,12 @@ from starlette.websockets import WebSocketDisconnect
 from omni_backends.errors import NOTHING_TO_SPEAK
 from omni_backends.voice.chunker import SentenceChunker
 from omni_frontend import audio as audio_codec
+from omni_frontend import client_text
 from omni_frontend import pipeline_stream
 from omni_frontend.auth import accepted_subprotocol, offered_subprotocols, websocket_authorized
 from omni_frontend.chat_protocol import Voice
 from omni_frontend.errors import APIError
-from omni_frontend.observability import RequestTimer
+from omni_frontend.observability import RequestTimer, request_id_of
 from omni_frontend.pipelines import SPEECH, Pipeline
 from omni_frontend.routes.speech import stream_encoder
 from omni_frontend.validation import RequestModel
@@ -111,7 +111,9 @@ class StreamError(Exception):
 
     def __init__(self, message: str, code: str, param: str | None = None, fatal: bool = False):
         super().__init__(message)
-        self.event = {"type": "error", "message": message, "code": code, "param": param}
+        # bounded as the HTTP routes' errors are (errors.APIError): they quote client input
+        self.event = {"type": "error", "message": client_text.clipped(message, client_text.MAX_MESSAGE_CHARS),
+                      "code": code, "param": client_text.clipped(param, client_text.MAX_PARAM_CHARS)}
         self.fatal = fatal
 
 
@@ -398,7 +400,7 @@ async def speech_stream(websocket: WebSocket):
                                               "(Authorization: Bearer ...)", "code": "invalid_api_key", "param": None}))
         await websocket.close(POLICY_VIOLATION)
         return
-    request_id = websocket.headers.get("x-request-id") or uuid.uuid4().hex
+    request_id = request_id_of(websocket.headers.get("x-request-id"))
     log.info("speech stream %s opened", request_id)
     try:
         await SpeechStream(websocket, request_id).run()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -15,6 +16,7 @@ import numpy as np
 import openai
 import pytest
 import soundfile
+import websockets.sync.client
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.harness import wait_for
@@ -74,6 +76,64 @@ def test_size_limits_answer_before_any_model_work(mock_server):
         ok = client.post("/v1/chat/completions", json={"model": "mock", "messages": [{"role": "user", "content": "x"}]})
         assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"] == "tok0tok1tok2"
     assert _frontend_metric(mock_server, "omni_frontend_e2e_seconds_count", pipeline="mock") == before + 1
+
+
+def test_client_text_echoed_in_errors_is_bounded_on_every_route_and_the_speech_websocket(mock_server):
+    """Thirteenth outside test: a model name of 1 MB came back whole in the 404's message (1 000 156 bytes; also a
+    content part type, an unknown field's name in the message and as `param`, a speech WebSocket's model). An error message is at most
+    2048 characters and its param 256; the start of the value and the message's own end (the served models) stay."""
+    huge = "A" * 1_000_000
+    with httpx.Client(base_url=mock_server.base_url, timeout=60) as client:
+        for path, body, status, param in [
+            ("/v1/chat/completions", {"model": huge, "messages": [{"role": "user", "content": "hi"}]}, 404, "model"),
+            ("/v1/responses", {"model": huge, "input": "hi"}, 404, "model"),
+            ("/v1/audio/speech/batch", {"model": huge, "items": [{"input": "hi"}]}, 404, "model"),
+            ("/v1/responses", {"model": "mock", "input": [{"role": "user", "content": [{"type": huge}]}]}, 400,
+             "input[0].content[0]"),
+            ("/v1/chat/completions", {"model": "mock", "messages": [{"role": "user", "content": "hi"}],
+                                      "audio": {"voice": "alloy", "format": "wav", huge: 1}}, 400, None),
+        ]:
+            refused = client.post(path, json=body)
+            assert refused.status_code == status and len(refused.content) < 4096, (path, refused.text[:300])
+            error = refused.json()["error"]
+            assert len(error["message"]) <= 2048 and error["message"].count("A") < 2048, path
+            assert param is None and len(error["param"]) <= 256 and error["param"].startswith("audio.AAA") \
+                or error["param"] == param, (path, error["param"][:300])
+            assert status != 404 or error["message"].startswith("model 'AAA") and "' is not loaded; " in error["message"]
+    url = mock_server.base_url.replace("http", "ws") + "/v1/audio/speech/stream"
+    with websockets.sync.client.connect(url, max_size=None) as ws:
+        ws.send(json.dumps({"type": "session.config", "model": "m" * 100_000}))
+        error = json.loads(ws.recv(timeout=30))
+    assert error["code"] == "model_not_found" and error["param"] == "model" and len(error["message"]) <= 2048
+    assert error["message"].startswith("model 'mmm") and error["message"].endswith("speech models: mock-speech")
+    assert httpx.post(f"{mock_server.base_url}/v1/chat/completions", timeout=30, json={
+        "model": "mock", "messages": [{"role": "user", "content": "x"}]}).json()["choices"][0]["message"]["content"] \
+        == "tok0tok1tok2"
+
+
+def test_a_client_cannot_forge_access_log_lines_nor_impose_odd_request_ids(mock_server):
+    """Thirteenth outside test: the access log wrote the percent-decoded path as it was, so `GET /v1/models%0a<line>`
+    (no API key needed) added a line of the client's making to the log, e.g. a forged `POST .../sleep -> 200`; and
+    any x-request-id was taken (60 000 characters, blanks, tabs, Latin-1 letters: echoed in the header, logged, sent to
+    Triton, part of `chatcmpl-` ids). The path is logged with its control characters escaped, and an x-request-id
+    that is not 1-128 visible ASCII characters is replaced by a fresh one."""
+    forged = "2026-01-01 00:00:00,000 INFO omni_frontend: POST /v1/admin/pipelines/mock/sleep -> 200 1.0 ms forged-13"
+    with socket.create_connection(("127.0.0.1", mock_server.port), timeout=30) as raw:
+        raw.sendall(f"GET /v1/models%0a{forged.replace(' ', '%20')} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                    .encode())
+        assert raw.recv(4096).startswith(b"HTTP/1.1 404")
+    wait_for(lambda: "forged-13" in mock_server.log(), timeout_s=10)
+    assert not any(line.startswith(forged) for line in mock_server.log().splitlines())
+    assert f"GET /v1/models\\n{forged} -> 404" in mock_server.log()
+
+    body = {"model": "mock", "messages": [{"role": "user", "content": "x"}]}
+    for sent, honoured in [("client-id_1.2:3", True), ("r" * 128, True), ("r" * 129, False), ("a b", False),
+                           ("id\tx", False), ("caf\xe9", False)]:
+        answer = httpx.post(f"{mock_server.base_url}/v1/chat/completions", json=body, timeout=30,
+                            headers={"x-request-id": sent.encode("latin-1")})
+        assert answer.status_code == 200 and (answer.headers["x-request-id"] == sent) == honoured, sent
+        assert honoured or len(answer.headers["x-request-id"]) == 32   # a fresh uuid4 hex
+        assert answer.json()["id"] == f"chatcmpl-{answer.headers['x-request-id']}"
 
 
 @pytest.mark.parametrize("kwargs, param", [
