@@ -4,9 +4,11 @@
 Stateless, as vLLM serves it without a store: text out; input is a string or a list of messages (`role` user,
 assistant, system or developer; `content` a string or `input_text` / `input_audio` / `output_text` parts), with
 `instructions` as a first system message. Fields that would need stored responses, tools, reasoning or structured
-output (UNSUPPORTED_FIELDS) are refused with a 400 naming them; `store`, `metadata`, `user` and the like are accepted
-and change nothing (nothing is kept: GET /v1/responses/{id} is a 404). Errors of the chat mapping name the Responses
-field: `messages[k]...` becomes `input[i]...` (or `instructions`), `max_tokens` becomes `max_output_tokens`.
+output (UNSUPPORTED_FIELDS) are refused with a 400 naming them, and so are chat completion fields the Responses API
+spells its own way or lacks (`messages`, `max_tokens`, `max_completion_tokens`, `modalities`, `audio`, `n`);
+`store`, `metadata`, `user` and the like are accepted and change nothing (nothing is kept: GET /v1/responses/{id} is
+a 404). Errors of the chat mapping name the Responses field: `messages[k]...` becomes `input[i]...` (or
+`instructions`), `max_tokens` becomes `max_output_tokens`.
 """
 from __future__ import annotations
 
@@ -36,6 +38,14 @@ UNSUPPORTED_FIELDS: dict[str, tuple[tuple, str]] = {
     "truncation": ((None, "disabled"), "the input is never truncated: one that does not fit is a 400"),
     "top_logprobs": ((None, 0), "log probabilities are not returned"),
     "prompt": ((None,), "stored prompts are not kept"),
+    # chat completion fields, which the chat mapping would otherwise read (max_completion_tokens) or drop (messages,
+    # overwritten by `input`): the Responses API spells them its own way or has no such field
+    "messages": ((None,), "a response's conversation is `input` (with `instructions`)"),
+    "max_tokens": ((None,), "a response's length limit is `max_output_tokens`"),
+    "max_completion_tokens": ((None,), "a response's length limit is `max_output_tokens`"),
+    "modalities": ((None, ["text"]), "responses are text only (spoken answers: /v1/chat/completions)"),
+    "audio": ((None,), "responses are text only (spoken answers: /v1/chat/completions)"),
+    "n": ((None, 1), "a response has one output message"),
 }
 INPUT_PARTS = {"input_text": "text", "output_text": "text", "input_audio": "input_audio"}
 ROLES = ("user", "assistant", "system", "developer")

@@ -37,9 +37,10 @@ async def create_response(req: ResponsesRequest, request: Request):
     pipeline's first event before its head, as /v1/chat/completions does."""
     cfg = config(request)
     pipeline = pipeline_for(request, req.model, CHAT, "responses")
+    fields = chat_body(req)   # its errors name the Responses fields (`max_tokens` is refused as itself)
     with responses_params(req):
         try:
-            chat = ChatRequest.model_validate(chat_body(req))
+            chat = ChatRequest.model_validate(fields)
         except ValidationError as exc:
             raise validation_error(exc.errors(), f"POST {ROUTE}") from exc
         await refuse_unread_fields(request, pipeline, ROUTE, extensions(chat),

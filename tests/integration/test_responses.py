@@ -65,6 +65,13 @@ def test_a_response_cut_by_max_output_tokens_is_incomplete(voice_server):
     ({"background": True}, "background", "unsupported_parameter"),
     ({"truncation": "auto"}, "truncation", "unsupported_parameter"),
     ({"max_output_tokens": 0}, "max_output_tokens", "invalid_value"),
+    # thirteenth outside test: chat completion fields were read (max_completion_tokens cut the answer) or dropped
+    ({"max_completion_tokens": 3}, "max_completion_tokens", "unsupported_parameter"),
+    ({"max_tokens": 3}, "max_tokens", "unsupported_parameter"),
+    ({"messages": [{"role": "user", "content": "x"}]}, "messages", "unsupported_parameter"),
+    ({"modalities": ["text", "audio"]}, "modalities", "unsupported_parameter"),
+    ({"audio": {"voice": "alloy", "format": "wav"}}, "audio", "unsupported_parameter"),
+    ({"n": 2}, "n", "unsupported_parameter"),
     ({"input": []}, "input", "invalid_value"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0]",
      "unsupported_content"),
