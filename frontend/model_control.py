@@ -33,6 +33,7 @@ from omni_frontend.triton_client import TritonClient
 log = logging.getLogger("omni_frontend.model_control")
 AWAKE, SLEEPING, FALLING_ASLEEP, WAKING = "awake", "sleeping", "falling_asleep", "waking"
 UNLOAD_WAIT_S = 60.0  # how long sleep() waits for unloads to finish (requests in flight delay them)
+_LOADED = ("READY", "LOADING", "UNLOADING")   # Triton states of a model that still has (or may take) requests
 
 
 class ModelControl:
@@ -94,24 +95,56 @@ class ModelControl:
         return pipeline
 
     async def sleep(self, name: str) -> dict:
-        """Refuse new requests of pipeline `name` and unload the models no awake pipeline needs (waiting up
+        """Refuse new requests of pipeline `name` and unload the models no other pipeline needs (waiting up
         to UNLOAD_WAIT_S for the unloads: requests already in flight finish first).
-        Returns {"unloaded": [...], "kept": [...] (still used by awake pipelines), "pending": [...]}."""
+        Returns {"unloaded": [...], "kept": [...] (still used by awake pipelines, or by sleeping ones whose requests
+        in flight have not drained), "pending": [...]}."""
         pipeline = self._get(name)
         async with self._lock:
-            self.sleeping.add(name)
-            self._sleeps[name] = self._sleeps.get(name, 0) + 1
-            needed = set(self.awake_models())
-            states = await self.client.model_states()   # sleeping again: unloads what is still loaded, if any
-            loaded = [m for m in reversed(pipeline.models) if states.get(m) in ("READY", "LOADING", "UNLOADING")]
-            unload = [m for m in loaded if m not in needed]  # orchestrator first
-            self._transitions[name] = FALLING_ASLEEP
+            self._refuse(name)
+            return await self._sleep_refused(pipeline)
+
+    async def sleep_all(self) -> dict[str, dict]:
+        """Sleep every awake pipeline (vLLM's whole-server sleep): all refuse new requests at once, so their requests
+        in flight drain together, then each unloads as `sleep` does, one after another. Returns {name: sleep's
+        result}. A pipeline used to go on serving new requests while those before it drained (up to UNLOAD_WAIT_S
+        each)."""
+        async with self._lock:
+            names = [n for n in self.pipelines if n not in self.sleeping]
+            for name in names:
+                self._refuse(name)
             try:
-                pending = await self._unload_callers_first(pipeline, unload)
+                return {name: await self._sleep_refused(self.pipelines[name]) for name in names}
             finally:
-                del self._transitions[name]
-            log.info("pipeline %s sleeping: unloaded %s", name, ", ".join(unload) or "nothing")
-            return {"unloaded": unload, "kept": [m for m in pipeline.models if m in needed], "pending": pending}
+                for name in names:
+                    self._transitions.pop(name, None)
+
+    def _refuse(self, name: str) -> None:
+        """Pipeline `name` is falling asleep: its new requests get 503 `pipeline_sleeping` from now on."""
+        self.sleeping.add(name)
+        self._sleeps[name] = self._sleeps.get(name, 0) + 1
+        self._transitions[name] = FALLING_ASLEEP
+
+    async def _sleep_refused(self, pipeline: Pipeline) -> dict:
+        """`sleep` of a pipeline already refused (`_refuse`), under the lock. A model another pipeline still needs
+        is kept: one of an awake pipeline, of one falling asleep after it (`sleep_all`), or of a sleeping one whose
+        client-facing model is still UNLOADING (Triton waits for its requests in flight, which past an earlier sleep's
+        UNLOAD_WAIT_S still call its stages: sleeping `tts` unloaded voice_tts under `voice` chats still draining,
+        which failed with 500 `inference_error`)."""
+        name = pipeline.name
+        try:
+            states = await self.client.model_states()   # sleeping again: unloads what is still loaded, if any
+            draining = [p for n, p in self.pipelines.items() if n != name and n in self.sleeping
+                        and (self._transitions.get(n) == FALLING_ASLEEP
+                             or any(states.get(m) == "UNLOADING" for m in (p.entry, p.stream_entry) if m))]
+            needed = set(self.awake_models()) | set(triton_models(draining))
+            loaded = [m for m in reversed(pipeline.models) if states.get(m) in _LOADED]
+            unload = [m for m in loaded if m not in needed]  # orchestrator first
+            pending = await self._unload_callers_first(pipeline, unload)
+        finally:
+            self._transitions.pop(name, None)
+        log.info("pipeline %s sleeping: unloaded %s", name, ", ".join(unload) or "nothing")
+        return {"unloaded": unload, "kept": [m for m in pipeline.models if m in needed], "pending": pending}
 
     async def wake(self, name: str) -> dict:
         """Load every model of pipeline `name` that is not READY, then serve it again. Returns
@@ -171,7 +204,7 @@ class ModelControl:
         availability = self.availability
         while True:
             states = await self.client.model_states()
-            pending = [m for m in models if states.get(m) in ("READY", "UNLOADING", "LOADING")]
+            pending = [m for m in models if states.get(m) in _LOADED]
             down = availability.down().keys()
             if not pending or time.monotonic() > deadline or all(down & set(availability.route(m)) for m in pending):
                 return pending

@@ -2,8 +2,8 @@
 
 GET  /v1/admin/pipelines               -> {"object": "list", "data": [pipeline, ...]}
 POST /v1/admin/pipelines/{name}/sleep  -> pipeline + {"unloaded", "kept", "pending"}: requests to it get
-                                          503 `pipeline_sleeping`; models no awake pipeline needs are
-                                          unloaded (their stub processes and memory freed)
+                                          503 `pipeline_sleeping`; models no other pipeline needs (awake, or
+                                          still draining requests) are unloaded (stub processes, memory freed)
 POST /v1/admin/pipelines/{name}/wake   -> pipeline + {"loaded"}: its models are loaded again
 pipeline = {"id", "object": "pipeline", "state": "awake" | "falling_asleep" | "sleeping" | "waking" | "recovering",
             "triton_models"}: falling_asleep while a sleep drains and unloads, waking while a wake loads.
@@ -11,9 +11,11 @@ Unknown name: 404 `pipeline_not_found`; a model that fails to load: 503 `model_c
 
 vLLM's whole-server sleep endpoints, for the tools that drive vLLM (same API key):
 POST /sleep?level=1|2[&mode=wait] -> {"is_sleeping": true, "pipelines": {name: sleep result}}: every awake pipeline
-                                     sleeps as above, one after another. Both levels free weights and KV cache alike
-                                     (the stage processes end; a wake loads from disk); `mode` "wait" (the default)
-                                     lets requests in flight finish, vLLM's "abort" and "keep" are refused (400).
+                                     refuses new requests at once, then each sleeps as above, one after another (a
+                                     model of one whose requests are still draining is kept). Both levels free
+                                     weights and KV cache alike (the stage processes end; a wake loads from disk);
+                                     `mode` "wait" (the default) lets requests in flight finish, vLLM's "abort" and
+                                     "keep" are refused (400).
 POST /wake_up[?tags=weights&tags=kv_cache] -> {"is_sleeping": false, "pipelines": {name: wake result}}: every
                                      pipeline that is not awake wakes; weights and KV cache always load together.
 GET  /is_sleeping                 -> {"is_sleeping": bool}: true when no pipeline is awake.
@@ -65,12 +67,9 @@ async def sleep_all(request: Request, level: str = "1", mode: str = "wait"):
     if mode not in SLEEP_MODES:
         raise APIError(400, f"mode {mode!r} is not supported: a sleep lets the requests in flight finish "
                             "(mode=wait)", param="mode", code="unsupported_value")
-    control = request.app.state.control
-    results = {}
-    for name in control.pipelines:
-        if control.state(name) == AWAKE:
-            results[name] = await sleep(name, request)
-    return {"is_sleeping": True, "pipelines": results}
+    results = await request.app.state.control.sleep_all()
+    return {"is_sleeping": True, "pipelines": {name: {**_entry(request, name), **result}
+                                               for name, result in results.items()}}
 
 
 @engine_router.post("/wake_up")

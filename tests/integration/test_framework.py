@@ -394,6 +394,38 @@ def test_vllm_sleep_endpoints_sleep_and_wake_every_pipeline(mock_server):
     assert httpx.get(f"{base}/health").status_code == 200
 
 
+def test_the_whole_server_sleep_refuses_every_pipeline_at_once_and_lets_requests_in_flight_finish(mock_server):
+    """Thirteenth outside test: vLLM's POST /sleep slept the pipelines one after another, so those after the one
+    draining went on admitting new requests meanwhile (qwen3_omni answered 80 chats with 200 for the 80 s voice took
+    to drain). Every pipeline now refuses at once: while relay drains a 3 s chat, mock-speech (slept after it) is
+    already 503 `pipeline_sleeping`; the chat in flight still completes, and the frontend's gauges end at 0."""
+    base = mock_server.base_url
+    long_body = {"model": "relay", "messages": [{"role": "user", "content": "hi"}], "repeat": 12, "delay_ms": 250}
+    speech = {"model": "mock-speech", "input": "hi", "voice": "alloy"}
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            in_flight = pool.submit(httpx.post, f"{base}/v1/chat/completions", json=long_body, timeout=60)
+            assert wait_for(lambda: metric_value(mock_server.metrics_url, "omni_inflight_requests",
+                                                 model="mock_relay") == 1, 30)
+            slept = pool.submit(httpx.post, f"{base}/sleep", timeout=180)
+            assert wait_for(lambda: httpx.get(f"{base}/v1/admin/pipelines").json()["data"][1]["state"]
+                            == "falling_asleep", 10)
+            refused = httpx.post(f"{base}/v1/audio/speech", json=speech, timeout=30)
+            assert not in_flight.done(), "the chat ended before the speech request was sent"
+            assert refused.status_code == 503 and refused.json()["error"]["code"] == "pipeline_sleeping", refused.content[:100]
+            assert httpx.get(f"{base}/is_sleeping").json() == {"is_sleeping": True}
+            answer, slept = in_flight.result(), slept.result()
+        assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["content"] == "".join(
+            f"tok{i}" for i in range(12)), answer.text
+        assert slept.status_code == 200 and all(r["pending"] == [] for r in slept.json()["pipelines"].values())
+        assert wait_for(lambda: _live_stubs(mock_server) == [], 30), "the sleep did not end the stubs"
+        metrics = httpx.get(f"{base}/metrics").text
+        assert 'omni_frontend_inflight_requests{pipeline="relay"} 0.0' in metrics
+    finally:
+        httpx.post(f"{base}/wake_up", timeout=180)
+    assert httpx.post(f"{base}/v1/audio/speech", json=speech, timeout=30).status_code == 200
+
+
 def test_health_stays_200_while_a_pipeline_drains_to_sleep_and_wakes(mock_server):
     """Sleeping relay with a request in flight: its unload waits for the request, and Triton's strict readiness
     is false meanwhile (as while the wake loads mock_relay). /health used to equate that with a dead server (503

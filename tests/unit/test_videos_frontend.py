@@ -359,3 +359,51 @@ def test_a_sleep_lists_each_model_still_unloading_once(monkeypatch):
     assert slept["pending"] == ["wan_dit"]
     assert triton.states == {"wan_text_encoder": "UNAVAILABLE", "wan_dit": "UNLOADING", "wan_vae": "UNAVAILABLE",
                              "wan": "UNAVAILABLE"}
+
+
+def test_a_stage_shared_with_a_pipeline_still_draining_is_kept_by_the_next_sleep(monkeypatch):
+    """Thirteenth outside test: `voice` was put to sleep with chats that outlasted UNLOAD_WAIT_S (pending), then `tts`:
+    its sleep unloaded voice_tts, which only awake pipelines kept, and the voice chats still draining failed with 500
+    `inference_error`. A sleeping pipeline whose entry is still UNLOADING keeps its models; once it drained, the next
+    sleep unloads them."""
+    monkeypatch.setattr(model_control, "UNLOAD_WAIT_S", 0.3)
+    voice, tts = REGISTRY["voice"], REGISTRY["tts"]
+    triton = _Triton(dict.fromkeys(voice.models + tts.models))
+    triton.inflight["voice"] = 1   # a chat that outlasts the sleep's wait
+    control = ModelControl(triton, [voice, tts])
+
+    async def scenario():
+        first = await control.sleep("voice")
+        assert first["pending"] == ["voice", "voice_vad", "voice_llm", "voice_asr"] and first["kept"] == ["voice_tts"]
+        slept = await control.sleep("tts")
+        assert (slept["unloaded"], slept["kept"]) == (["tts"], ["voice_tts"]), slept
+        assert triton.states["voice_tts"] == "READY"
+        triton.inflight["voice"], triton.states["voice"] = 0, "UNAVAILABLE"   # the chat ended: voice unloaded
+        again = await control.sleep("tts")
+        assert (again["unloaded"], again["kept"]) == (["voice_tts"], []), again
+
+    asyncio.run(scenario())
+
+
+def test_the_whole_server_sleep_refuses_every_pipeline_before_the_first_drains(monkeypatch):
+    """sleep_all (POST /sleep) refuses every awake pipeline at once: while `voice` drains, `tts` already answers 503
+    `pipeline_sleeping` (it used to serve until voice's sleep ended), and voice_tts stays loaded for the voice chat
+    still in flight."""
+    monkeypatch.setattr(model_control, "UNLOAD_WAIT_S", 0.3)
+    voice, tts = REGISTRY["voice"], REGISTRY["tts"]
+    triton = _Triton(dict.fromkeys(voice.models + tts.models))
+    triton.inflight["voice"] = 1
+    control = ModelControl(triton, [voice, tts])
+
+    async def scenario():
+        task = asyncio.create_task(control.sleep_all())
+        await asyncio.sleep(0.1)
+        assert (control.state("voice"), control.state("tts")) == ("falling_asleep", "falling_asleep")
+        with pytest.raises(APIError) as refused:
+            control.check(tts)
+        assert (refused.value.status, refused.value.code) == (503, "pipeline_sleeping")
+        results = await task
+        assert results["tts"]["kept"] == ["voice_tts"] and triton.states["voice_tts"] == "READY", results
+        assert (control.state("voice"), control.state("tts")) == ("sleeping", "sleeping")
+
+    asyncio.run(scenario())
