@@ -102,8 +102,8 @@ class RealtimeSession:
     speculation_ms: with server VAD and automatic responses, start a turn's response after this many ms of
     silence (the VAD's pause_duration_ms; used when shorter than the turn's silence_duration_ms), held until
     the turn ends; None: off. outcomes: the speculations counter (FrontendMetrics.speculations) or None.
-    max_text_chars: the longest instructions (session or response) and transcription prompt a session may set
-    (--max-text-chars). gate: the pipeline's admission gate (`Admission.gate`); control: the server's
+    max_text_chars: the longest instructions (session or response), transcription prompt and text part of a
+    conversation item a session may set (--max-text-chars). gate: the pipeline's admission gate (`Admission.gate`); control: the server's
     ModelControl (sleeping pipelines)."""
 
     def __init__(self, triton: TritonClient, pipeline: Pipeline, model: str, send_text, request_id: str, gate: Gate,
@@ -158,6 +158,9 @@ class RealtimeSession:
     async def run(self, receive) -> None:
         """Reads frames until the client disconnects. receive() -> ASGI websocket message."""
         while True:
+            # receive() returns a frame already read without suspending: a client's burst of events (thousands
+            # sent at once) kept the event loop, so every other request and session, until the last was handled
+            await asyncio.sleep(0)
             message = await receive()
             if message["type"] == "websocket.disconnect":
                 return
@@ -283,6 +286,8 @@ class RealtimeSession:
 
     async def _on_conversation_item_create(self, event: dict) -> None:
         item = item_from_client(event["item"], lambda b64, param: self.decoder.decode(b64decode(b64, param), param))
+        for index, part in enumerate(item.parts):   # as chat messages are bounded (a 5 MB item was kept whole)
+            session_config.check_length(part.text, f"item.content[{index}].text", self.max_text_chars)
         previous = self.conversation.add(item, event.get("previous_item_id"))
         await self._announce(item, previous)
         if not item.transcribed.is_set():

@@ -15,7 +15,7 @@ import pytest
 import websockets
 import websockets.sync.client
 
-from tests.harness import metric_value, wait_for
+from tests.harness import metric_value, settle_limit_s, wait_for
 
 pytestmark = pytest.mark.integration
 QUESTION = "What is the capital of France?"
@@ -599,6 +599,37 @@ def test_transcription_session_input_formats(voice_server, fmt, rate):
                          "input_audio_buffer.committed"]
     assert "capital of france" in completed.transcript.lower() and completed.usage.seconds > 1.0
     assert "response.created" not in kinds and refused.error.code == "invalid_session_type"
+
+
+def test_a_burst_of_client_events_neither_stalls_the_server_nor_grows_without_bound(voice_server):
+    """Thirteenth outside test: 10 000 tiny conversation.item.create events sent at once (1 MB) kept the frontend's
+    event loop for 25 s, so /health and every other client waited as long: the session handled frame after frame
+    without suspending, and each item's id was checked against every earlier item (quadratic). A 5 MB text item
+    was kept whole. Now /health answers during such a burst (5 000 items here; it took 8 s before), every item
+    is added, and an item's text is bounded by --max-text-chars as chat's is."""
+    url = voice_server.base_url.replace("http", "ws") + "/v1/realtime?model=voice"
+    items = 5000
+    with websockets.sync.client.connect(url, max_size=None) as ws:
+        assert json.loads(ws.recv())["type"] == "session.created"
+        ws.send(json.dumps({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+                                                                          "content": [{"type": "input_text",
+                                                                                       "text": "x" * 140_000}]}}))
+        refused = json.loads(ws.recv(timeout=30))
+        assert refused["type"] == "error" and refused["error"]["param"] == "item.content[0].text", refused
+        for i in range(items):
+            ws.send(json.dumps({"type": "conversation.item.create", "item": {
+                "id": f"item_{i}", "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}}))
+        sent = time.monotonic()
+        health = httpx.get(f"{voice_server.base_url}/health", timeout=120)
+        health_s = time.monotonic() - sent
+        added = 0
+        while added < items:
+            event = json.loads(ws.recv(timeout=120))
+            assert event["type"] in ("conversation.item.added", "conversation.item.done"), event
+            added += event["type"] == "conversation.item.added"
+        handled_s = time.monotonic() - sent
+        assert event["item"]["id"] == f"item_{items - 1}"
+    assert health.status_code == 200 and health_s < min(handled_s / 2, settle_limit_s(1.0)), (health_s, handled_s)
 
 
 def test_eight_concurrent_sessions(voice_server):
