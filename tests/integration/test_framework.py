@@ -200,6 +200,13 @@ def test_head_answers_as_get_without_a_body_and_multipart_text_must_be_utf8(mock
         assert error["code"] == "invalid_unicode" and error["param"] == "prompt", error
 
 
+def _relay_chat_in_flight(pool: ThreadPoolExecutor, server, body: dict):
+    """The future of chat `body` (a long `relay` one) sent on `pool`, once mock_relay is running it."""
+    in_flight = pool.submit(httpx.post, f"{server.base_url}/v1/chat/completions", json=body, timeout=60)
+    assert wait_for(lambda: metric_value(server.metrics_url, "omni_inflight_requests", model="mock_relay") == 1, 30)
+    return in_flight
+
+
 def _live_stubs(server) -> list[str]:
     """Models whose stub process runs now (from the stubs' command lines)."""
     names = []
@@ -404,9 +411,7 @@ def test_the_whole_server_sleep_refuses_every_pipeline_at_once_and_lets_requests
     speech = {"model": "mock-speech", "input": "hi", "voice": "alloy"}
     try:
         with ThreadPoolExecutor(2) as pool:
-            in_flight = pool.submit(httpx.post, f"{base}/v1/chat/completions", json=long_body, timeout=60)
-            assert wait_for(lambda: metric_value(mock_server.metrics_url, "omni_inflight_requests",
-                                                 model="mock_relay") == 1, 30)
+            in_flight = _relay_chat_in_flight(pool, mock_server, long_body)
             slept = pool.submit(httpx.post, f"{base}/sleep", timeout=180)
             assert wait_for(lambda: httpx.get(f"{base}/v1/admin/pipelines").json()["data"][1]["state"]
                             == "falling_asleep", 10)
@@ -448,9 +453,7 @@ def test_health_stays_200_while_a_pipeline_drains_to_sleep_and_wakes(mock_server
 
     try:
         with ThreadPoolExecutor(2) as pool:
-            in_flight = pool.submit(httpx.post, f"{base}/v1/chat/completions", json=long_body, timeout=60)
-            assert wait_for(lambda: metric_value(mock_server.metrics_url, "omni_inflight_requests",
-                                                 model="mock_relay") == 1, 30)
+            in_flight = _relay_chat_in_flight(pool, mock_server, long_body)
             slept = pool.submit(httpx.post, f"{admin}/relay/sleep", timeout=120)
             draining, drain_states = probe_until(slept)
             assert in_flight.result().status_code == 200 and slept.result().json()["unloaded"] == ["mock_relay"]
