@@ -100,7 +100,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "server on one request declaring a huge input shape: std::bad_alloc)")
     p.add_argument("--triton-metrics-port", type=_port, default=8003,
                    help="1-65535, on 127.0.0.1 (default: %(default)s)")
-    p.add_argument("--api-key", default=os.environ.get("OMNI_API_KEY"), help="require Bearer KEY on /v1 routes")
+    p.add_argument("--api-key", default=os.environ.get("OMNI_API_KEY"),
+                   help="require Authorization: Bearer KEY on every route (vLLM's /sleep, /wake_up, /is_sleeping "
+                        "too) but /health, /metrics, /docs, /openapi.json, the /realtime page and image URLs")
     p.add_argument("--log-dir", type=Path, default=ROOT / "var" / "log")
     p.add_argument("--data-dir", type=Path, default=ROOT / "var" / "data",
                    help="video job store (SQLite) and generated files; kept across restarts")

@@ -236,6 +236,10 @@ def test_api_key_dead_stage_recovery_and_clean_shutdown(tmp_path):
         page = httpx.get(f"{server.base_url}/realtime")   # a browser opens the page without the header
         assert page.status_code == 200 and "<html" in page.text.lower()
         assert httpx.post(f"{server.base_url}/v1/admin/pipelines/relay/sleep").status_code == 401
+        for method, path in (("POST", "/sleep"), ("POST", "/wake_up"), ("GET", "/is_sleeping"),   # vLLM's, not /v1
+                             ("POST", "/v1/responses"), ("POST", "/v1/audio/speech/batch")):
+            assert httpx.request(method, f"{server.base_url}{path}", headers={"authorization": "Bearer sekre"}
+                                 ).status_code == 401, path
         assert server.shm_entries(), "the server's shared-memory regions carry its own prefix"
         stubs = stub_processes(server.process.pid)
         assert len(stubs) == 2
