@@ -107,7 +107,7 @@ def request_id_of(incoming: str | bytes | None) -> str:
     """The id of a request or WebSocket session: the client's `x-request-id` header value when it is 1-128 visible
     ASCII characters, else (absent, longer, or holding blanks, control or non-ASCII characters) a fresh uuid4 hex.
     The id is echoed in the response's x-request-id header, logged, sent to Triton and part of response ids
-    (`chatcmpl-`, `resp_`), so a client's id of 60 000 characters or with terminal escapes is not taken."""
+    (`chatcmpl-`, `resp_`), so a client's id of 60 000 characters or with blanks is not taken."""
     if isinstance(incoming, bytes):
         incoming = incoming.decode("latin-1")
     return incoming if incoming and _CLIENT_REQUEST_ID.fullmatch(incoming) else uuid.uuid4().hex

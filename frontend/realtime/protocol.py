@@ -34,9 +34,6 @@ class ProtocolError(Exception):
 
     def __init__(self, message: str, code: str = "invalid_value", param: str | None = None,
                  event_id: str | None = None, type: str = "invalid_request_error"):
-        # bounded as the HTTP routes' errors are (errors.APIError): they quote client input
-        message, param = clipped(message, MAX_MESSAGE_CHARS), clipped(param, MAX_PARAM_CHARS)
-        event_id = clipped(event_id, MAX_PARAM_CHARS)
         super().__init__(message)
         self.message, self.code, self.param, self.event_id, self.type = message, code, param, event_id, type
 
@@ -167,6 +164,9 @@ def encode(event: dict) -> str:
 
 
 def error_event(error: ProtocolError) -> dict:
-    """The `error` server event for a rejected client event."""
-    return {"type": "error", "error": {"type": error.type, "code": error.code, "message": error.message,
-                                       "param": error.param, "event_id": error.event_id}}
+    """The `error` server event for a rejected client event. Its message, param and event_id quote client input, so
+    they are bounded as the HTTP routes' errors are (errors.APIError; an event_id of 1 MB is not echoed whole)."""
+    return {"type": "error", "error": {"type": error.type, "code": error.code,
+                                       "message": clipped(error.message, MAX_MESSAGE_CHARS),
+                                       "param": clipped(error.param, MAX_PARAM_CHARS),
+                                       "event_id": clipped(error.event_id, MAX_PARAM_CHARS)}}

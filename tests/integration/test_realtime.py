@@ -605,8 +605,9 @@ def test_a_burst_of_client_events_neither_stalls_the_server_nor_grows_without_bo
     """Thirteenth outside test: 10 000 tiny conversation.item.create events sent at once (1 MB) kept the frontend's
     event loop for 25 s, so /health and every other client waited as long: the session handled frame after frame
     without suspending, and each item's id was checked against every earlier item (quadratic). A 5 MB text item
-    was kept whole. Now /health answers during such a burst (5 000 items here; it took 8 s before), every item
-    is added, and an item's text is bounded by --max-text-chars as chat's is."""
+    was kept whole, and a client's event_id of 100 000 characters came back whole in its error. Now /health answers
+    during such a burst (5 000 items here; it took 8 s before), every item is added, an item's text is bounded by
+    --max-text-chars as chat's is, and an error's event_id by 256 characters."""
     url = voice_server.base_url.replace("http", "ws") + "/v1/realtime?model=voice"
     items = 5000
     with websockets.sync.client.connect(url, max_size=None) as ws:
@@ -616,6 +617,10 @@ def test_a_burst_of_client_events_neither_stalls_the_server_nor_grows_without_bo
                                                                                        "text": "x" * 140_000}]}}))
         refused = json.loads(ws.recv(timeout=30))
         assert refused["type"] == "error" and refused["error"]["param"] == "item.content[0].text", refused
+        ws.send(json.dumps({"type": "conversation.item.retrieve", "item_id": "i" * 100_000, "event_id": "e" * 100_000}))
+        unknown = json.loads(ws.recv(timeout=30))["error"]   # client text in errors is bounded, as on HTTP routes
+        assert unknown["code"] == "item_not_found" and len(unknown["message"]) <= 2048, len(unknown["message"])
+        assert unknown["event_id"].startswith("eee") and len(unknown["event_id"]) <= 256
         for i in range(items):
             ws.send(json.dumps({"type": "conversation.item.create", "item": {
                 "id": f"item_{i}", "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}}))
