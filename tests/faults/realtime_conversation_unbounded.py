@@ -3,8 +3,10 @@ their number or their text in all. Each text part is now at most --max-text-char
 may send item after item: 400 items of 130 000 characters (52 MB of text) raised the frontend's resident memory
 by 45 MB until the session closed (measured on the thirteenth test's server), and nothing bounds their number, so
 a few sessions sending thousands exhaust the frontend that serves everyone. Only the newest HISTORY_CHARS of them
-are ever sent to the model. Exits 1 while the session accepts all of them (a bound would refuse, or drop the oldest
-with conversation.item.deleted as OpenAI's truncation does).
+are ever sent to the model. Items with `input_audio` parts are the same kind (each frame up to 16 MiB of base64, held
+as float32 until the session's one-at-a-time transcription reaches it): a fix must bound what a session holds in all,
+text and audio. Exits 1 while the session accepts all the text items (a bound would refuse, or drop the oldest with
+conversation.item.deleted as OpenAI's truncation does).
 
 Server A of README.md (voice); BASE_URL defaults to http://127.0.0.1:21000, API_KEY to none.
 """
