@@ -72,10 +72,13 @@ async def generate(req: AudioGenerateRequest, request: Request):
                                     {k: v for k, v in fields.items() if v is not None}, request_id)
 
     async def clip() -> tuple[np.ndarray, dict]:
-        async for event, audio in stream:
+        found = None
+        async for event, audio in stream:   # to the stream's end: the Triton request is then finished
             if event.get("type") == "audio":
-                return audio, event
-        raise RuntimeError(f"{pipeline.entry} ended without an audio event")
+                found = audio, event
+        if found is None:
+            raise RuntimeError(f"{pipeline.entry} ended without an audio event")
+        return found
 
     audio, event = await pipeline_stream.until_disconnect(request, clip())
     timer.audio(event["samples"] / event["sample_rate"])
