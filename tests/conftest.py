@@ -21,7 +21,8 @@ _RUNNING: dict[str, object] = {}    # shared server fixture -> its running serve
 @pytest.hookimpl(trylast=True)   # after -k / -m deselection
 def pytest_collection_modifyitems(items):
     for item in items:
-        for name in set(item.fixturenames) & {"mock_server", "voice_server", "image_server", "wan_server"}:
+        for name in set(item.fixturenames) & {"mock_server", "voice_server", "image_server", "wan_server",
+                                              "audio_server"}:
             _LAST_USER[name] = item.nodeid
 
 
@@ -109,5 +110,19 @@ def wan_server(tmp_path_factory):
     server = _shared("wan_server", RestartableServer(tmp, "--pipelines", "wan", "--no-prepare", "--data-dir",
                                                      str(tmp / "data"), "--max-running-videos", "1",
                                                      "--max-queued-videos", "2"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def audio_server(tmp_path_factory):
+    """Launcher serving the `stable_audio` text-to-audio pipeline (tiny checkpoint, written first if missing)."""
+    from omni_backends.paths import model_home
+    from omni_backends.stable_audio.checkpoint import write_checkpoint
+    from omni_backends.stable_audio.serving.protocol import TINY
+
+    write_checkpoint(model_home() / TINY)
+    server = _shared("audio_server", start_server(tmp_path_factory.mktemp("audio_server"), "--pipelines",
+                                                  "stable_audio", "--no-prepare"))
     yield server
     server.stop()

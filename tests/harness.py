@@ -238,6 +238,41 @@ def triton_stream(grpc_url: str, model: str, inputs: dict, timeout_s: float = 30
     return [result for result, _ in responses if result.get_response().outputs]
 
 
+def overlapping_streams(grpc_url: str, model: str, bodies: list[dict], payload: str) -> list[list[tuple[dict, object]]]:
+    """Two REQUESTs (JSON `bodies`) to decoupled `model` (triton_stream), the second sent once the first has
+    answered its first response (so it joins while the first runs); each request's (EVENT JSON, `payload`
+    output as numpy) pairs, in order."""
+    import json
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
+    running = threading.Event()
+
+    def run(body, on_response=None):
+        request = {"REQUEST": np.array([json.dumps(body).encode()], dtype=np.object_)}
+        return [(json.loads(r.as_numpy("EVENT")[0]), r.as_numpy(payload)) for r in
+                triton_stream(grpc_url, model, request, on_response=on_response)]
+
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(run, bodies[0], lambda _: running.set())
+        assert running.wait(120), f"{model} answered nothing to the first request within 120 s"
+        second = run(bodies[1])
+        return [first.result(), second]
+
+
+def batched_finals(bodies: list[dict], results: list[list[tuple[dict, object]]]) -> list[tuple[dict, object]]:
+    """Checks that `overlapping_streams` results of a diffusion orchestrator shared a denoiser forward (some
+    progress event has batch_jobs 2) and that each request reported steps 1..num_inference_steps; returns each
+    request's last (event, payload)."""
+    assert max(e["batch_jobs"] for events in results for e, _ in events if e["type"] == "progress") == 2
+    for body, events in zip(bodies, results):
+        progress = [e for e, _ in events if e["type"] == "progress"]
+        assert [e["step"] for e in progress] == list(range(1, body["num_inference_steps"] + 1))
+    return [events[-1] for events in results]
+
+
 def triton_stream_error(grpc_url: str, model: str, body: dict, audio=None) -> str | None:
     """The error message of one REQUEST (the JSON `body`) + optional INPUT_AUDIO (float32 samples) sent straight
     to decoupled `model` over gRPC streaming (tritonclient), or None when it was answered up to its `done` event.

@@ -22,6 +22,15 @@ def int_parameter(parameters: dict, name: str, default: int) -> int:
         raise ValueError(f"config parameter {name!r} must be an integer, got {raw!r}") from None
 
 
+def float_parameter(parameters: dict, name: str, default: float | None) -> float | None:
+    """A float model-config parameter ("" or missing: default). Raises ValueError naming it."""
+    raw = (parameters.get(name) or "").strip()
+    try:
+        return float(raw) if raw else default
+    except ValueError:
+        raise ValueError(f"config parameter {name!r} must be a number, got {raw!r}") from None
+
+
 def apply_nice(parameters: dict) -> int:
     """Lowers this stub process's CPU priority by the parameter `nice` (0-19; 0 or absent: unchanged) and
     returns the niceness added. Each model instance is its own process, so a stage that must not compete

@@ -14,15 +14,12 @@ a directory whose completion marker names this recipe's VERSION is left as it is
 """
 from __future__ import annotations
 
-import argparse
 import os
-import shutil
 from pathlib import Path
 
-from omni_backends.paths import TINY_COMPLETE_MARKER
+from omni_backends.diffusion.checkpoint import tiny_cli, write_tiny
 
 SEED = 20250728
-COMPLETE_MARKER = TINY_COMPLETE_MARKER
 VERSION = "tiny random Wan2.2 T2V checkpoint v1 (omni_backends.wan.checkpoint)\n"  # bump when the recipe changes
 TEXT_DIM = 32
 BOUNDARY_RATIO = 0.875
@@ -84,22 +81,9 @@ def build_pipeline():
 
 
 def write_checkpoint(out_dir: str | os.PathLike) -> Path:
-    """Writes the checkpoint into `out_dir` (through a temporary sibling, so a half-written directory is
-    never taken for a finished one); returns the path."""
-    out = Path(out_dir)
-    marker = out / COMPLETE_MARKER
-    if marker.exists() and marker.read_text() == VERSION:
-        return out
-    partial = out.with_name(out.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    build_pipeline().save_pretrained(partial)
-    (partial / COMPLETE_MARKER).write_text(VERSION)
-    shutil.rmtree(out, ignore_errors=True)
-    partial.rename(out)
-    return out
+    """Writes the checkpoint into `out_dir` (omni_backends.diffusion.checkpoint.write_tiny); returns the path."""
+    return write_tiny(out_dir, VERSION, lambda folder: build_pipeline().save_pretrained(folder))
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("out_dir")
-    print(write_checkpoint(parser.parse_args().out_dir))
+    tiny_cli(__doc__, write_checkpoint)

@@ -8,11 +8,12 @@ others need to know from the JSON configs alone (no weights).
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
-_DIFFUSERS = {"transformer": "WanTransformer3DModel", "transformer_2": "WanTransformer3DModel",
-              "vae": "AutoencoderKLWan"}
+from omni_backends.diffusion.checkpoint import load_component, read_config
+
+_CLASSES = {"transformer": "diffusers.WanTransformer3DModel", "transformer_2": "diffusers.WanTransformer3DModel",
+            "vae": "diffusers.AutoencoderKLWan", "text_encoder": "transformers.UMT5EncoderModel"}
 TEXT_TO_VIDEO, IMAGE_TO_VIDEO = "WanPipeline", "WanImageToVideoPipeline"
 
 
@@ -47,10 +48,7 @@ class WanLayout:
 
 
 def _config(path: Path, name: str) -> dict:
-    file = path / name
-    if not file.is_file():
-        raise FileNotFoundError(f"{path} has no {name} (not a Wan diffusers checkpoint)")
-    return json.loads(file.read_text())
+    return read_config(path, name, "Wan")
 
 
 def layout(path: str | Path) -> WanLayout:
@@ -72,29 +70,9 @@ def layout(path: str | Path) -> WanLayout:
 def component(path: str | Path, name: str):
     """One component: "transformer", "transformer_2" (None if the checkpoint has one expert), "vae",
     "text_encoder", "tokenizer" or "scheduler" (the checkpoint's scheduler class). Raises FileNotFoundError."""
-    folder = Path(path) / name
-    if not folder.is_dir():
-        if name == "transformer_2":
-            return None
-        raise FileNotFoundError(f"{path} has no {name}/ folder (not a Wan diffusers checkpoint)")
-    if name in _DIFFUSERS:
-        import diffusers
-
-        return getattr(diffusers, _DIFFUSERS[name]).from_pretrained(path, subfolder=name).eval()
-    if name == "text_encoder":
-        from transformers import UMT5EncoderModel
-
-        return UMT5EncoderModel.from_pretrained(path, subfolder=name).eval()
-    if name == "tokenizer":
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(folder)
-    if name == "scheduler":
-        import diffusers
-
-        kind = _config(Path(path), "scheduler/scheduler_config.json")["_class_name"]
-        return getattr(diffusers, kind).from_pretrained(path, subfolder=name)
-    raise ValueError(f"unknown Wan component {name!r}")
+    if name == "transformer_2" and not (Path(path) / name).is_dir():
+        return None
+    return load_component(path, name, _CLASSES, "Wan")
 
 
 def pipeline(path: str | Path, **components):

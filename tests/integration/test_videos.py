@@ -6,10 +6,8 @@ from __future__ import annotations
 import base64
 import io
 import json
-import threading
 import time
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 
 import av
 import httpx
@@ -24,7 +22,7 @@ from omni_bench.cli import main as bench_main
 from omni_backends.wan import loading
 from omni_backends.wan.serving.protocol import TINY
 from omni_frontend.videos import encoding
-from tests.harness import metric_value, triton_stream, wait_for
+from tests.harness import batched_finals, metric_value, overlapping_streams, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 # A job that runs for many seconds on the tiny model (cancel / queue / restart tests; deleted before it ends).
@@ -162,23 +160,8 @@ def test_pipeline_frames_bit_equal_to_diffusers_while_batched(wan_server, refere
                    num_inference_steps=200, guidance_scale=5.0, seed=3),
               dict(prompt="waves crashing on a beach at sunset", width=48, height=32, num_frames=9,
                    num_inference_steps=6, guidance_scale=1.0, seed=11)]
-    denoising = threading.Event()
-
-    def run(body, on_response=None):
-        request = {"REQUEST": np.array([json.dumps(body).encode()], dtype=np.object_)}
-        return [(json.loads(r.as_numpy("EVENT")[0]), r.as_numpy("VIDEO")) for r in
-                triton_stream(wan_server.grpc_url, "wan", request, on_response=on_response)]
-
-    with ThreadPoolExecutor(1) as pool:
-        first = pool.submit(run, bodies[0], lambda _: denoising.set())
-        assert denoising.wait(120)
-        second = run(bodies[1])
-        results = [first.result(), second]
-    assert max(e["batch_jobs"] for events in results for e, _ in events if e["type"] == "progress") == 2
-    for body, events in zip(bodies, results):
-        progress = [e for e, _ in events if e["type"] == "progress"]
-        assert [e["step"] for e in progress] == list(range(1, body["num_inference_steps"] + 1))
-        done, video = events[-1]
+    results = overlapping_streams(wan_server.grpc_url, "wan", bodies, "VIDEO")
+    for body, (done, video) in zip(bodies, batched_finals(bodies, results)):
         assert done == {"type": "video", "num_frames": body["num_frames"], "width": body["width"],
                         "height": body["height"], "fps": 16, "seed": body["seed"]}
         expected = reference(body["prompt"], width=body["width"], height=body["height"],

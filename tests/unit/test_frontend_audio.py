@@ -2,6 +2,7 @@
 import io
 import struct
 
+import av
 import numpy as np
 import pytest
 import soundfile as sf
@@ -32,6 +33,35 @@ def test_wav_and_flac_are_lossless_at_16_bit(tone):
         pcm, rate = sf.read(io.BytesIO(audio.encode(tone, RATE, fmt)), dtype="float32")
         assert rate == RATE and pcm.shape == tone.shape
         np.testing.assert_allclose(pcm, tone, atol=1 / 32767)
+
+
+@pytest.mark.parametrize("fmt", ["wav", "flac", "pcm", "mp3", "opus", "aac"])
+def test_stereo_keeps_its_two_channels(tone, fmt):
+    """[samples, 2] (Stable Audio's stereo): left the tone, right its negation; each format keeps both channels
+    (PCM interleaved L, R)."""
+    stereo = np.stack([tone, -tone], axis=1)
+    data = audio.encode(stereo, RATE, fmt)
+    if fmt == "pcm":
+        samples = np.frombuffer(data, "<i2").reshape(-1, 2)
+        assert np.array_equal(samples[:, 0], np.frombuffer(audio.pcm16(tone), "<i2"))
+        assert np.array_equal(samples[:, 1], np.frombuffer(audio.pcm16(-tone), "<i2"))
+        return
+    if fmt in ("wav", "flac"):
+        pcm, rate = sf.read(io.BytesIO(data), dtype="float32")
+        assert rate == RATE and pcm.shape == stereo.shape
+        np.testing.assert_allclose(pcm, stereo, atol=1 / 32767)
+        return
+    with av.open(io.BytesIO(data)) as container:
+        assert container.streams.audio[0].channels == 2
+        frames = np.concatenate([f.to_ndarray().reshape(-1, 2) if f.format.is_packed else f.to_ndarray().T
+                                 for f in container.decode(audio=0)])
+    assert 0.25 < float(np.abs(frames[:, 0]).max()) < 0.5
+    assert np.corrcoef(frames[2000:20000, 0], frames[2000:20000, 1])[0, 1] < -0.9   # the channels stay apart
+
+
+def test_more_than_two_channels_is_refused():
+    with pytest.raises(ValueError, match="channels"):
+        audio.encode(np.zeros((10, 3), np.float32), RATE, "wav")
 
 
 def test_pcm16_is_clipped_little_endian():

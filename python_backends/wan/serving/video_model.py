@@ -20,6 +20,7 @@ import random
 
 import numpy as np
 
+from omni_backends.diffusion.fields import MAX_SEED, number as _number
 from omni_backends.diffusion.orchestrator import denoise_steps, progress_event
 from omni_backends.errors import RequestError
 from omni_backends.paths import resolve_checkpoint
@@ -30,25 +31,7 @@ from omni_backends.wan.serving import protocol as p
 
 TEXT_ENCODER, DIT, VAE = "wan_text_encoder", "wan_dit", "wan_vae"
 INPUT_IMAGE = "INPUT_IMAGE"
-MAX_SEED = 2**63 - 1
 _NO_VIDEO = np.zeros((0, 0, 0, 3), np.uint8)
-
-
-def _number(body: dict, name: str, default, low, high, kind=int):
-    """body[name] (default when absent) checked to be a `kind` (int: no floats; float: ints too) in [low, high]."""
-    value = body.get(name)
-    if value is None:
-        return default
-    ok = isinstance(value, int) if kind is int else isinstance(value, (int, float))
-    if not ok or isinstance(value, bool) or not low <= value <= high:
-        raise RequestError(f"{name} must be {'an integer' if kind is int else 'a number'} in [{low}, {high}], "
-                           f"got {value!r}", param=name)
-    return kind(value)
-
-
-def _float_parameter(parameters: dict, name: str, default: float | None) -> float | None:
-    raw = (parameters.get(name) or "").strip()
-    return float(raw) if raw else default
 
 
 class TritonPythonModel(AsyncDecoupledModel):
@@ -62,8 +45,8 @@ class TritonPythonModel(AsyncDecoupledModel):
         self.defaults = {"size": f"{int(width)}x{int(height)}", "seconds": params.get("default_seconds") or "5",
                          "fps": number(params, "default_fps", 16),
                          "num_inference_steps": number(params, "default_steps", 40),
-                         "guidance_scale": _float_parameter(params, "default_guidance_scale", 4.0),
-                         "guidance_scale_2": _float_parameter(params, "default_guidance_scale_2", None),
+                         "guidance_scale": model_config.float_parameter(params, "default_guidance_scale", 4.0),
+                         "guidance_scale_2": model_config.float_parameter(params, "default_guidance_scale_2", None),
                          "negative_prompt": params.get("default_negative_prompt") or ""}
         self.limits = {"size_multiple": self.layout.size_multiple, "frame_step": self.layout.scale_temporal,
                        "max_width": number(params, "max_width", 1280), "max_height": number(params, "max_height", 1280),

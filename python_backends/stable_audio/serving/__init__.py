@@ -1,0 +1,1 @@
+"""Triton models of the Stable Audio pipeline (see protocol)."""
