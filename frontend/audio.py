@@ -1,6 +1,7 @@
 """Audio codecs of the HTTP protocol (PyAV / soundfile); no model code.
 
-PCM inside the server is float32 in [-1, 1], mono [samples] (speech) or [samples, channels] (Stable Audio's stereo). Output formats follow OpenAI's names:
+PCM inside the server is float32 in [-1, 1], mono [samples] (speech) or [samples, channels] (Stable Audio's
+stereo). Output formats follow OpenAI's names:
 wav, pcm (raw s16le; `pcm16` in chat), flac, mp3, opus (Ogg), aac (ADTS).
 """
 from __future__ import annotations

@@ -22,6 +22,12 @@ def clipped(text: str | None, limit: int) -> str | None:
     return f"{text[:head]}…[{len(text) - head - tail} characters]…{text[len(text) - tail:]}"
 
 
+def error_text(message: str, param: str | None) -> tuple[str, str | None]:
+    """An error's (message, param), which quote client input, `clipped` to MAX_MESSAGE_CHARS and MAX_PARAM_CHARS: the
+    one bound of every error the server sends (HTTP envelope, realtime and speech WebSocket error events)."""
+    return clipped(message, MAX_MESSAGE_CHARS), clipped(param, MAX_PARAM_CHARS)
+
+
 def printable(text: str, limit: int = MAX_LOGGED_CHARS) -> str:
     """`text` for a log line: every character that is not printable (newlines, escape sequences, NUL, the Unicode
     line and paragraph separators) written as its Python escape (`\\n`, `\\x1b`, `\\u2028`), then `clipped` to

@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from omni_frontend.client_text import MAX_MESSAGE_CHARS, MAX_PARAM_CHARS, clipped
+from omni_frontend.client_text import error_text
 from omni_frontend.observability import SlowClient
 
 log = logging.getLogger("omni_frontend")
@@ -48,11 +48,11 @@ class EnvelopeResponse(JSONResponse):
 class APIError(Exception):
     """An error with an HTTP status, rendered as the OpenAI envelope; `headers` go on the response
     (e.g. Retry-After on 429). `message` and `param` quote client input (a model name, a field name), so they are
-    clipped to MAX_MESSAGE_CHARS and MAX_PARAM_CHARS (client_text.clipped): a 1 MB model name is not echoed."""
+    clipped (client_text.error_text): a 1 MB model name is not echoed."""
 
     def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
                  type: str | None = None, headers: dict[str, str] | None = None):
-        message, param = clipped(message, MAX_MESSAGE_CHARS), clipped(param, MAX_PARAM_CHARS)
+        message, param = error_text(message, param)
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
         self.type = type or _TYPE_BY_STATUS.get(status, "server_error" if status >= 500 else "invalid_request_error")

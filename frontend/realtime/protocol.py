@@ -14,7 +14,7 @@ import uuid
 import pydantic
 from openai.types.realtime import RealtimeClientEvent, RealtimeServerEvent
 
-from omni_frontend.client_text import MAX_MESSAGE_CHARS, MAX_PARAM_CHARS, clipped
+from omni_frontend.client_text import MAX_PARAM_CHARS, clipped, error_text
 from omni_frontend.validation import invalid_text
 
 _CLIENT = pydantic.TypeAdapter(RealtimeClientEvent)
@@ -166,7 +166,6 @@ def encode(event: dict) -> str:
 def error_event(error: ProtocolError) -> dict:
     """The `error` server event for a rejected client event. Its message, param and event_id quote client input, so
     they are bounded as the HTTP routes' errors are (errors.APIError; an event_id of 1 MB is not echoed whole)."""
-    return {"type": "error", "error": {"type": error.type, "code": error.code,
-                                       "message": clipped(error.message, MAX_MESSAGE_CHARS),
-                                       "param": clipped(error.param, MAX_PARAM_CHARS),
+    message, param = error_text(error.message, error.param)
+    return {"type": "error", "error": {"type": error.type, "code": error.code, "message": message, "param": param,
                                        "event_id": clipped(error.event_id, MAX_PARAM_CHARS)}}

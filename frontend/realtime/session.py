@@ -103,8 +103,8 @@ class RealtimeSession:
     silence (the VAD's pause_duration_ms; used when shorter than the turn's silence_duration_ms), held until
     the turn ends; None: off. outcomes: the speculations counter (FrontendMetrics.speculations) or None.
     max_text_chars: the longest instructions (session or response), transcription prompt and text part of a
-    conversation item a session may set (--max-text-chars). gate: the pipeline's admission gate (`Admission.gate`); control: the server's
-    ModelControl (sleeping pipelines)."""
+    conversation item a session may set (--max-text-chars). gate: the pipeline's admission gate
+    (`Admission.gate`); control: the server's ModelControl (sleeping pipelines)."""
 
     def __init__(self, triton: TritonClient, pipeline: Pipeline, model: str, send_text, request_id: str, gate: Gate,
                  control: ModelControl, speculation_ms: int | None = None, outcomes=None,

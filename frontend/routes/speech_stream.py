@@ -112,8 +112,8 @@ class StreamError(Exception):
     def __init__(self, message: str, code: str, param: str | None = None, fatal: bool = False):
         super().__init__(message)
         # bounded as the HTTP routes' errors are (errors.APIError): they quote client input
-        self.event = {"type": "error", "message": client_text.clipped(message, client_text.MAX_MESSAGE_CHARS),
-                      "code": code, "param": client_text.clipped(param, client_text.MAX_PARAM_CHARS)}
+        message, param = client_text.error_text(message, param)
+        self.event = {"type": "error", "message": message, "code": code, "param": param}
         self.fatal = fatal
 
 
