@@ -290,6 +290,7 @@ class RealtimeSession:
             session_config.check_length(part.text, f"item.content[{index}].text", self.max_text_chars)
         previous = self.conversation.add(item, event.get("previous_item_id"))
         await self._announce(item, previous)
+        await self.trim_conversation(item)
         if not item.transcribed.is_set():
             self._spawn(self._transcribe(item))
 
@@ -358,6 +359,7 @@ class RealtimeSession:
         self.conversation.add(item)
         await self.send({"type": "input_audio_buffer.committed", "item_id": item.id, "previous_item_id": previous})
         await self._announce(item, previous)
+        await self.trim_conversation(item)
         if speculation is not None:  # its transcript and its held response become this turn's
             work, response = speculation
             self._spawn(self._transcribe(item, work.asr))
@@ -371,10 +373,20 @@ class RealtimeSession:
         await self.send({"type": "conversation.item.added", "item": item.wire(), "previous_item_id": previous})
         await self.send({"type": "conversation.item.done", "item": item.wire(), "previous_item_id": previous})
 
-    async def _asr(self, pcm: np.ndarray) -> dict:
-        """The ASR stage's RESULT for float32 16 kHz audio, after the session's earlier ASR calls (`asr_slot`).
-        Raises APIError (503 `pipeline_sleeping` while the pipeline sleeps)."""
+    async def trim_conversation(self, added: Item) -> None:
+        """Keeps the conversation within its bounds after `added` came (`Conversation.trim`): the oldest items go,
+        each with conversation.item.deleted."""
+        for item_id in self.conversation.trim(added):
+            await self.send({"type": "conversation.item.deleted", "item_id": item_id})
+
+    async def _asr(self, audio: np.ndarray | Part) -> dict | None:
+        """The ASR stage's RESULT for float32 16 kHz audio, after the session's earlier ASR calls (`asr_slot`). A Part's
+        audio is read once the slot is taken (not held while queued): None if it has none by then (its item was
+        deleted). Raises APIError (503 `pipeline_sleeping` while the pipeline sleeps)."""
         async with self.asr_slot:
+            pcm = audio.audio if isinstance(audio, Part) else audio
+            if pcm is None:
+                return None
             self.control.check(self.pipeline)
             return await transcribe(self.triton, self.pipeline.asr, pcm, self.settings.transcription_language,
                                     self.settings.transcription_prompt)
@@ -397,7 +409,7 @@ class RealtimeSession:
                 if part.kind != "input_audio" or part.text:
                     continue
                 try:
-                    result = await (first if first is not None else self._asr(part.audio))
+                    result = await (first if first is not None else self._asr(part))
                     first = None
                 except APIError as exc:
                     exc = self._stage_error(exc)
@@ -407,6 +419,8 @@ class RealtimeSession:
                                          "error": {"type": "transcription_error", "code": exc.code,
                                                    "message": exc.message, "param": None}})
                     self.conversation.keep_audio(part)
+                    continue
+                if result is None or part.audio is None:   # the item was deleted (by the client or `trim`)
                     continue
                 part.text, seconds = result["text"], part.audio.size / STAGE_RATE
                 self.conversation.keep_audio(part)   # the transcript is what later turns use
@@ -714,6 +728,7 @@ class _Output:
                     "item": item.wire()})
         if self.response.in_conversation:
             await send({"type": "conversation.item.added", "item": item.wire(), "previous_item_id": previous})
+            await self.session.trim_conversation(item)
         await send({"type": "response.content_part.added", **self.ids, "content_index": 0, "part": self._part_wire()})
         self.part_open = True
 

@@ -442,3 +442,33 @@ def test_a_transcript_without_audio_is_kept_and_a_silent_chunk_is_sent(monkeypat
     done = [e for e in client.sent if e["type"] == "response.output_audio_transcript.done"]
     assert [e["transcript"] for e in done] == ["Paris is the capital. 👍"]
     assert done_events(client)[0]["response"]["status"] == "completed"
+
+
+def test_turns_past_the_sessions_audio_bound_are_deleted_oldest_first_and_never_transcribed():
+    """Thirteenth outside test (the audio side of an unbounded conversation): turns waiting for their transcription
+    held their float32 audio without bound. Beyond the conversation's bound the oldest items are deleted
+    (conversation.item.deleted) and a deleted turn still queued for the ASR stage is never sent to it."""
+    async def run():
+        client = Client(None)
+        await client.start()
+        await client.session.handle({"type": "session.update", "session": {"type": "realtime", "audio": {
+            "input": {"turn_detection": {"type": "server_vad", "create_response": False}}}}})
+        client.session.conversation.max_pending = 12 * CHUNK   # one turn (~8 chunks) waits, not two
+        client.triton.asr_gate.clear()
+        for turn in range(3):
+            base = turn * 10 * CHUNK
+            await client.turn({1: [{"type": "speech_started", "audio_start": base + CHUNK}],
+                               9: [{"type": "speech_stopped", "audio_end": base + 8 * CHUNK}]}, chunks=10)
+        await until(lambda: client.kinds().count("input_audio_buffer.committed") == 3)
+        client.triton.asr_gate.set()
+        await until(lambda: client.kinds().count("conversation.item.input_audio_transcription.completed") == 1)
+        await asyncio.sleep(0.05)
+        await client.session.close()
+        return client
+
+    client = asyncio.run(run())
+    committed = [e["item_id"] for e in client.sent if e["type"] == "input_audio_buffer.committed"]
+    assert [e["item_id"] for e in client.sent if e["type"] == "conversation.item.deleted"] == committed[:2]
+    completed = [e["item_id"] for e in client.sent if e["type"] == "conversation.item.input_audio_transcription.completed"]
+    assert completed == committed[2:] and len(client.triton.asr_calls) == 2   # the first was under way; not the second
+    assert client.session.conversation.pending == 0
