@@ -73,15 +73,16 @@ class Item:
         return " ".join(p.text.strip() for p in self.parts if p.text and p.text.strip())
 
 
-def item_from_client(spec: dict, decode_audio) -> Item:
-    """An Item from a `conversation.item.create` item (message items only). decode_audio(base64, param) ->
-    float32 16 kHz, where param is the part's field (`item.content[2].audio`) for its errors. Raises
-    ProtocolError for other item types, roles or content part types."""
+def item_from_client(spec: dict) -> tuple[Item, list[tuple[Part, str, str]]]:
+    """An Item from a `conversation.item.create` item (message items only), and its input_audio parts still to be
+    decoded as (part, base64 audio, param), param the part's field (`item.content[2].audio`) for its errors: the
+    caller bounds and decodes them (`part.audio`). Raises ProtocolError for other item types, roles or content part
+    types."""
     if spec.get("type") != "message":
         raise ProtocolError(f"item type {spec.get('type')!r} is not supported (only 'message')", param="item.type",
                             code="unsupported_item")
     role = spec.get("role")
-    parts = []
+    parts, audio = [], []
     for index, part in enumerate(spec.get("content") or []):
         kind = part.get("type")
         if kind not in _ROLES.get(role, ()):
@@ -90,13 +91,13 @@ def item_from_client(spec: dict, decode_audio) -> Item:
         if kind == "input_audio":
             if not part.get("audio"):
                 raise ProtocolError("input_audio parts need base64 'audio'", param=f"item.content[{index}].audio")
-            audio = decode_audio(part["audio"], f"item.content[{index}].audio")
-            parts.append(Part(kind, text=part.get("transcript") or "", audio=audio))
+            parts.append(Part(kind, text=part.get("transcript") or ""))
+            audio.append((parts[-1], part["audio"], f"item.content[{index}].audio"))
         else:
             parts.append(Part(kind, text=part.get("text") or part.get("transcript") or ""))
     if not parts:
         raise ProtocolError("a message item needs at least one content part", param="item.content")
-    return Item(spec.get("id") or new_id("item"), role, parts)
+    return Item(spec.get("id") or new_id("item"), role, parts), audio
 
 
 class Conversation:
@@ -145,19 +146,24 @@ class Conversation:
         return self.items[index - 1].id if index else None
 
     def trim(self, keep: Item) -> list[str]:
-        """Deletes the oldest items while the conversation holds more than its bounds (items, characters, audio
-        awaiting transcription); never `keep` (the item just added) nor an assistant item still in progress.
-        Returns the deleted ids, oldest first, for conversation.item.deleted events. A deleted item's audio not yet
-        transcribed is dropped (its transcription skips it)."""
-        deleted, index = [], 0
-        while (len(self.items) > self.max_items or self.chars > self.max_chars
-               or self.pending > self.max_pending) and index < len(self.items):
-            item = self.items[index]
-            if item is keep or item.status == "in_progress":
-                index += 1
-                continue
-            self.delete(item.id)
-            deleted.append(item.id)
+        """Deletes the oldest items while the conversation holds more than its bounds, each bound by the oldest items
+        that count towards it: any item past max_items, items with text past max_chars, items with audio awaiting
+        transcription past max_pending (a text conversation never loses its text for audio). Never `keep` (the item
+        just added) nor an assistant item still in progress. Returns the deleted ids for conversation.item.deleted
+        events. A deleted item's audio not yet transcribed is dropped (its transcription skips it)."""
+        deleted = []
+        for over, counts in ((lambda: len(self.items) > self.max_items, lambda item: True),
+                             (lambda: self.chars > self.max_chars, lambda item: self._chars[item.id] > 0),
+                             (lambda: self.pending > self.max_pending,
+                              lambda item: any(part.audio is not None for part in item.parts))):
+            index = 0
+            while over() and index < len(self.items):
+                item = self.items[index]
+                if item is keep or item.status == "in_progress" or not counts(item):
+                    index += 1
+                    continue
+                self.delete(item.id)
+                deleted.append(item.id)
         return deleted
 
     def index(self, item_id: str, param: str = "item_id") -> int:

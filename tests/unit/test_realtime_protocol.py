@@ -278,9 +278,18 @@ def test_a_conversation_holds_bounded_items_text_and_audio_awaiting_transcriptio
     conversation.add(voice[1])
     assert conversation.trim(voice[1]) == [] and conversation.pending == 12000
     more = Item("v2", "user", [Part("input_audio", audio=np.zeros(8000, np.float32))])
-    conversation.add(more)   # 20 000 samples waiting > 16 000 (1 s): the oldest item goes first, then v1's audio
-    assert conversation.trim(more) == ["a0", "v0", "v1"] and conversation.pending == 8000
-    assert voice[1].parts[0].audio is None and voice[0].parts[0].kept is None and conversation.chars == 0
-    for i in range(5):   # the count
+    conversation.add(more)   # 4 items > 3: the oldest goes; 20 000 samples waiting > 16 000 (1 s): the oldest item
+    # whose audio waits (v1), not v0 whose audio was transcribed (fourteenth outside test: text items went first)
+    assert conversation.trim(more) == ["a0", "v1"] and conversation.pending == 8000
+    assert voice[1].parts[0].audio is None and voice[0].parts[0].kept is not None and conversation.chars == 0
+    for i in range(5):   # the count: the oldest items, whatever they hold
         conversation.add(Item(f"n{i}", "system", [Part("input_text", text="")]))
-    assert len(conversation.trim(conversation.items[-1])) == 3 and len(conversation.items) == 3
+    assert conversation.trim(conversation.items[-1]) == ["v0", "v2", "n0", "n1"] and conversation.pending == 0
+    # past the audio bound a text conversation keeps its text: only items whose audio waits go (fourteenth outside
+    # test: 20 text items went for 9 audio items)
+    talk = Conversation(max_items=100, max_chars=100, max_pending_s=1)
+    for i in range(3):
+        talk.add(Item(f"t{i}", "user", [Part("input_text", text="hello")]))
+    for i in range(2):
+        talk.add(Item(f"v{i}", "user", [Part("input_audio", audio=np.zeros(12000, np.float32))]))
+    assert talk.trim(talk.items[-1]) == ["v0"] and [i.id for i in talk.items] == ["t0", "t1", "t2", "v1"]
