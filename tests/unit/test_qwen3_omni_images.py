@@ -6,12 +6,12 @@ import queue
 import numpy as np
 import pytest
 import torch
-from transformers import Qwen3OmniMoeForConditionalGeneration, Qwen3OmniMoeProcessor
-from transformers.processing_utils import ProcessorMixin
+from transformers import Qwen3OmniMoeForConditionalGeneration
 
 from omni_backends.engine.options import EngineOptions
 from omni_backends.errors import RequestError
 from omni_backends.qwen3_omni.thinker import Thinker
+from tests.qwen3_omni_reference import greedy_text, processor
 
 pytestmark = pytest.mark.unit
 
@@ -36,29 +36,13 @@ def reference(qwen3_omni_ckpt):
 
 
 @pytest.fixture(scope="module")
-def processor(qwen3_omni_stages, monkeypatch_module):
-    """transformers' own processor over the checkpoint's tokenizer, feature extractor and image processor (its
-    video processor needs torchvision, absent here: the class check that requires one is skipped)."""
-    monkeypatch_module.setattr(ProcessorMixin, "check_argument_for_proper_class", lambda self, name, arg: None)
+def proc(qwen3_omni_stages):
     stages = qwen3_omni_stages
-    return Qwen3OmniMoeProcessor(image_processor=stages.image_processor, feature_extractor=stages.feature_extractor,
-                                 tokenizer=stages.tokenizer)
+    return processor(stages.tokenizer, stages.feature_extractor, stages.image_processor)
 
 
-@pytest.fixture(scope="module")
-def monkeypatch_module():
-    with pytest.MonkeyPatch.context() as patch:
-        yield patch
-
-
-def _expected(reference, processor, messages, images) -> tuple[list[int], torch.Tensor]:
-    text = processor.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    inputs = processor(text=[text], images=images or None, return_tensors="pt")
-    with torch.no_grad():
-        seq = reference.generate(**inputs, return_audio=False, thinker_max_new_tokens=MAX_TOKENS,
-                                 thinker_do_sample=False, thinker_eos_token_id=reference.config.im_end_token_id)
-    ids = inputs["input_ids"][0]
-    return seq[0, len(ids):].tolist(), ids
+def _expected(reference, proc, messages, images):
+    return greedy_text(reference, proc, messages, images, MAX_TOKENS)
 
 
 def _thinker_tokens(stages, options: EngineOptions, messages, images) -> tuple[list[int], torch.Tensor]:
@@ -82,10 +66,10 @@ def _thinker_tokens(stages, options: EngineOptions, messages, images) -> tuple[l
 
 @pytest.mark.parametrize("n_images", [1, 2])
 @pytest.mark.parametrize("engine", ["dynamic", "static"])
-def test_image_prompt_tokens_match_generate(qwen3_omni_stages, reference, processor, engine, n_images):
+def test_image_prompt_tokens_match_generate(qwen3_omni_stages, reference, proc, engine, n_images):
     images = [_image(i, SIZES[i]) for i in range(n_images)]
     messages = _messages(n_images)
-    expected, expected_ids = _expected(reference, processor, messages, images)
+    expected, expected_ids = _expected(reference, proc, messages, images)
     tokens, ids = _thinker_tokens(qwen3_omni_stages, EngineOptions(engine=engine, max_len=256), messages, images)
     assert torch.equal(ids, expected_ids)   # same placeholder expansion as the processor
     pads = int((ids == reference.config.thinker_config.image_token_id).sum())
@@ -93,12 +77,12 @@ def test_image_prompt_tokens_match_generate(qwen3_omni_stages, reference, proces
     assert len(expected) == MAX_TOKENS and tokens == expected
 
 
-def test_image_changes_the_answer_and_positions(qwen3_omni_stages, reference, processor):
+def test_image_changes_the_answer_and_positions(qwen3_omni_stages, reference, proc):
     """The image embeddings and M-RoPE positions are used: another image gives other tokens; positions of
     text after the image continue from the image grid's largest position + 1."""
     messages = _messages(1)
-    first, _ = _expected(reference, processor, messages, [_image(0, SIZES[0])])
-    other, _ = _expected(reference, processor, messages, [np.full((*SIZES[0], 3), 255, np.uint8)])
+    first, _ = _expected(reference, proc, messages, [_image(0, SIZES[0])])
+    other, _ = _expected(reference, proc, messages, [np.full((*SIZES[0], 3), 255, np.uint8)])
     assert first != other
     inputs = Thinker(qwen3_omni_stages.thinker, qwen3_omni_stages.config, qwen3_omni_stages.tokenizer,
                      qwen3_omni_stages.feature_extractor, image_processor=qwen3_omni_stages.image_processor
