@@ -117,6 +117,14 @@ def test_chat_with_a_data_url_png_answers_as_generate(server, reference):
     assert reply.usage.completion_tokens == len(ids)
     assert reply.usage.prompt_tokens == len(prompt)
     assert int((prompt == reference[0].config.thinker_config.image_token_id).sum()) == 2   # 32x64 pixels after resize
+    spoken = _client(server).chat.completions.create(   # the talker speaks it (not compared: README's open item)
+        model="qwen3_omni", modalities=["text", "audio"], audio={"voice": "ethan", "format": "wav"}, temperature=0,
+        max_tokens=MAX_TOKENS, extra_body={"talker_max_frames": 8},
+        messages=[{"role": "user", "content": [{"type": "text", "text": QUESTION},
+                                               {"type": "image_url", "image_url": {"url": _data_url(_png(FIRST))}}]}])
+    message = spoken.choices[0].message
+    assert message.content == reply.choices[0].message.content == message.audio.transcript
+    assert len(base64.b64decode(message.audio.data)) > 44   # a WAV with samples
 
 
 def test_two_images_data_and_http_url_streamed_answer_as_generate(server, reference, files_url):
