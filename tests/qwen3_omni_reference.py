@@ -20,12 +20,12 @@ def processor(tokenizer, feature_extractor, image_processor) -> Qwen3OmniMoeProc
 
 
 def greedy_text(model, proc: Qwen3OmniMoeProcessor, messages: list[dict], images: list,
-                max_tokens: int) -> tuple[list[int], torch.Tensor]:
+                max_tokens: int, audios: list = ()) -> tuple[list[int], torch.Tensor]:
     """(generated ids, prompt ids int64 [L]) of `model.generate` (a `Qwen3OmniMoeForConditionalGeneration`, text
-    only, greedy, stopping at <|im_end|>) on the processor's inputs of chat `messages` ({"type": "image"} parts)
-    and `images` (uint8 [H, W, 3] each)."""
+    only, greedy, stopping at <|im_end|>) on the processor's inputs of chat `messages` ({"type": "image"} and
+    {"type": "audio"} parts), `images` (uint8 [H, W, 3] each) and `audios` (float32 16 kHz each)."""
     text = proc.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    inputs = proc(text=[text], images=images or None, return_tensors="pt")
+    inputs = proc(text=[text], images=images or None, audio=list(audios) or None, return_tensors="pt")
     with torch.no_grad():
         seq = model.generate(**inputs, return_audio=False, thinker_max_new_tokens=max_tokens, thinker_do_sample=False,
                              thinker_eos_token_id=model.config.im_end_token_id)

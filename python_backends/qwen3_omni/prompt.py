@@ -89,24 +89,24 @@ class PromptBuilder:
             raise RequestError("this checkpoint has no image processor: image parts are not accepted",
                                param="messages")
         text = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
-        inputs = ThinkerInputs(input_ids=torch.zeros(0, dtype=torch.long))
+        inputs = ThinkerInputs(input_ids=torch.zeros(0, dtype=torch.long))   # input_ids: set once expanded
         if audios:
             features = self.feature_extractor([np.asarray(a, dtype=np.float32) for a in audios],
                                               sampling_rate=AUDIO_SAMPLE_RATE, padding=True, truncation=False,
                                               return_attention_mask=True, return_tensors="pt")
-            inputs.input_features, inputs.feature_attention_mask = features["input_features"], \
-                features["attention_mask"].long()
-            text = _expand(text, self.audio_token,
-                           _get_feat_extract_output_lengths(inputs.feature_attention_mask.sum(-1), self.n_window))
+            inputs.input_features = features["input_features"]
+            inputs.feature_attention_mask = features["attention_mask"].long()
+            audio_lengths = inputs.feature_attention_mask.sum(-1)
+            text = _expand(text, self.audio_token, _get_feat_extract_output_lengths(audio_lengths, self.n_window))
         if images:
             pixels = self.image_processor(images=[np.asarray(i, dtype=np.uint8) for i in images], return_tensors="pt")
             inputs.pixel_values, inputs.image_grid_thw = pixels["pixel_values"], pixels["image_grid_thw"]
             text = _expand(text, self.image_token, inputs.image_grid_thw.prod(-1) // self.image_processor.merge_size**2)
         inputs.input_ids = self._tokenize(text)
-        if images:
+        if images:   # M-RoPE positions as `generate` computes them (audio lengths place audio placeholders)
             ids = inputs.input_ids[None]
-            audio_lengths = None if not audios else inputs.feature_attention_mask.sum(-1)
-            rope, _ = self.rope_index(ids, inputs.image_grid_thw, None, torch.ones_like(ids), False, audio_lengths)
+            rope, _ = self.rope_index(ids, inputs.image_grid_thw, None, torch.ones_like(ids), False,
+                                      audio_lengths if audios else None)
             inputs.position_ids = torch.cat([torch.arange(ids.shape[1])[None, None], rope.long()])
             inputs.next_position = int(rope.max()) + 1
         return inputs

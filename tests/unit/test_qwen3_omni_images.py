@@ -45,13 +45,15 @@ def _expected(reference, proc, messages, images):
     return greedy_text(reference, proc, messages, images, MAX_TOKENS)
 
 
-def _thinker_tokens(stages, options: EngineOptions, messages, images) -> tuple[list[int], torch.Tensor]:
+def _thinker_tokens(stages, options: EngineOptions, messages, images, audios=()) -> tuple[list[int], torch.Tensor]:
+    """(greedy ids, prompt ids) of a fresh `Thinker` (its own copy of the model) on one request."""
     thinker = Thinker(copy.deepcopy(stages.thinker), stages.config, stages.tokenizer, stages.feature_extractor,
                       options=options, image_processor=stages.image_processor)
     tokens: queue.SimpleQueue = queue.SimpleQueue()
     try:
         params = thinker.sampling_params(max_tokens=MAX_TOKENS, temperature=0.0)
-        inputs = thinker.submit("r", messages, params, lambda rid, token: tokens.put(token), images=images)
+        inputs = thinker.submit("r", messages, params, lambda rid, token: tokens.put(token), audios=audios,
+                                images=images)
         out = []
         while True:
             token = tokens.get(timeout=60)
@@ -75,6 +77,18 @@ def test_image_prompt_tokens_match_generate(qwen3_omni_stages, reference, proc, 
     pads = int((ids == reference.config.thinker_config.image_token_id).sum())
     assert pads == [2, 2 + 6][n_images - 1]   # 32x64 -> 2 tokens, 96x64 -> 6 tokens
     assert len(expected) == MAX_TOKENS and tokens == expected
+
+
+def test_audio_and_image_in_one_prompt_match_generate(qwen3_omni_stages, reference, proc):
+    """Audio placeholders before an image shift its M-RoPE positions by the audio's own (get_rope_index with the
+    audio lengths): the tokens still equal generate's."""
+    tone = (0.3 * np.sin(2 * np.pi * 220 * np.arange(16000) / 16000)).astype(np.float32)
+    images = [_image(1, SIZES[1])]
+    chat = [{"role": "user", "content": [{"type": "audio"}, {"type": "text", "text": "and"}, {"type": "image"}]}]
+    expected, expected_ids = greedy_text(reference, proc, chat, images, MAX_TOKENS, audios=[tone])
+    messages = [{**chat[0], "content": [{"type": "input_audio"}, *chat[0]["content"][1:]]}]
+    tokens, ids = _thinker_tokens(qwen3_omni_stages, EngineOptions(), messages, images, audios=[tone])
+    assert torch.equal(ids, expected_ids) and tokens == expected
 
 
 def test_image_changes_the_answer_and_positions(qwen3_omni_stages, reference, proc):
