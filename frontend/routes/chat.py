@@ -200,9 +200,12 @@ async def chat_completions_batch(batch: ChatBatchRequest, request: Request):
     await refuse_unread_fields(request, pipeline, "/v1/chat/completions/batch", extensions(batch),
                                ChatRequest.model_fields, ROUTED_KEYS)
     reqs = [batch.model_copy(update={"messages": conversation}) for conversation in batch.messages]
+    if (total := sum(len(req.messages) for req in reqs)) > cfg.limits.max_messages:
+        raise bad_request(f"the batch has {total} messages in all; the limit is {cfg.limits.max_messages} for its "
+                          "conversations together (--max-messages)", param="messages", code="too_many_messages")
     prepared, left = [], cfg.limits
     for i, req in enumerate(reqs):
-        with _in_conversation(i):
+        with _in_conversation(i), _within_batch_limits(i):
             body, tensors = await run_in_threadpool(to_pipeline, req, left, pipeline.content)
         texts = sum(len(part.get("text", "")) for m in body["messages"] for part in m["content"])
         audio, images = tensors.get("INPUT_AUDIO"), tensors.get("INPUT_IMAGES")
@@ -229,6 +232,19 @@ async def chat_completions_batch(batch: ChatBatchRequest, request: Request):
     timer.done()
     return {**answers[0], "id": f"chatcmpl-{request_id}", "usage": _summed([a["usage"] for a in answers]),
             "choices": [{**a["choices"][0], "index": i} for i, a in enumerate(answers)]}
+
+
+@contextlib.contextmanager
+def _within_batch_limits(i: int):
+    """A limit error of conversation `i` > 0 says that the limit holds for the batch's conversations together (the
+    limit it names is what conversations 0..i-1 left of it)."""
+    try:
+        yield
+    except APIError as exc:
+        if i and exc.code in ("text_too_long", "audio_too_long", "too_many_images"):
+            before = f"conversations 0-{i - 1}" if i > 1 else "conversation 0"
+            exc.message = f"{exc.message}: what {before} left of the limit, which holds for a batch's conversations together"
+        raise
 
 
 @contextlib.contextmanager
