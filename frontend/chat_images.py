@@ -14,23 +14,27 @@ from omni_frontend import images, media_url
 from omni_frontend.config import RequestLimits
 from omni_frontend.errors import bad_request
 
-CODES = {"invalid_url": "invalid_image_url", "too_large": "image_too_large", "unreachable": "image_url_unreachable"}
+CODES = {"invalid_url": "invalid_image_url", "too_large": "image_too_large", "unreachable": "image_url_unreachable",
+         "not_allowed": "image_url_not_allowed"}
 
 
 def image_part(part: dict, param: str, limits: RequestLimits) -> np.ndarray:
     """uint8 [H, W, 3] RGB of one image_url content part (`param`: its path, e.g. `messages[0].content[1]`).
 
     Limits (`RequestLimits`): max_image_bytes of the encoded file, max_image_pixels (H * W, from the header before
-    decoding), image_fetch_timeout_s for an http(s) URL. Raises APIError 400 naming `param + ".image_url"` for a
-    part without {"url": str}, else `param + ".image_url.url"`: invalid_image_url (bad base64, unsupported scheme),
-    image_too_large, image_url_unreachable, invalid_image (bytes that are no image)."""
+    decoding), image_fetch_timeout_s, allowed_media_domains and allow_private_media_urls for an http(s) URL
+    (`media_url`). Raises APIError 400 naming `param + ".image_url"` for a part without {"url": str}, else
+    `param + ".image_url.url"`: invalid_image_url (bad base64, unsupported scheme), image_url_not_allowed (a private
+    or local host, or one not among --allowed-media-domains), image_too_large, image_url_unreachable, invalid_image
+    (bytes that are no image)."""
     spec = part.get("image_url")
     if not isinstance(spec, dict) or not isinstance(spec.get("url"), str):
         raise bad_request("image_url needs {'url': 'data:image/...;base64,...' or 'https://...'}",
                           param=f"{param}.image_url")
     param += ".image_url.url"
     try:
-        data = media_url.read(spec["url"], limits.max_image_bytes, limits.image_fetch_timeout_s)
+        data = media_url.read(spec["url"], limits.max_image_bytes, limits.image_fetch_timeout_s,
+                              limits.allowed_media_domains, limits.allow_private_media_urls)
     except media_url.MediaURLError as exc:
         hint = " (limit --max-image-bytes)" if exc.code == "too_large" else ""
         raise bad_request(f"{exc}{hint}", param=param, code=CODES[exc.code]) from None

@@ -50,7 +50,7 @@ FIRST, SECOND = _image(0, 40, 70), _image(1, 100, 52)   # 2 and 6 image tokens
 def server(tmp_path_factory):
     server = start_server(tmp_path_factory.mktemp("qwen3_omni_images"), "--pipelines", "qwen3_omni,voice",
                           "--extra-pipeline", "colocated=chat:qwen3_omni_colocated",
-                          "--max-image-pixels", str(MAX_PIXELS))
+                          "--max-image-pixels", str(MAX_PIXELS), "--allow-private-media-urls")   # the local http.server
     yield server
     server.stop()
 

@@ -5,6 +5,7 @@ import http.server
 import io
 import threading
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from omni_frontend.errors import APIError
 from omni_frontend.responses_protocol import ResponsesRequest, chat_body, responses_params
 
 pytestmark = pytest.mark.unit
+LOCAL = RequestLimits(allow_private_media_urls=True)   # the tests' http.server listens on 127.0.0.1
 
 OMNI = pipelines.REGISTRY["qwen3_omni"].content
 
@@ -42,8 +44,15 @@ def _chat(*urls: str, model: str = "qwen3_omni") -> ChatRequest:
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     files: dict[str, bytes] = {}
+    redirects: dict[str, str] = {}   # path -> Location of a 302
 
     def do_GET(self):  # noqa: N802 - http.server's name
+        if self.path in self.redirects:
+            self.send_response(302)
+            self.send_header("Location", self.redirects[self.path])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         if self.path == "/slow.png":
             time.sleep(1.0)
         body = self.files.get(self.path)
@@ -73,7 +82,7 @@ def http_base():
 def test_data_and_http_images_become_padded_tensors_and_image_parts(http_base):
     small, tall = _pixels(20, 30, 1), _pixels(50, 10, 2)
     _Handler.files["/tall.png"] = _png(tall)
-    body, tensors = to_pipeline(_chat(_data_url(_png(small)), f"{http_base}/tall.png"), accepts=OMNI)
+    body, tensors = to_pipeline(_chat(_data_url(_png(small)), f"{http_base}/tall.png"), LOCAL, accepts=OMNI)
     assert body["messages"][0]["content"] == [{"type": "text", "text": "Look:"}, {"type": "image"}, {"type": "image"}]
     images, sizes = tensors["INPUT_IMAGES"], tensors["INPUT_IMAGE_SIZES"]
     assert images.dtype == np.uint8 and images.shape == (2, 50, 30, 3)
@@ -97,7 +106,9 @@ def test_pipelines_without_images_refuse_them_naming_the_type():
     ("file:///etc/passwd", "invalid_image_url"),
     ("ftp://example.com/a.png", "invalid_image_url"),
     ("no-scheme.png", "invalid_image_url"),
-    ("http://127.0.0.1:9/closed.png", "image_url_unreachable"),               # discard port: nothing listens
+    ("http://127.0.0.1:9/closed.png", "image_url_not_allowed"),               # loopback: refused by default
+    ("http://169.254.169.254/latest/meta-data", "image_url_not_allowed"),     # a cloud metadata service
+    ("http://[::1]:9/a.png", "image_url_not_allowed"),
 ])
 def test_every_bad_image_is_a_400_naming_the_url(url, code):
     with pytest.raises(APIError) as info:
@@ -108,16 +119,17 @@ def test_every_bad_image_is_a_400_naming_the_url(url, code):
 def test_http_errors_sizes_and_timeouts_are_400s(http_base):
     _Handler.files["/big.png"] = _png(_pixels(64, 64))
     _Handler.files["/slow.png"] = _png(_pixels(4, 4))
-    cases = [(f"{http_base}/missing.png", RequestLimits(), "image_url_unreachable", "HTTP 404"),
-             (f"{http_base}/big.png", RequestLimits(max_image_bytes=1000), "image_too_large", "--max-image-bytes"),
-             (f"{http_base}/big.png", RequestLimits(max_image_pixels=64 * 63), "image_too_large", "--max-image-pixels"),
-             (f"{http_base}/slow.png", RequestLimits(image_fetch_timeout_s=0.3), "image_url_unreachable", "0.3 s")]
+    cases = [(f"{http_base}/missing.png", LOCAL, "image_url_unreachable", "HTTP 404"),
+             ("http://127.0.0.1:9/closed.png", LOCAL, "image_url_unreachable", "could not be fetched"),
+             (f"{http_base}/big.png", replace(LOCAL, max_image_bytes=1000), "image_too_large", "--max-image-bytes"),
+             (f"{http_base}/big.png", replace(LOCAL, max_image_pixels=64 * 63), "image_too_large", "--max-image-pixels"),
+             (f"{http_base}/slow.png", replace(LOCAL, image_fetch_timeout_s=0.3), "image_url_unreachable", "0.3 s")]
     for url, limits, code, words in cases:
         with pytest.raises(APIError) as info:
             to_pipeline(_chat(url), limits, accepts=OMNI)
         assert (info.value.param, info.value.code) == ("messages[0].content[1].image_url.url", code), url
         assert words in info.value.message
-    _, tensors = to_pipeline(_chat(f"{http_base}/big.png"), RequestLimits(max_image_pixels=64 * 64), accepts=OMNI)
+    _, tensors = to_pipeline(_chat(f"{http_base}/big.png"), replace(LOCAL, max_image_pixels=64 * 64), accepts=OMNI)
     assert tensors["INPUT_IMAGE_SIZES"].tolist() == [[64, 64]]
 
 
@@ -158,3 +170,26 @@ def test_responses_input_image_maps_to_chat_and_errors_name_the_responses_field(
     with pytest.raises(APIError) as info, responses_params(bad):
         to_pipeline(ChatRequest.model_validate(chat_body(bad)), accepts=OMNI)
     assert (info.value.param, info.value.code) == ("input[0].content[1].image_url", "invalid_image_url")
+
+
+def test_media_urls_reach_only_public_or_allowed_hosts_also_through_redirects(http_base):
+    """Server-side request forgery: a client's image URL made the server fetch any host, the loopback and a cloud
+    metadata address too. By default only public addresses are fetched (--allow-private-media-urls lifts it);
+    --allowed-media-domains keeps fetches to those hosts; a redirect's target is checked as the first URL."""
+    port = http_base.rsplit(":", 1)[1]
+    _Handler.files["/ok.png"] = _png(_pixels(4, 4))
+    _Handler.redirects["/hop.png"] = f"http://localhost:{port}/ok.png"
+    only_loopback_ip = replace(LOCAL, allowed_media_domains=("127.0.0.1",))
+    for url, limits, code in [(f"{http_base}/ok.png", RequestLimits(), "image_url_not_allowed"),
+                              (f"http://localhost:{port}/ok.png", RequestLimits(), "image_url_not_allowed"),
+                              (f"http://localhost:{port}/ok.png", only_loopback_ip, "image_url_not_allowed"),
+                              (f"{http_base}/hop.png", only_loopback_ip, "image_url_not_allowed"),
+                              (f"{http_base}/ok.png", replace(LOCAL, allowed_media_domains=("example.com",)),
+                               "image_url_not_allowed")]:
+        with pytest.raises(APIError) as info:
+            to_pipeline(_chat(url), limits, accepts=OMNI)
+        assert (info.value.param, info.value.code) == ("messages[0].content[1].image_url.url", code), url
+    for url in (f"{http_base}/ok.png", f"{http_base}/hop.png"):   # allowed: the host itself, and a redirect to it
+        _, tensors = to_pipeline(_chat(url), replace(LOCAL, allowed_media_domains=("127.0.0.1", "localhost")),
+                                 accepts=OMNI)
+        assert tensors["INPUT_IMAGE_SIZES"].tolist() == [[4, 4]], url
