@@ -116,3 +116,25 @@ def test_image_part_count_must_match_images(qwen3_omni_stages):
     without = Thinker(stages.thinker, stages.config, stages.tokenizer, stages.feature_extractor).prompts
     with pytest.raises(RequestError, match="no image processor"):
         without.build(_messages(1), images=[_image(0, SIZES[0])])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (run on the device: docs/gpu.md)")
+def test_image_prompts_on_cuda_decode_alike_with_and_without_graphs(tmp_path, monkeypatch):
+    """On CUDA (bf16, as served): a prompt with two images is prefilled eagerly (pixel values and M-RoPE positions
+    make it a solo prompt, never a prefill graph) and its decode steps replayed from the static engine's graphs give
+    exactly the tokens of the same steps run eagerly, and its prompt ids are the processor's. No conftest fixtures:
+    the device runs this file with --noconftest."""
+    from omni_backends.engine import fused
+    from omni_backends.qwen3_omni.checkpoint import write_checkpoint
+    from omni_backends.qwen3_omni.loading import load_stages
+
+    monkeypatch.setattr(fused, "active", lambda x: False)   # the fused decode attention needs head_dim >= 32
+    stages = load_stages(write_checkpoint(tmp_path / "qwen3_omni_tiny"), "cuda", torch.bfloat16)
+    images, messages = [_image(i, SIZES[i]) for i in range(2)], _messages(2)
+    proc = processor(stages.tokenizer, stages.feature_extractor, stages.image_processor)
+    text = proc.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    expected_ids = proc(text=[text], images=images, return_tensors="pt")["input_ids"][0]
+    runs = [_thinker_tokens(stages, EngineOptions(engine="static", max_len=256, cuda_graphs=graphs), messages, images)
+            for graphs in (False, True)]
+    assert runs[0][0] == runs[1][0] and len(runs[0][0]) == MAX_TOKENS
+    assert torch.equal(runs[0][1].cpu(), expected_ids)
