@@ -1,7 +1,7 @@
 """POST /v1/audio/generate for audio-generation pipelines (e.g. `stable_audio`): vLLM-Omni's text-to-audio route,
 JSON in, the whole audio file out (Content-Type of `response_format`, header x-seed: the seed used).
 
-Fields (vLLM-Omni's): `input` (required; `prompt` is accepted for it), `model`, `negative_prompt`, `audio_length`
+Fields (vLLM-Omni's): `input` (required; `prompt` is accepted in its place, not beside it), `model`, `negative_prompt`, `audio_length`
 and `audio_start` (seconds; the pipeline bounds them by its checkpoint's longest clip), `num_inference_steps`,
 `guidance_scale`, `seed`, `response_format` (wav, pcm, flac, mp3, aac, opus; default wav), `speed` (1.0 only)
 and `stream_format` ("audio" only). Audio pipeline REQUEST JSON (omni_backends.stable_audio.serving.audio_model):
@@ -17,7 +17,7 @@ from typing import Literal
 import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from pydantic import AliasChoices, ConfigDict, Field
+from pydantic import ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from omni_frontend import admission, observability, pipeline_stream
@@ -33,7 +33,8 @@ MAX_PROMPT_CHARS = 32000
 
 class AudioGenerateRequest(RequestModel):
     model_config = ConfigDict(extra="forbid", strict=True)
-    input: str = Field(validation_alias=AliasChoices("input", "prompt"), max_length=MAX_PROMPT_CHARS)
+    input: str | None = Field(default=None, max_length=MAX_PROMPT_CHARS)
+    prompt: str | None = Field(default=None, max_length=MAX_PROMPT_CHARS, description="vLLM-Omni's name for input")
     model: str | None = None
     negative_prompt: str | None = Field(default=None, max_length=MAX_PROMPT_CHARS)
     audio_length: float | None = Field(default=None, gt=0)
@@ -46,9 +47,21 @@ class AudioGenerateRequest(RequestModel):
     stream_format: Literal["audio"] = "audio"
 
 
+def _text(req: AudioGenerateRequest) -> str:
+    """The request's text (`input`, or vLLM-Omni's `prompt`); raises APIError 400 for neither, both or blank."""
+    if req.input is not None and req.prompt is not None:
+        raise bad_request("input and prompt are one field (prompt is vLLM-Omni's name for input): give one",
+                          param="prompt", code="invalid_value")
+    text = req.input if req.input is not None else req.prompt
+    if text is None:
+        raise bad_request("input: Field required", param="input", code="invalid_value")
+    if not text.strip():
+        raise bad_request("input must not be empty", param="input" if req.input is not None else "prompt",
+                          code="empty_input")
+    return text
+
+
 def _check(req: AudioGenerateRequest) -> None:
-    if not req.input.strip():
-        raise bad_request("input must not be empty", param="input", code="empty_input")
     if req.speed != 1.0:
         raise bad_request("speed must be 1.0: generated audio is not time-stretched", param="speed",
                           code="unsupported_parameter")
@@ -59,11 +72,12 @@ async def generate(req: AudioGenerateRequest, request: Request):
     """Checks, admission (429 at once when the pipeline is full), then the pipeline; its first event (or its
     400) comes before the head. A client that leaves cancels the pipeline request (its denoising job stops
     before its next step)."""
+    text = _text(req)
     _check(req)
     pipeline = pipeline_for(request, req.model, AUDIO, "audio/generate")
     ticket = admission.enter(request, pipeline)
     await pipeline_stream.until_disconnect(request, ticket.wait(request))
-    fields = {"prompt": req.input, "negative_prompt": req.negative_prompt, "audio_start": req.audio_start,
+    fields = {"prompt": text, "negative_prompt": req.negative_prompt, "audio_start": req.audio_start,
               "audio_length": req.audio_length, "num_inference_steps": req.num_inference_steps,
               "guidance_scale": req.guidance_scale, "seed": req.seed}
     request_id = request.state.request_id

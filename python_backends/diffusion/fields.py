@@ -16,5 +16,5 @@ def number(body: dict, name: str, default, low, high, kind=int):
     ok = isinstance(value, int) if kind is int else isinstance(value, (int, float))
     if not ok or isinstance(value, bool) or not low <= value <= high:
         raise RequestError(f"{name} must be {'an integer' if kind is int else 'a number'} in [{low}, {high}], "
-                           f"got {value!r}", param=name)
+                           f"got {value!r}", param=name, code="invalid_value")
     return kind(value)

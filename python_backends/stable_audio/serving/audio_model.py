@@ -58,10 +58,11 @@ class TritonPythonModel(AsyncDecoupledModel):
         length = number(body, "audio_length", longest - start, 0.0, longest, float)
         if length <= 0 or start + length > longest:
             raise RequestError(f"audio_length must be > 0 with audio_start + audio_length at most {longest:g} s (the "
-                               f"longest clip this model makes), got {length:g} from {start:g} s", param="audio_length")
+                               f"longest clip this model makes), got {length:g} from {start:g} s", param="audio_length",
+                               code="invalid_value")
         if self.layout.samples(start, start + length) == 0:
             raise RequestError(f"audio_length {length:g} s is shorter than one sample at {self.layout.sample_rate} Hz",
-                               param="audio_length")
+                               param="audio_length", code="invalid_value")
         seed = body.get("seed")
         return {"prompt": prompt, "negative": negative, "start": start, "end": start + length,
                 "steps": number(body, "num_inference_steps", self.steps, 1, self.max_steps),
