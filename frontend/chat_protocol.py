@@ -55,8 +55,9 @@ IGNORED_FIELDS = ("user", "metadata", "store", "service_tier", "safety_identifie
                   "prompt_cache_retention", "prompt_cache_options")
 # The pipeline REQUEST keys `to_pipeline` fills from the route's own fields: an extension field of the same name
 # would be overwritten, so it is refused (routes.common.refuse_unread_fields).
-ROUTED_KEYS = ("messages", "modalities", "voice", "temperature", "top_p", "top_k", "max_tokens", "seed", "stop",
-               "presence_penalty", "frequency_penalty", "repetition_penalty")
+# `prompt` too: a completion's raw prompt (omni_frontend.completions_protocol), which must not bypass the chat template.
+ROUTED_KEYS = ("messages", "prompt", "modalities", "voice", "temperature", "top_p", "top_k", "max_tokens", "seed",
+               "stop", "presence_penalty", "frequency_penalty", "repetition_penalty")
 # Message fields that refer to earlier tool calls or stored audio: not supported.
 UNSUPPORTED_MESSAGE_FIELDS = {"tool_calls": "the served models do not call tools",
                               "function_call": "the served models do not call functions",
@@ -215,6 +216,18 @@ def _audio_part(part: dict, param: str, before_s: float, max_seconds: float) -> 
                           param=param, code="audio_too_long") from exc
 
 
+def stop_sequences(stop: str | list[str] | None, limits: RequestLimits) -> list[str]:
+    """A request's `stop` as the pipeline REQUEST's list of strings. Raises APIError 400 (param "stop") for more
+    than MAX_STOP_SEQUENCES, or (code `text_too_long`) for more than --max-text-chars characters in all."""
+    stop = [stop] if isinstance(stop, str) else (stop or [])
+    if len(stop) > MAX_STOP_SEQUENCES:
+        raise bad_request(f"at most {MAX_STOP_SEQUENCES} stop sequences", param="stop")
+    if sum(len(s) for s in stop) > limits.max_text_chars:
+        raise bad_request(f"stop is longer than {limits.max_text_chars} characters (limit --max-text-chars)",
+                          param="stop", code="text_too_long")
+    return stop
+
+
 def to_pipeline(req: ChatRequest, limits: RequestLimits | None = None) -> tuple[dict, np.ndarray | None]:
     """The pipeline REQUEST body and the INPUT_AUDIO tensor (None without audio parts).
 
@@ -230,13 +243,8 @@ def to_pipeline(req: ChatRequest, limits: RequestLimits | None = None) -> tuple[
     if len(req.messages) > limits.max_messages:
         raise bad_request(f"{len(req.messages)} messages; the limit is {limits.max_messages} (--max-messages)",
                           param="messages", code="too_many_messages")
-    stop = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
-    if len(stop) > MAX_STOP_SEQUENCES:
-        raise bad_request(f"at most {MAX_STOP_SEQUENCES} stop sequences", param="stop")
+    stop = stop_sequences(req.stop, limits)
     chars = sum(len(s) for s in stop)
-    if chars > limits.max_text_chars:
-        raise bad_request(f"stop is longer than {limits.max_text_chars} characters (limit --max-text-chars)",
-                          param="stop", code="text_too_long")
     clips: list[np.ndarray] = []
     offset = 0
     messages = []

@@ -64,7 +64,7 @@ class PromptBuilder:
         n_parts = sum(p["type"] == "audio" for m in chat if not isinstance(m["content"], str) for p in m["content"])
         if n_parts != len(audios):
             raise RequestError(f"{n_parts} input_audio part(s) but {len(audios)} audio tensor(s)", param="messages")
-        text = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+        text = self.text(messages)
         if not audios:
             return ThinkerInputs(input_ids=self._tokenize(text))
         features = self.feature_extractor([np.asarray(a, dtype=np.float32) for a in audios],
@@ -76,6 +76,13 @@ class PromptBuilder:
         text = pieces[0] + "".join(self.audio_token * n + rest for n, rest in zip(counts, pieces[1:]))
         return ThinkerInputs(input_ids=self._tokenize(text), input_features=features["input_features"],
                              feature_attention_mask=mask)
+
+    def text(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
+        """The chat-templated text of messages (as `build` renders them, audio placeholders not expanded), ending
+        with the assistant turn's header when `add_generation_prompt` (omni_backends.serving.token_actions.Template).
+        Raises RequestError as `build`."""
+        return self.tokenizer.apply_chat_template([self._message(i, m) for i, m in enumerate(messages)],
+                                                  add_generation_prompt=add_generation_prompt, tokenize=False)
 
     def _tokenize(self, text: str) -> torch.Tensor:
         return torch.tensor(self.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)

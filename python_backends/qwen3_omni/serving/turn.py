@@ -9,6 +9,7 @@ import re
 from collections.abc import Sequence
 
 import numpy as np
+import torch
 
 from omni_backends.chat_request import audio_clips, check_request, text_chars
 from omni_backends.engine import SamplingParams, TextStream
@@ -19,12 +20,15 @@ from omni_backends.errors import RequestError
 from omni_backends.qwen3_omni.prompt import ThinkerInputs
 from omni_backends.qwen3_omni.serving.protocol import TALKER_FIELDS
 from omni_backends.serving.events import silence
+from omni_backends.serving import token_actions
+from omni_backends.serving.token_actions import completion_ids
 
 MODALITIES = ("text", "audio")
-# the REQUEST keys a turn reads; `first_chunk_words` (the voice pipeline's first spoken chunk, which realtime sessions
-# send) is accepted and has no effect: the talker speaks frame by frame
-REQUEST_FIELDS = ("messages", "modalities", "voice", "stop", *SAMPLING_FIELDS, *(f"talker_{k}" for k in TALKER_FIELDS),
-                  "return_token_ids", "first_chunk_words")
+# the REQUEST keys a turn reads (`prompt`, text or token ids, instead of `messages`: a completion, whose prompt the
+# thinker reads without the chat template); `first_chunk_words` (the voice pipeline's first spoken chunk, which
+# realtime sessions send) is accepted and has no effect: the talker speaks frame by frame
+REQUEST_FIELDS = ("messages", "prompt", "modalities", "voice", "stop", *SAMPLING_FIELDS,
+                  *(f"talker_{k}" for k in TALKER_FIELDS), "return_token_ids", "first_chunk_words")
 
 
 def validate(body: dict, voices: Sequence[str], default_voice: str,
@@ -35,7 +39,8 @@ def validate(body: dict, voices: Sequence[str], default_voice: str,
     outside `input_audio` or a NaN / infinite sample in it. A key outside REQUEST_FIELDS was refused before (the
     models' `request_fields`, checked by AsyncDecoupledModel)."""
     check_request(body)
-    audio_clips(body["messages"], input_audio)
+    if body.get("prompt") is None:
+        audio_clips(body["messages"], input_audio)
     max_tokens = body.get("max_tokens")
     if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens <= 0):
         raise RequestError(f"max_tokens must be a positive integer, got {max_tokens!r}", param="max_tokens")
@@ -63,17 +68,32 @@ def thinker_request(thinker, body: dict, input_audio: np.ndarray | None,
     Sampling (`request_sampling_params`): temperature (0 or null: greedy), top_p, top_k (-1/0: off),
     max_tokens (null: `default_max_tokens`), min_tokens (vLLM's extension: `<|im_end|>` is suppressed before
     that many tokens), seed, presence_penalty, frequency_penalty, repetition_penalty; stop strings end the
-    text. A prompt too long for the context is refused from its length before it is tokenized. `body` has passed
-    `chat_request.check_request` (`validate` runs it; a stage called alone runs it first). Raises RequestError
-    naming a bad field (or a prompt that does not fit)."""
-    messages = body["messages"]
+    text. A REQUEST with `prompt` (text or token ids) prefills it as it is (`token_actions.completion_ids`), without
+    the chat template. A prompt too long for the context is refused from its length before it is tokenized. `body`
+    has passed `chat_request.check_request` (`validate` runs it; a stage called alone runs it first). Raises
+    RequestError naming a bad field (or a prompt that does not fit)."""
     params = request_sampling_params(body, thinker.sampling_params(max_tokens=default_max_tokens, temperature=0.0))
-    check_prompt_chars(text_chars(messages), params.max_tokens, thinker.context_length, thinker.longest_token)
-    inputs = thinker.prompts.build(messages, audio_clips(messages, input_audio))
-    check_context_length(len(inputs.input_ids), params.max_tokens, thinker.context_length)
+    if body.get("prompt") is not None:   # a completion: the prompt as it is, no chat template
+        ids = completion_ids(thinker.prompts.tokenizer, body["prompt"], params.max_tokens, thinker.context_length,
+                             thinker.longest_token)
+        inputs = ThinkerInputs(input_ids=torch.tensor(ids, dtype=torch.long))
+    else:
+        messages = body["messages"]
+        check_prompt_chars(text_chars(messages), params.max_tokens, thinker.context_length, thinker.longest_token)
+        inputs = thinker.prompts.build(messages, audio_clips(messages, input_audio))
+        check_context_length(len(inputs.input_ids), params.max_tokens, thinker.context_length)
     stop = body.get("stop") or []
     text = TextStream(thinker.prompts.tokenizer, len(inputs.input_ids), [stop] if isinstance(stop, str) else stop)
     return inputs, params, text
+
+
+def token_action(thinker, body: dict, default_max_tokens: int) -> dict:
+    """The thinker's answer to a token control REQUEST ({"action": "prompt_tokens" | "detokenize"}, see
+    `omni_backends.serving.token_actions`; max_tokens null: `default_max_tokens`), by its tokenizer and chat template.
+    Raises RequestError (HTTP 400) naming the bad field, or `context_length_exceeded`."""
+    params = request_sampling_params(body, thinker.sampling_params(max_tokens=default_max_tokens, temperature=0.0))
+    return token_actions.answer(body, thinker.prompts.tokenizer, thinker.prompts.text, params.max_tokens,
+                                thinker.context_length, thinker.longest_token)
 
 
 def talker_fields(body: dict, voice: str) -> dict:
