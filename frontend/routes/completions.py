@@ -24,6 +24,7 @@ from omni_frontend.errors import APIError
 from omni_frontend.observability import RequestTimer
 from omni_frontend.pipelines import CHAT, Pipeline
 from omni_frontend.routes.common import config, pipeline_for, refuse_unread_fields, triton
+from omni_frontend.routes.tokenize import not_tokenizing
 
 router = APIRouter()
 ROUTE = "/v1/completions"
@@ -90,7 +91,7 @@ async def _echoes(request: Request, pipeline: Pipeline, req: CompletionRequest, 
                 exc.param = "prompt" if exc.param == "tokens" else exc.param
                 raise
             if answer is None:
-                raise APIError(500, f"pipeline {pipeline.name} did not detokenize the prompt", code="inference_error")
+                raise not_tokenizing(pipeline, "echo of token ids")
             prompt = answer["text"]
         echoes.append(prompt)
     return echoes

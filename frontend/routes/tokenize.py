@@ -8,7 +8,7 @@ Answered by the pipeline's token control REQUESTs (omni_backends.serving.token_a
               -> {"count", "max_model_len" (the LLM's context, tokens), "tokens": [int], "token_strs": null}
   /detokenize {"model", "tokens": [int]} -> {"prompt": str}
 Errors: 400 naming the field (an input_audio or other non-text part, a token id outside the vocabulary, a prompt
-longer than the context: `context_length_exceeded`).
+longer than the context: `context_length_exceeded`; `model` for a pipeline that answers no token request).
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from pydantic import ConfigDict, Field
 from omni_frontend import pipeline_stream
 from omni_frontend.chat_protocol import Message
 from omni_frontend.errors import APIError, bad_request
-from omni_frontend.pipelines import CHAT
+from omni_frontend.pipelines import CHAT, Pipeline
 from omni_frontend.routes.common import pipeline_for, triton
 from omni_frontend.validation import RequestModel
 
@@ -60,6 +60,13 @@ def _text_messages(messages: list[Message]) -> list[dict]:
     return out
 
 
+def not_tokenizing(pipeline: Pipeline, route: str) -> APIError:
+    """The 400 (param "model", code `model_not_supported`) for a chat pipeline that answers no token control
+    REQUEST (one that is not an LLM pipeline of this repository, e.g. a test model)."""
+    return APIError(400, f"model '{pipeline.name}' does not serve {route}: its pipeline has no tokenizer to ask",
+                    param="model", code="model_not_supported")
+
+
 @router.post("/tokenize")
 async def tokenize(req: TokenizeRequest, request: Request):
     if (req.prompt is None) == (req.messages is None):
@@ -74,7 +81,7 @@ async def tokenize(req: TokenizeRequest, request: Request):
     answer = await pipeline_stream.prompt_tokens(triton(request), pipeline.entry, request.state.request_id, messages,
                                                  1, **options)
     if answer is None or "token_ids" not in answer:
-        raise APIError(500, f"pipeline {pipeline.name} did not tokenize", code="inference_error")
+        raise not_tokenizing(pipeline, "tokenize")
     return {"count": answer["prompt_tokens"], "max_model_len": answer["context_length"], "tokens": answer["token_ids"],
             "token_strs": None}
 
@@ -84,5 +91,5 @@ async def detokenize(req: DetokenizeRequest, request: Request):
     pipeline = pipeline_for(request, req.model, CHAT, "detokenize")
     answer = await pipeline_stream.detokenize(triton(request), pipeline.entry, request.state.request_id, req.tokens)
     if answer is None:
-        raise APIError(500, f"pipeline {pipeline.name} did not detokenize", code="inference_error")
+        raise not_tokenizing(pipeline, "detokenize")
     return {"prompt": answer["text"]}
