@@ -120,23 +120,15 @@ class Message(RequestModel):
     content: Annotated[str | list[dict] | None, WithJsonSchema(_CONTENT_SCHEMA)] = None
 
 
-class ChatRequest(RequestModel):
-    """The OpenAI request fields we honour; unknown fields (extra_body) are passed to the pipeline, and
-    the route refuses those it does not read before admission (a 400 naming the field;
-    routes.common.refuse_unread_fields).
-    Contract-changing OpenAI fields that nothing honours (UNSUPPORTED_FIELDS) and `n` > 1 are rejected
-    by `to_pipeline`."""
+class GenerationFields(RequestModel):
+    """The sampling and streaming fields of the text-generating requests (ChatRequest, and /v1/completions'
+    completions_protocol.CompletionRequest), as the chat pipeline REQUEST takes them."""
 
     model_config = ConfigDict(extra="allow", strict=True)  # "10" is not an integer, "yes" not a boolean
     model: str
-    messages: list[Message] = Field(min_length=1)
-    modalities: list[Literal["text", "audio"]] | None = None
-    audio: AudioParams | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=-1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
     seed: int | None = Field(default=None, ge=-2**63, le=2**63 - 1)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
@@ -144,6 +136,20 @@ class ChatRequest(RequestModel):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+
+
+class ChatRequest(GenerationFields):
+    """The OpenAI request fields we honour; unknown fields (extra_body) are passed to the pipeline, and
+    the route refuses those it does not read before admission (a 400 naming the field;
+    routes.common.refuse_unread_fields).
+    Contract-changing OpenAI fields that nothing honours (UNSUPPORTED_FIELDS) and `n` > 1 are rejected
+    by `to_pipeline`."""
+
+    messages: list[Message] = Field(min_length=1)
+    modalities: list[Literal["text", "audio"]] | None = None
+    audio: AudioParams | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
     n: int = Field(default=1, ge=1, le=1, description="only 1 is supported")
 
     @field_validator("modalities")

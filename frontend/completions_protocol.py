@@ -9,18 +9,18 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from pydantic import ConfigDict, Field
+from pydantic import Field
 
-from omni_frontend.chat_protocol import (UNSUPPORTED_FIELDS, StreamOptions, extensions, stop_sequences,
+from omni_frontend.chat_protocol import (UNSUPPORTED_FIELDS, GenerationFields, extensions, stop_sequences,
                                         unsupported_parameter)
 from omni_frontend.config import RequestLimits
 from omni_frontend.errors import bad_request
-from omni_frontend.validation import RequestModel, refuse_unsupported
+from omni_frontend.validation import refuse_unsupported
 
 Prompt = str | list[int]   # one prompt: text, or token ids
 
 
-class CompletionRequest(RequestModel):
+class CompletionRequest(GenerationFields):
     """POST /v1/completions: the OpenAI fields and vLLM's sampling extensions we honour. `prompt`: a string, a list
     of strings, a list of token ids or a list of such lists (several prompts: one choice each, `index` = the
     prompt's position). Unknown fields (extra_body) are passed to the pipeline as chat's are (the route refuses those
@@ -28,20 +28,8 @@ class CompletionRequest(RequestModel):
     refused by `check_supported` (400 `unsupported_parameter` naming the field)."""
 
     MAX_PROMPTS: ClassVar[int] = 32
-    model_config = ConfigDict(extra="allow", strict=True)  # "10" is not an integer, "yes" not a boolean
-    model: str
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int = Field(default=16, ge=1, description="tokens to generate at most (OpenAI's default 16)")
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=-1)
-    seed: int | None = Field(default=None, ge=-2**63, le=2**63 - 1)
-    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    repetition_penalty: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)  # vLLM's extension
-    stop: str | list[str] | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
     echo: bool = False
     user: str | None = None
     n: int = Field(default=1, ge=1, description="only 1 is supported")

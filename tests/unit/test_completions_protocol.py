@@ -9,6 +9,7 @@ from omni_backends.chat_request import check_request
 from omni_backends.engine.limits import longest_token_chars
 from omni_backends.errors import RequestError
 from omni_backends.paths import QWEN3_OMNI_TINY, model_home
+from omni_backends.qwen3_omni.serving import turn as omni_turn
 from omni_backends.serving import token_actions
 from omni_frontend.chat_protocol import ROUTED_KEYS
 from omni_frontend.completions_protocol import CompletionRequest, prompts, to_pipeline
@@ -84,6 +85,10 @@ def test_the_backends_refuse_a_bad_prompt_naming_it(body, param):
 def test_the_backends_accept_a_prompt_instead_of_messages():
     check_request({"prompt": "hi", "max_tokens": 3})
     check_request({"prompt": [1, 2]}, parts=False)
+    assert omni_turn.validate({"prompt": [1, 2], "modalities": ["text"]}, ["ethan"], "ethan") == (["text"], None)
+    with pytest.raises(RequestError) as err:   # the talker's prompt needs the chat template's turns
+        omni_turn.validate({"prompt": "hi"}, ["ethan"], "ethan")
+    assert err.value.param == "modalities"
 
 
 @pytest.fixture(scope="module", params=["smollm2-135m-instruct", QWEN3_OMNI_TINY])

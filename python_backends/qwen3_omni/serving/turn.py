@@ -35,8 +35,8 @@ def validate(body: dict, voices: Sequence[str], default_voice: str,
              input_audio: np.ndarray | None = None) -> tuple[list[str], str | None]:
     """(modalities, voice or None for text only) of a REQUEST with its INPUT_AUDIO. Raises RequestError (HTTP 400)
     for a field of the wrong JSON type (`chat_request.check_request`, param: its path), empty messages,
-    max_tokens <= 0, an unknown modality, an unknown voice (the message lists `voices`), an input_audio part
-    outside `input_audio` or a NaN / infinite sample in it. A key outside REQUEST_FIELDS was refused before (the
+    max_tokens <= 0, an unknown modality, the audio modality for a completion's `prompt`, an unknown voice (the message
+    lists `voices`), an input_audio part outside `input_audio` or a NaN / infinite sample in it. A key outside REQUEST_FIELDS was refused before (the
     models' `request_fields`, checked by AsyncDecoupledModel)."""
     check_request(body)
     if body.get("prompt") is None:
@@ -49,6 +49,9 @@ def validate(body: dict, voices: Sequence[str], default_voice: str,
         raise RequestError(f"modalities must be a non-empty subset of {list(MODALITIES)}", param="modalities")
     if "audio" not in modalities:
         return modalities, None
+    if body.get("prompt") is not None:   # the talker's prompt is built from the chat template's turns
+        raise RequestError("a completion's prompt is answered in text only: modalities must be [\"text\"]",
+                           param="modalities")
     return modalities, resolve_voice(body.get("voice") or default_voice, voices)
 
 
