@@ -45,9 +45,10 @@ async def events(request: Request, pipeline: Pipeline, body: dict, request_id: s
 
 async def merged(ticket: Ticket, count: int,
                  open_stream: Callable[[int], AsyncIterator[Item]]) -> AsyncIterator[tuple]:
-    """(i, event, audio: np.ndarray | None) of `count` pipeline streams (`open_stream(i)`) run concurrently on the request's admitted
-    `ticket` and the gate's free slots (`batching.run_items`), in the order their events arrive. A stream's failure
-    cancels the others and is raised once the events before it are yielded; closing this cancels every stream."""
+    """(i, event, audio: np.ndarray | None) of `count` pipeline streams (`open_stream(i)`) run concurrently on the
+    request's admitted `ticket` and the gate's free slots (`batching.run_items`), in the order their events arrive.
+    A stream's failure cancels the others and is raised once the events before it are yielded; closing this cancels
+    every stream."""
     queue: asyncio.Queue = asyncio.Queue()
     end = object()
 

@@ -31,8 +31,8 @@ BOOLEAN_FIELDS = ("return_token_ids", "talker_inputs")
 
 def check_request(body: Mapping, *, parts: bool = True) -> None:
     """Type check of a chat REQUEST body's fields (absent or null ones but `messages` or `prompt` are fine):
-    messages (`check_messages`) or else, never both, prompt (`check_prompt`), modalities (a non-empty list of "text" / "audio"), voice (a string), stop (a
-    string or a list of strings), the sampling numbers (NUMBER_FIELDS: numbers; INTEGER_FIELDS: integers; a JSON
+    messages (`check_messages`) or else, never both, prompt (`check_prompt`), modalities (a non-empty list of "text" /
+    "audio"), voice (a string), stop (a string or a list of strings), the sampling numbers (NUMBER_FIELDS: numbers; INTEGER_FIELDS: integers; a JSON
     boolean is neither) and BOOLEAN_FIELDS. `parts` False: message content must be a string (voice_llm).
     Raises RequestError (HTTP 400) whose param names the field."""
     if body.get("prompt") is None:

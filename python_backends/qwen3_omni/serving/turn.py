@@ -36,8 +36,8 @@ def validate(body: dict, voices: Sequence[str], default_voice: str,
     """(modalities, voice or None for text only) of a REQUEST with its INPUT_AUDIO. Raises RequestError (HTTP 400)
     for a field of the wrong JSON type (`chat_request.check_request`, param: its path), empty messages,
     max_tokens <= 0, an unknown modality, the audio modality for a completion's `prompt`, an unknown voice (the message
-    lists `voices`), an input_audio part outside `input_audio` or a NaN / infinite sample in it. A key outside REQUEST_FIELDS was refused before (the
-    models' `request_fields`, checked by AsyncDecoupledModel)."""
+    lists `voices`), an input_audio part outside `input_audio` or a NaN / infinite sample in it. A key outside
+    REQUEST_FIELDS was refused before (the models' `request_fields`, checked by AsyncDecoupledModel)."""
     check_request(body)
     if body.get("prompt") is None:
         audio_clips(body["messages"], input_audio)
