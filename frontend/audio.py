@@ -18,7 +18,11 @@ CONTENT_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "pcm16": "audio/pcm", "
                  "mp3": "audio/mpeg", "opus": "audio/ogg", "aac": "audio/aac"}
 # Formats whose byte stream can be sent chunk by chunk as produced (one header at most).
 STREAMABLE = ("wav", "pcm", "pcm16")
-_AV_FORMATS = {"mp3": ("mp3", "libmp3lame", 48000), "opus": ("ogg", "libopus", 48000), "aac": ("adts", "aac", 48000)}
+# format -> (container, encoder, the sample rates it encodes): mp3 and aac keep the audio's rate (24 kHz speech, 44.1 kHz
+# Stable Audio), Ogg Opus runs at 48 kHz
+_MP3_AAC_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)
+_AV_FORMATS = {"mp3": ("mp3", "libmp3lame", _MP3_AAC_RATES), "opus": ("ogg", "libopus", (48000,)),
+               "aac": ("adts", "aac", _MP3_AAC_RATES)}
 
 
 class AudioDecodeError(ValueError):
@@ -51,8 +55,8 @@ def encode(pcm: np.ndarray, sample_rate: int, fmt: str) -> bytes:
     """Whole-file encoding of float32 PCM at sample_rate Hz: mono [samples], or [samples, channels] (1 or 2
     channels: stereo for Stable Audio).
 
-    wav/flac: 16-bit at sample_rate (soundfile); pcm/pcm16: raw s16le (channels interleaved); mp3/opus/aac: PyAV
-    at 48 kHz (resampled by libswresample). No samples (an input with nothing to say): raw PCM is empty and WAV a
+    wav/flac: 16-bit at sample_rate (soundfile); pcm/pcm16: raw s16le (channels interleaved); mp3/aac: PyAV at
+    sample_rate (48 kHz for a rate they do not take); opus: PyAV at 48 kHz (resampled by libswresample). No samples (an input with nothing to say): raw PCM is empty and WAV a
     44-byte file; the other formats get 10 ms of silence (FLAC of no frames was 0 bytes, not a file, and PyAV's
     encoders raised MemoryError). Raises ValueError for an unknown format or more than 2 channels.
     """
@@ -70,7 +74,8 @@ def encode(pcm: np.ndarray, sample_rate: int, fmt: str) -> bytes:
         return buf.getvalue()
     if fmt not in _AV_FORMATS:
         raise ValueError(f"unsupported audio format {fmt!r}; use one of {', '.join(CONTENT_TYPES)}")
-    container, codec, rate = _AV_FORMATS[fmt]
+    container, codec, rates = _AV_FORMATS[fmt]
+    rate = sample_rate if sample_rate in rates else 48000
     layout = "mono" if pcm.shape[1] == 1 else "stereo"
     buf = io.BytesIO()
     with av.open(buf, "w", format=container) as out:

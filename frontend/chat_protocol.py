@@ -4,12 +4,14 @@ Pipeline REQUEST JSON (what any Triton client sends to a chat pipeline such as `
 `qwen3_omni`):
   {"messages": [{"role": "system"|"user"|"assistant", "content": [
         {"type": "text", "text": str} |
-        {"type": "input_audio", "offset": int, "samples": int, "sample_rate": 16000}]}],
+        {"type": "input_audio", "offset": int, "samples": int, "sample_rate": 16000} |
+        {"type": "image"}]}],
    "modalities": ["text"] | ["audio"] | ["text", "audio"], "voice": str | null,
    "temperature", "top_p", "top_k", "max_tokens", "seed", "presence_penalty", "frequency_penalty",
    "repetition_penalty", "stop": [str]}
 Input audio travels as float32 mono 16 kHz samples in the INPUT_AUDIO tensor [total_samples];
-each input_audio part points at its slice (offset, samples).
+each input_audio part points at its slice (offset, samples). Images (pipelines whose `content` has image_url) travel
+as INPUT_IMAGES uint8 [K, H, W, 3] + INPUT_IMAGE_SIZES int32 [K, 2] (`chat_images`); the k-th image part is image k.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import numpy as np
 from pydantic import BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
 
 from omni_frontend import audio as audio_codec
-from omni_frontend import pipeline_stream
+from omni_frontend import chat_images, pipeline_stream
 from omni_frontend.config import RequestLimits
 from omni_frontend.errors import APIError, bad_request
 from omni_frontend.validation import RequestModel, refuse_unsupported
@@ -75,7 +77,12 @@ _CONTENT_SCHEMA = {"anyOf": [
             "type": {"const": "input_audio"},
             "input_audio": {"type": "object", "required": ["data"], "properties": {
                 "data": {"type": "string", "description": "base64 audio file (wav, mp3, flac, ogg, ...)"},
-                "format": {"type": "string"}}}}}]}},
+                "format": {"type": "string"}}}}},
+        {"type": "object", "required": ["type", "image_url"], "properties": {
+            "type": {"const": "image_url"},
+            "image_url": {"type": "object", "required": ["url"], "properties": {
+                "url": {"type": "string", "description": "data:image/...;base64,... or an http(s) URL"},
+                "detail": {"type": "string"}}}}}]}},
     {"type": "null"}]}
 
 
@@ -234,12 +241,19 @@ def stop_sequences(stop: str | list[str] | None, limits: RequestLimits) -> list[
     return stop
 
 
-def to_pipeline(req: ChatRequest, limits: RequestLimits | None = None) -> tuple[dict, np.ndarray | None]:
-    """The pipeline REQUEST body and the INPUT_AUDIO tensor (None without audio parts).
+TEXT_AND_AUDIO = ("text", "input_audio")
 
-    Decodes input audio (CPU work: call it from a worker thread in a server). Raises APIError 400
-    for unsupported fields or content (images, files, tools), bad audio, an audio format that cannot
-    be streamed, or a request past `limits` (messages, characters of text, seconds of audio).
+
+def to_pipeline(req: ChatRequest, limits: RequestLimits | None = None,
+                accepts: tuple[str, ...] = TEXT_AND_AUDIO) -> tuple[dict, dict[str, np.ndarray]]:
+    """The pipeline REQUEST body and its input tensors: INPUT_AUDIO (with audio parts), INPUT_IMAGES and
+    INPUT_IMAGE_SIZES (with image parts; `chat_images.image_tensors`).
+
+    `accepts`: the part types the pipeline takes (`Pipeline.content`). Decodes input audio and images and fetches
+    image URLs (blocking: call it from a worker thread in a server). Raises APIError 400 for unsupported fields or
+    content (a part type outside `accepts`: param `messages[i].content[j].type`; files, tools), bad audio or images
+    (param: the part's field), an audio format that cannot be streamed, or a request past `limits` (messages,
+    characters of text, seconds of audio, images and their bytes and pixels).
     """
     limits = limits or RequestLimits()
     check_supported(req)
@@ -252,6 +266,7 @@ def to_pipeline(req: ChatRequest, limits: RequestLimits | None = None) -> tuple[
     stop = stop_sequences(req.stop, limits)
     chars = sum(len(s) for s in stop)
     clips: list[np.ndarray] = []
+    pixels: list[np.ndarray] = []
     offset = 0
     messages = []
     for i, msg in enumerate(req.messages):
@@ -263,6 +278,9 @@ def to_pipeline(req: ChatRequest, limits: RequestLimits | None = None) -> tuple[
         for j, part in enumerate(parts):
             path = f"messages[{i}].content" + ("" if isinstance(msg.content, str) else f"[{j}]")
             kind = part.get("type") if isinstance(part, dict) else None
+            if kind not in accepts:
+                raise bad_request(f"content part type {kind!r} is not supported by model {req.model!r} (supported: "
+                                  f"{', '.join(accepts)})", param=f"{path}.type", code="unsupported_content")
             if kind == "text":
                 if not isinstance(part.get("text"), str):
                     raise bad_request("text parts need a string 'text'", param=path)
@@ -279,10 +297,14 @@ def to_pipeline(req: ChatRequest, limits: RequestLimits | None = None) -> tuple[
                                 "sample_rate": INPUT_SAMPLE_RATE})
                 clips.append(pcm)
                 offset += pcm.size
-            else:
-                raise bad_request(f"content part type {kind!r} is not supported by this server "
-                                  "(supported: text, input_audio)", param=path,
-                                  code="unsupported_content")
+            elif kind == "image_url":
+                if role != "user":
+                    raise bad_request("image_url is only accepted in user messages", param=path)
+                if len(pixels) == limits.max_images:
+                    raise bad_request(f"more than {limits.max_images} images in one request (limit --max-images)",
+                                      param=path, code="too_many_images")
+                pixels.append(chat_images.image_part(part, path, limits))
+                content.append({"type": "image"})
         messages.append({"role": role, "content": content})
     if not any(m["role"] == "user" for m in messages):
         raise bad_request("messages must contain at least one user message", param="messages")
@@ -297,4 +319,5 @@ def to_pipeline(req: ChatRequest, limits: RequestLimits | None = None) -> tuple[
             "max_tokens": req.max_completion_tokens or req.max_tokens, "seed": req.seed, "stop": stop,
             "presence_penalty": req.presence_penalty, "frequency_penalty": req.frequency_penalty,
             "repetition_penalty": req.repetition_penalty}
-    return body, (np.concatenate(clips) if clips else None)
+    tensors = {"INPUT_AUDIO": np.concatenate(clips)} if clips else {}
+    return body, {**tensors, **chat_images.image_tensors(pixels)}

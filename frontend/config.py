@@ -19,6 +19,14 @@ class RequestLimits:
     max_messages: chat messages per request (--max-messages).
     max_audio_seconds: seconds of input audio per request: a transcription file, or all input_audio
         parts of one chat request together (--max-audio-seconds).
+    max_images: image parts per chat request (--max-images).
+    max_image_bytes: one input image's encoded file (a data: URL's decoded bytes or an http(s) URL's body)
+        (--max-image-bytes).
+    max_image_pixels: one input image's width x height, read from its header before decoding (--max-image-pixels).
+    image_fetch_timeout_s: seconds to fetch one http(s) image URL (--image-fetch-timeout).
+    allowed_media_domains: when not empty, the only hosts (and their subdomains) an http(s) media URL may name
+        (--allowed-media-domains); allow_private_media_urls: fetch from private, loopback and link-local addresses
+        too (--allow-private-media-urls; off: server-side request forgery, `omni_frontend.media_url`).
     max_speech_input_chars: characters of `input` (and `instructions`) of /v1/audio/speech.
     max_upload_bytes: the `file` of /v1/audio/transcriptions (413 above it; OpenAI's limit is 25 MB).
     send_timeout_s: how long a streamed response (SSE, raw PCM, a file in parts) may wait for its client to take
@@ -30,6 +38,12 @@ class RequestLimits:
     max_text_chars: int = 131072
     max_messages: int = 512
     max_audio_seconds: float = 600.0
+    max_images: int = 16
+    max_image_bytes: int = 20 * 1024 * 1024
+    max_image_pixels: int = 16_777_216
+    image_fetch_timeout_s: float = 10.0
+    allowed_media_domains: tuple[str, ...] = ()
+    allow_private_media_urls: bool = False
     max_speech_input_chars: int = 4096
     max_upload_bytes: int = 25 * 1024 * 1024
     send_timeout_s: float = 60.0

@@ -15,7 +15,8 @@ class Pipeline:
     tasks: for image pipelines, "generate" (/v1/images/generations) and/or "edit" (/v1/images/edits);
     vad / asr: the stage models a `/v1/realtime` session calls directly (voice-activity stream and
     transcription of committed audio); a chat pipeline with a `vad` serves realtime sessions;
-    stream_entry: a decoupled twin of `entry` for streamed results (transcription), if any."""
+    stream_entry: a decoupled twin of `entry` for streamed results (transcription), if any;
+    content: the chat content part types its messages may carry (others: a 400 naming the part's type)."""
 
     name: str
     kind: str
@@ -27,6 +28,7 @@ class Pipeline:
     vad: str | None = None
     asr: str | None = None
     stream_entry: str | None = None
+    content: tuple[str, ...] = ("text", "input_audio")
 
 
 _KOKORO = "Kokoro-82M (or Piper: --tts-engine)"   # how a description names the speech engine; with_tts_engine
@@ -37,7 +39,8 @@ _QWEN_IMAGE_STAGES = ("qwen_image_text_encoder", "qwen_image_dit", "qwen_image_v
 REGISTRY: dict[str, Pipeline] = {p.name: p for p in (
     Pipeline("qwen3_omni", CHAT, "qwen3_omni",
              ("qwen3_omni_thinker", "qwen3_omni_talker", "qwen3_omni_code2wav", "qwen3_omni"),
-             "Qwen3-Omni thinker -> talker -> code2wav, text and speech out"),
+             "Qwen3-Omni thinker -> talker -> code2wav, text, audio and images in; text and speech out",
+             content=("text", "input_audio", "image_url")),
     Pipeline("voice", CHAT, "voice", ("voice_asr", "voice_llm", "voice_tts", "voice_vad", "voice"),
              f"Whisper tiny.en -> SmolLM2-135M-Instruct -> {_KOKORO}, text and speech out; "
              "/v1/realtime with Silero VAD",

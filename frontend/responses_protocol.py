@@ -2,7 +2,8 @@
 (`chat_protocol.ChatRequest`, then the chat pipeline's REQUEST), and the `response` object and stream events.
 
 Stateless, as vLLM serves it without a store: text out; input is a string or a list of messages (`role` user,
-assistant, system or developer; `content` a string or `input_text` / `input_audio` / `output_text` parts), with
+assistant, system or developer; `content` a string or `input_text` / `input_audio` / `output_text` parts, or
+`input_image` parts {"image_url": data: or http(s) URL} for pipelines that take images), with
 `instructions` as a first system message. Fields that would need stored responses, tools, reasoning or structured
 output (UNSUPPORTED_FIELDS) are refused with a 400 naming them, and so are chat completion fields the Responses API
 spells its own way or lacks (`messages`, `max_tokens`, `max_completion_tokens`, `modalities`, `audio`, `n`);
@@ -47,7 +48,7 @@ UNSUPPORTED_FIELDS: dict[str, tuple[tuple, str]] = {
     "audio": ((None,), "responses are text only (spoken answers: /v1/chat/completions)"),
     "n": ((None, 1), "a response has one output message"),
 }
-INPUT_PARTS = {"input_text": "text", "output_text": "text", "input_audio": "input_audio"}
+INPUT_PARTS = {"input_text": "text", "output_text": "text", "input_audio": "input_audio", "input_image": "image_url"}
 ROLES = ("user", "assistant", "system", "developer")
 
 
@@ -89,12 +90,23 @@ def _messages(req: ResponsesRequest) -> list[dict]:
                     raise bad_request(f"content part type {kind!r} is not supported by this server (supported: "
                                       f"{', '.join(INPUT_PARTS)})", param=f"input[{i}].content[{j}]",
                                       code="unsupported_content")
-                parts.append({**part, "type": INPUT_PARTS[kind]})
+                parts.append(_image_part(part, f"input[{i}].content[{j}]") if kind == "input_image"
+                             else {**part, "type": INPUT_PARTS[kind]})
             content = parts
         elif not isinstance(content, str):
             raise bad_request("content must be a string or a list of content parts", param=f"input[{i}].content")
         messages.append({"role": item["role"], "content": content})
     return messages
+
+
+def _image_part(part: dict, param: str) -> dict:
+    """An input_image part {"image_url": URL, "detail"} as chat's {"type": "image_url", "image_url": {"url"}}
+    (`detail` has no effect). Raises APIError 400 naming `param.image_url` without a URL string (a `file_id`
+    needs stored files, which this server does not keep)."""
+    if not isinstance(part.get("image_url"), str):
+        raise bad_request("input_image needs 'image_url': a data: URL or an http(s) URL (file_id is not supported: "
+                          "files are not stored)", param=f"{param}.image_url")
+    return {"type": "image_url", "image_url": {"url": part["image_url"]}}
 
 
 def chat_body(req: ResponsesRequest) -> dict:
@@ -112,7 +124,8 @@ def chat_body(req: ResponsesRequest) -> dict:
 @contextlib.contextmanager
 def responses_params(req: ResponsesRequest):
     """An APIError raised inside (by the chat mapping or the pipeline) names the Responses field: `messages[k]...`
-    is `instructions` or `input[i]...`, `messages` is `input`, `max_tokens` is `max_output_tokens`."""
+    is `instructions` or `input[i]...` (`...image_url.url` is `...image_url`), `messages` is `input`, `max_tokens`
+    is `max_output_tokens`."""
     try:
         yield
     except APIError as exc:
@@ -129,8 +142,9 @@ def responses_params(req: ResponsesRequest):
                 exc.param = "instructions"
             elif isinstance(req.input, str):
                 exc.param = "input"
-            else:
-                exc.param = f"input[{k - offset}]{rest}"
+            else:   # an input_image's URL is its `image_url` string, chat's `image_url.url`
+                exc.param = f"input[{k - offset}]{rest.removesuffix('.image_url.url')}" + \
+                    (".image_url" if rest.endswith(".image_url.url") else "")
         raise
 
 

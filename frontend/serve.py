@@ -152,11 +152,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="chat messages per request (default: %(default)s)")
     g.add_argument("--max-audio-seconds", type=float, default=limits.max_audio_seconds,
                    help="seconds of input audio per request (default: %(default)s)")
+    g.add_argument("--max-images", type=int, default=limits.max_images,
+                   help="image parts per chat request (default: %(default)s)")
+    g.add_argument("--max-image-bytes", type=int, default=limits.max_image_bytes,
+                   help="bytes of one input image file, a data: URL's or a fetched http(s) URL's (default: %(default)s)")
+    g.add_argument("--max-image-pixels", type=int, default=limits.max_image_pixels,
+                   help="width x height of one input image, read before decoding (default: %(default)s)")
+    g.add_argument("--image-fetch-timeout", type=float, default=limits.image_fetch_timeout_s, metavar="SECONDS",
+                   help="time to fetch one http(s) image URL (default: %(default)s)")
+    g.add_argument("--allowed-media-domains", nargs="+", default=[], metavar="DOMAIN",
+                   help="fetch http(s) media URLs only from these hosts and their subdomains (default: any public host)")
+    g.add_argument("--allow-private-media-urls", action="store_true",
+                   help="let clients' media URLs name private, loopback and link-local addresses (off by default: "
+                        "a client could make the server fetch internal services)")
     args = p.parse_args(argv)
     if args.max_queued_videos < 0 or args.max_running_videos < 1 or args.video_ttl < 0:
         p.error("--max-queued-videos and --video-ttl must be >= 0, --max-running-videos >= 1")
     if not args.http_head_timeout > 0:
         p.error("--http-head-timeout must be > 0 seconds")
+    if min(args.max_images, args.max_image_bytes, args.max_image_pixels) < 1 or not args.image_fetch_timeout > 0:
+        p.error("--max-images, --max-image-bytes and --max-image-pixels must be >= 1, --image-fetch-timeout > 0")
     if not 0 <= args.realtime_speculation_ms <= 60_000:
         p.error("--realtime-speculation-ms must be in [0, 60000]")
     ports = [flag for flag in PORT_FLAGS if getattr(args, flag) is not None and not (flag == "port" and args.no_frontend)]
@@ -283,7 +298,11 @@ def main(argv: list[str] | None = None) -> int:
         from omni_frontend.config import FrontendConfig
 
         limits = RequestLimits(max_body_bytes=args.max_body_bytes, max_text_chars=args.max_text_chars,
-                               max_messages=args.max_messages, max_audio_seconds=args.max_audio_seconds)
+                               max_messages=args.max_messages, max_audio_seconds=args.max_audio_seconds,
+                               max_images=args.max_images, max_image_bytes=args.max_image_bytes,
+                               max_image_pixels=args.max_image_pixels, image_fetch_timeout_s=args.image_fetch_timeout,
+                               allowed_media_domains=tuple(d.lower().strip(".") for d in args.allowed_media_domains),
+                               allow_private_media_urls=args.allow_private_media_urls)
         app = create_app(FrontendConfig(triton_url=server.grpc_url, pipelines=selected, api_key=args.api_key,
                                         triton_metrics_url=server.metrics_url, limits=limits,
                                         admission=admission_limits(args), data_dir=args.data_dir,

@@ -1,7 +1,9 @@
 """The chat pipeline REQUEST (see omni_frontend.chat_protocol), as every chat pipeline reads it.
 
 Messages carry content parts {"type": "text", "text"} or {"type": "input_audio", "offset", "samples",
-"sample_rate"} pointing into the INPUT_AUDIO tensor (float32 mono 16 kHz [total_samples]).
+"sample_rate"} pointing into the INPUT_AUDIO tensor (float32 mono 16 kHz [total_samples]); for pipelines that take
+images (qwen3_omni: `images=True`) also {"type": "image"}, the k-th of which is image k of INPUT_IMAGES (uint8
+[K, H, W, 3], padded to the largest H, W) with its real size in INPUT_IMAGE_SIZES (int32 [K, 2]: h, w).
 
 `check_request` is the one type check of a REQUEST body, run by every model that parses chat messages
 (voice, voice_llm, qwen3_omni, qwen3_omni_thinker, the co-located qwen3_omni) before any field is used: any JSON
@@ -23,20 +25,22 @@ from omni_backends.input_audio import SAMPLE_RATE, check_audio
 
 ROLES = ("system", "user", "assistant")
 PART_TYPES = ("text", "input_audio")
+IMAGE_PART = "image"
 MODALITIES = ("text", "audio")
 NUMBER_FIELDS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
 INTEGER_FIELDS = ("max_tokens", "min_tokens", "top_k", "seed")
 BOOLEAN_FIELDS = ("return_token_ids", "talker_inputs")
 
 
-def check_request(body: Mapping, *, parts: bool = True) -> None:
+def check_request(body: Mapping, *, parts: bool = True, images: bool = False) -> None:
     """Type check of a chat REQUEST body's fields (absent or null ones but `messages` or `prompt` are fine):
-    messages (`check_messages`) or else, never both, prompt (`check_prompt`), modalities (a non-empty list of "text" /
-    "audio"), voice (a string), stop (a string or a list of strings), the sampling numbers (NUMBER_FIELDS: numbers; INTEGER_FIELDS: integers; a JSON
-    boolean is neither) and BOOLEAN_FIELDS. `parts` False: message content must be a string (voice_llm).
-    Raises RequestError (HTTP 400) whose param names the field."""
+    messages (`check_messages`) or else, never both, prompt (`check_prompt`), modalities (a non-empty list of
+    "text" / "audio"), voice (a string), stop (a string or a list of strings), the sampling numbers (NUMBER_FIELDS:
+    numbers; INTEGER_FIELDS: integers; a JSON boolean is neither) and BOOLEAN_FIELDS. `parts` False: message content
+    must be a string (voice_llm); `images` True: image parts are accepted (qwen3_omni). Raises RequestError
+    (HTTP 400) whose param names the field."""
     if body.get("prompt") is None:
-        check_messages(body.get("messages"), parts=parts)
+        check_messages(body.get("messages"), parts=parts, images=images)
     elif body.get("messages") is not None:
         raise RequestError("a REQUEST carries messages (a chat) or prompt (a completion), not both", param="prompt")
     else:
@@ -107,10 +111,11 @@ def check_token_ids(tokenizer, ids, param: str) -> list[int]:
     return list(ids)
 
 
-def check_messages(messages, *, parts: bool = True) -> None:
+def check_messages(messages, *, parts: bool = True, images: bool = False) -> None:
     """Type check of `messages`: a non-empty list of objects {"role": one of ROLES, "content": a string, null, or
     (with `parts`) a list of part objects}; a part is {"type": "text", "text": str} or {"type": "input_audio",
-    "offset": int >= 0 (default 0), "samples": int > 0, "sample_rate": 16000 (the default)}; null is an absent field.
+    "offset": int >= 0 (default 0), "samples": int > 0, "sample_rate": 16000 (the default)}, or with `images`
+    {"type": "image"}; null is an absent field.
     Raises RequestError (HTTP 400) whose param is the path of the first bad value, e.g. `messages[0].content[1].offset`."""
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages must be a non-empty list", param="messages")
@@ -130,16 +135,18 @@ def check_messages(messages, *, parts: bool = True) -> None:
             raise RequestError(f"{path}.content must be a string or a list of content parts, got {_kind(content)}",
                                param=f"{path}.content")
         for j, part in enumerate(content):
-            _check_part(part, f"{path}.content[{j}]")
+            _check_part(part, f"{path}.content[{j}]", (*PART_TYPES, IMAGE_PART) if images else PART_TYPES)
 
 
-def _check_part(part, path: str) -> None:
+def _check_part(part, path: str, types: tuple[str, ...]) -> None:
     if not isinstance(part, dict):
         raise RequestError(f"{path} must be a content part object {{type, ...}}, got {_kind(part)}", param=path)
     kind = part.get("type")
-    if not isinstance(kind, str) or kind not in PART_TYPES:
+    if not isinstance(kind, str) or kind not in types:
         raise RequestError(f"{path}.type: content part type {kind!r} is not supported (supported: "
-                           f"{', '.join(PART_TYPES)})", param=f"{path}.type", code="unsupported_content")
+                           f"{', '.join(types)})", param=f"{path}.type", code="unsupported_content")
+    if kind == IMAGE_PART:
+        return
     if kind == "text":
         if not isinstance(part.get("text"), str):
             raise RequestError(f"{path}.text must be a string, got {_kind(part.get('text'))}", param=f"{path}.text")
@@ -161,14 +168,15 @@ def _kind(value) -> str:
     return f"{names.get(type(value), type(value).__name__)} ({str(value)[:40]!r})"
 
 
-def audio_clips(messages: Sequence[Mapping], input_audio: np.ndarray | None) -> list[np.ndarray]:
+def audio_clips(messages: Sequence[Mapping], input_audio: np.ndarray | None, *,
+                images: bool = False) -> list[np.ndarray]:
     """The input_audio parts' samples, in message order: float32 [samples] mono 16 kHz each, of messages
-    that passed `check_messages` (this checks them again).
+    that passed `check_messages` (this checks them again; `images` as there).
 
     Raises RequestError when INPUT_AUDIO holds a NaN or infinite sample (input_audio.check_audio), or a part
     points outside INPUT_AUDIO (param: the part's path).
     """
-    check_messages(messages)
+    check_messages(messages, images=images)
     audio = check_audio(np.zeros(0, np.float32) if input_audio is None else input_audio, "INPUT_AUDIO",
                         allow_empty=True)
     clips = []
@@ -181,6 +189,41 @@ def audio_clips(messages: Sequence[Mapping], input_audio: np.ndarray | None) -> 
                                f"INPUT_AUDIO ({audio.size} samples)", param=path)
         clips.append(audio[start:start + count])
     return clips
+
+
+def input_images(messages: Sequence[Mapping], images: np.ndarray | None,
+                 sizes: np.ndarray | None) -> list[np.ndarray]:
+    """The image parts' pixels, in message order: uint8 [h, w, 3] RGB each, cut from INPUT_IMAGES (`images`: uint8
+    [K, H, W, 3], padded to the largest H, W) by INPUT_IMAGE_SIZES (`sizes`: int32 [K, 2], each image's real
+    (h, w)), of messages that passed `check_messages(images=True)`.
+
+    Raises RequestError (HTTP 400) when K is not the number of image parts (param "messages"), a tensor has the
+    wrong dtype or shape, or a size is outside [1, H] x [1, W] (param: the tensor's name).
+    """
+    wanted = sum(part.get("type") == IMAGE_PART for _, part in _parts(messages))
+    if images is None and sizes is None:
+        if wanted:
+            raise RequestError(f"{wanted} image part(s) but no INPUT_IMAGES tensor", param="messages")
+        return []
+    if images is None or sizes is None:
+        missing = "INPUT_IMAGES" if images is None else "INPUT_IMAGE_SIZES"
+        raise RequestError(f"INPUT_IMAGES and INPUT_IMAGE_SIZES come together; {missing} is missing", param=missing)
+    if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] != 3:
+        raise RequestError(f"INPUT_IMAGES must be uint8 [K, H, W, 3], got {images.dtype} {list(images.shape)}",
+                           param="INPUT_IMAGES")
+    if sizes.dtype != np.int32 or sizes.shape != (images.shape[0], 2):
+        raise RequestError(f"INPUT_IMAGE_SIZES must be int32 [{images.shape[0]}, 2], got {sizes.dtype} "
+                           f"{list(sizes.shape)}", param="INPUT_IMAGE_SIZES")
+    if images.shape[0] != wanted:
+        raise RequestError(f"{wanted} image part(s) but {images.shape[0]} image(s) in INPUT_IMAGES", param="messages")
+    height, width = images.shape[1:3]
+    out = []
+    for k, (h, w) in enumerate(sizes.tolist()):
+        if not (1 <= h <= height and 1 <= w <= width):
+            raise RequestError(f"INPUT_IMAGE_SIZES[{k}] = ({h}, {w}) must lie within the tensor's {height}x{width}",
+                               param="INPUT_IMAGE_SIZES")
+        out.append(images[k, :h, :w])
+    return out
 
 
 def text_chars(messages: Sequence[Mapping]) -> int:

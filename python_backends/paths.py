@@ -7,6 +7,8 @@ from pathlib import Path
 
 MODEL_HOME_ENV = "OMNI_MODEL_HOME"
 QWEN3_OMNI_TINY = "qwen3_omni_tiny"
+# the completion marker's text of the current tiny recipe (`qwen3_omni.checkpoint`): bump when it changes
+QWEN3_OMNI_TINY_VERSION = "tiny random Qwen3-Omni checkpoint v2: vision tower + image processor\n"
 QWEN3_OMNI_30B_RANDOM = "qwen3_omni_30b_a3b_random"   # full-size config, random weights built at load
 # Written last into a finished tiny checkpoint (qwen3_omni, qwen_image): `prepare` checks it before importing
 # the libraries that build one (~10 s at every launch before).

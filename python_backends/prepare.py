@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import sys
 
-from omni_backends.paths import QWEN3_OMNI_30B_RANDOM, QWEN3_OMNI_TINY, TINY_COMPLETE_MARKER, model_home
+from omni_backends.paths import QWEN3_OMNI_30B_RANDOM, QWEN3_OMNI_TINY, QWEN3_OMNI_TINY_VERSION, \
+    TINY_COMPLETE_MARKER, model_home
 
 
-def _complete(name: str) -> bool:
-    """A finished tiny checkpoint `name` in the model home (checked before the heavy imports)."""
-    return (model_home() / name / TINY_COMPLETE_MARKER).exists()
+def _complete(name: str, version: str | None = None) -> bool:
+    """A finished tiny checkpoint `name` in the model home (checked before the heavy imports); with `version`,
+    only when its completion marker names that version."""
+    marker = model_home() / name / TINY_COMPLETE_MARKER
+    return marker.exists() and (version is None or marker.read_text() == version)
 
 
 def _voice() -> None:
@@ -30,7 +33,7 @@ def _voice() -> None:
 
 
 def _qwen3_omni() -> None:
-    if _complete(QWEN3_OMNI_TINY):
+    if _complete(QWEN3_OMNI_TINY, QWEN3_OMNI_TINY_VERSION):
         return
     from omni_backends.qwen3_omni.checkpoint import write_checkpoint
 

@@ -273,9 +273,10 @@ def batched_finals(bodies: list[dict], results: list[list[tuple[dict, object]]])
     return [events[-1] for events in results]
 
 
-def triton_stream_error(grpc_url: str, model: str, body: dict, audio=None) -> str | None:
-    """The error message of one REQUEST (the JSON `body`) + optional INPUT_AUDIO (float32 samples) sent straight
-    to decoupled `model` over gRPC streaming (tritonclient), or None when it was answered up to its `done` event.
+def triton_stream_error(grpc_url: str, model: str, body: dict, audio=None, tensors: dict | None = None) -> str | None:
+    """The error message of one REQUEST (the JSON `body`) + optional INPUT_AUDIO (float32 samples) and other input
+    `tensors` (name -> numpy array) sent straight to decoupled `model` over gRPC streaming (tritonclient), or None
+    when it was answered up to its `done` event.
 
     Reads on to the request's FINAL and then closes the stream without cancelling (as `triton_stream` and the
     frontend's client do): this helper used to cancel its stream as soon as it read `done`, around the FINAL, and
@@ -286,7 +287,7 @@ def triton_stream_error(grpc_url: str, model: str, body: dict, audio=None) -> st
 
     import numpy as np
     import tritonclient.grpc as grpcclient
-    from tritonclient.utils import InferenceServerException
+    from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
     got: queue.Queue = queue.Queue()
     triton = grpcclient.InferenceServerClient(grpc_url)
@@ -296,6 +297,9 @@ def triton_stream_error(grpc_url: str, model: str, body: dict, audio=None) -> st
     if audio is not None:
         inputs.append(grpcclient.InferInput("INPUT_AUDIO", [audio.size], "FP32"))
         inputs[1].set_data_from_numpy(audio.astype(np.float32))
+    for name, value in (tensors or {}).items():
+        inputs.append(grpcclient.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype)))
+        inputs[-1].set_data_from_numpy(value)
     triton.async_stream_infer(model, inputs, enable_empty_final_response=True)
     done, completed = False, False
     try:

@@ -52,6 +52,11 @@ class InputDecoder:
             self._g711.sample_rate, self._g711.layout = rate, "mono"
         self._resampler = None if rate == STAGE_RATE else _resampler(STAGE_RATE)
 
+    def seconds(self, data: bytes) -> float:
+        """The duration of a payload, from its length alone (checked before decoding it): PCM16 is 2 bytes a
+        sample at `rate`, G.711 one byte a sample at 8 kHz."""
+        return len(data) / (self.rate * (1 if self._g711 is not None else 2))
+
     def decode(self, data: bytes, param: str = "audio") -> np.ndarray:
         """float32 [samples] at 16 kHz for one payload. Raises ProtocolError (naming `param`, the client
         event's field) for a PCM payload of odd length."""

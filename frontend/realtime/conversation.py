@@ -16,6 +16,13 @@ from omni_frontend.realtime.protocol import ProtocolError, new_id
 HISTORY_CHARS = 12000
 # user audio a session keeps for conversation.item.retrieve (newest first, PCM16 16 kHz: ~1.9 MB)
 RETAINED_AUDIO_S = 60
+# What a session holds in all (`Conversation.trim`): beyond any of these the oldest items are deleted, as the
+# conversation.item.deleted events a client gets say. Items (each ~1 KB besides its text and audio), client text
+# (characters as the items came, 8 x the default --max-text-chars: ~1 MB of ASCII) and user audio still waiting
+# for its transcription (float32 16 kHz: 600 s = 38 MB, as much as the uncommitted input buffer may hold).
+MAX_ITEMS = 4096
+MAX_CHARS = 1 << 20
+MAX_PENDING_AUDIO_S = 600
 _ROLES = {"user": ("input_text", "input_audio"), "system": ("input_text",), "assistant": ("output_text", "output_audio")}
 
 
@@ -66,15 +73,16 @@ class Item:
         return " ".join(p.text.strip() for p in self.parts if p.text and p.text.strip())
 
 
-def item_from_client(spec: dict, decode_audio) -> Item:
-    """An Item from a `conversation.item.create` item (message items only). decode_audio(base64, param) ->
-    float32 16 kHz, where param is the part's field (`item.content[2].audio`) for its errors. Raises
-    ProtocolError for other item types, roles or content part types."""
+def item_from_client(spec: dict) -> tuple[Item, list[tuple[Part, str, str]]]:
+    """An Item from a `conversation.item.create` item (message items only), and its input_audio parts still to be
+    decoded as (part, base64 audio, param), param the part's field (`item.content[2].audio`) for its errors: the
+    caller bounds and decodes them (`part.audio`). Raises ProtocolError for other item types, roles or content part
+    types."""
     if spec.get("type") != "message":
         raise ProtocolError(f"item type {spec.get('type')!r} is not supported (only 'message')", param="item.type",
                             code="unsupported_item")
     role = spec.get("role")
-    parts = []
+    parts, audio = [], []
     for index, part in enumerate(spec.get("content") or []):
         kind = part.get("type")
         if kind not in _ROLES.get(role, ()):
@@ -83,22 +91,28 @@ def item_from_client(spec: dict, decode_audio) -> Item:
         if kind == "input_audio":
             if not part.get("audio"):
                 raise ProtocolError("input_audio parts need base64 'audio'", param=f"item.content[{index}].audio")
-            audio = decode_audio(part["audio"], f"item.content[{index}].audio")
-            parts.append(Part(kind, text=part.get("transcript") or "", audio=audio))
+            parts.append(Part(kind, text=part.get("transcript") or ""))
+            audio.append((parts[-1], part["audio"], f"item.content[{index}].audio"))
         else:
             parts.append(Part(kind, text=part.get("text") or part.get("transcript") or ""))
     if not parts:
         raise ProtocolError("a message item needs at least one content part", param="item.content")
-    return Item(spec.get("id") or new_id("item"), role, parts)
+    return Item(spec.get("id") or new_id("item"), role, parts), audio
 
 
 class Conversation:
-    """Ordered items of one session."""
+    """Ordered items of one session, bounded in all by `trim` (max_items items, max_chars characters of text as the
+    items came, max_pending_s seconds of user audio not yet transcribed)."""
 
-    def __init__(self):
+    def __init__(self, max_items: int = MAX_ITEMS, max_chars: int = MAX_CHARS,
+                 max_pending_s: float = MAX_PENDING_AUDIO_S):
         self.items: list[Item] = []
         self._by_id: dict[str, Item] = {}   # every item by its id: add, get and delete look ids up in O(1)
         self._kept: collections.deque[Part] = collections.deque()   # parts holding kept audio, oldest first
+        self.max_items, self.max_chars, self.max_pending = max_items, max_chars, int(max_pending_s * STAGE_RATE)
+        self.chars = 0     # characters of the items' text when they were added
+        self.pending = 0   # samples of user audio waiting for its transcription (float32 16 kHz)
+        self._chars: dict[str, int] = {}   # each item's share of `chars`
 
     def keep_audio(self, part: Part) -> None:
         """After `part`'s transcription: its float32 audio is dropped and kept as PCM16 for
@@ -106,6 +120,7 @@ class Conversation:
         parts lose theirs (they are retrieved without `audio`). The transcript is what later turns use."""
         if part.audio is None:
             return
+        self.pending -= part.audio.size
         part.kept, part.audio = part.user_audio, None
         self._kept.append(part)
         held = sum(p.kept.size for p in self._kept)
@@ -125,7 +140,31 @@ class Conversation:
             index = 0 if previous_item_id == "root" else self.index(previous_item_id, "previous_item_id") + 1
         self.items.insert(index, item)
         self._by_id[item.id] = item
+        self._chars[item.id] = sum(len(part.text) for part in item.parts)
+        self.chars += self._chars[item.id]
+        self.pending += sum(part.audio.size for part in item.parts if part.audio is not None)
         return self.items[index - 1].id if index else None
+
+    def trim(self, keep: Item) -> list[str]:
+        """Deletes the oldest items while the conversation holds more than its bounds, each bound by the oldest items
+        that count towards it: any item past max_items, items with text past max_chars, items with audio awaiting
+        transcription past max_pending (a text conversation never loses its text for audio). Never `keep` (the item
+        just added) nor an assistant item still in progress. Returns the deleted ids for conversation.item.deleted
+        events. A deleted item's audio not yet transcribed is dropped (its transcription skips it)."""
+        deleted = []
+        for over, counts in ((lambda: len(self.items) > self.max_items, lambda item: True),
+                             (lambda: self.chars > self.max_chars, lambda item: self._chars[item.id] > 0),
+                             (lambda: self.pending > self.max_pending,
+                              lambda item: any(part.audio is not None for part in item.parts))):
+            index = 0
+            while over() and index < len(self.items):
+                item = self.items[index]
+                if item is keep or item.status == "in_progress" or not counts(item):
+                    index += 1
+                    continue
+                self.delete(item.id)
+                deleted.append(item.id)
+        return deleted
 
     def index(self, item_id: str, param: str = "item_id") -> int:
         """Position of the item; raises ProtocolError (item_not_found, naming the client event's field
@@ -140,12 +179,18 @@ class Conversation:
         return item
 
     def delete(self, item_id: str) -> None:
+        """Removes the item, its kept audio and its audio still waiting for transcription; raises ProtocolError as
+        `index` does."""
         item = self.items.pop(self.index(item_id))
         del self._by_id[item_id]
+        self.chars -= self._chars.pop(item_id)
         for part in item.parts:
             if part.kept is not None:
                 self._kept.remove(part)
                 part.kept = None
+            if part.audio is not None:
+                self.pending -= part.audio.size
+                part.audio = None
 
     @property
     def last_id(self) -> str | None:

@@ -33,7 +33,7 @@ from omni_frontend.model_control import ModelControl
 from omni_frontend.pipelines import Pipeline
 from omni_frontend.realtime import config as session_config
 from omni_frontend.realtime.audio import STAGE_RATE, InputDecoder, OutputEncoder, b64decode, stage_audio_as
-from omni_frontend.realtime.conversation import HISTORY_CHARS, Conversation, Item, Part, item_from_client, truncate
+from omni_frontend.realtime.conversation import HISTORY_CHARS, MAX_CHARS, Conversation, Item, Part, item_from_client, truncate
 from omni_frontend.realtime.protocol import ProtocolError, decode, encode, error_event, new_id
 from omni_frontend.realtime.speculation import Speculation
 from omni_frontend.realtime.stages import VADSequence, transcribe
@@ -41,7 +41,10 @@ from omni_frontend.triton_client import TritonClient
 
 log = logging.getLogger("omni_frontend.realtime")
 MAX_APPEND_BYTES = 10 * 1024 * 1024  # decoded audio per append event (its base64 stays under uvicorn's 16 MiB frame limit)
+MAX_APPEND_S = MAX_APPEND_BYTES / (2 * 24000)  # ~218 s: PCM16's 10 MiB at 24 kHz, the bound of every input format
 MAX_BUFFER_S = 600  # uncommitted input audio kept at most
+MAX_ITEM_AUDIO_S = 600  # the input_audio parts of one conversation.item.create in all (as --max-audio-seconds)
+INLINE_DECODE_S = 1.0  # longer payloads are decoded on a worker thread, not in the event loop every client shares
 MIN_COMMIT_MS = 100  # OpenAI: a commit needs at least 100 ms of audio
 VAD_MAX_S = 5  # audio per VAD request at most: a long append is scored in pieces, other sessions' in between
 # client events that change no state a speculation depends on (every other one abandons it)
@@ -115,7 +118,7 @@ class RealtimeSession:
         self.speculation: tuple[Speculation, Response] | None = None
         self.session = session_config.default_session(model, new_id("sess"))
         self.settings = session_config.validate(self.session, max_text_chars=max_text_chars)
-        self.conversation = Conversation()
+        self.conversation = Conversation(max_chars=max(MAX_CHARS, max_text_chars))
         self.decoder = InputDecoder(self.settings.input_format, self.settings.input_rate)
         self.buffer: list[np.ndarray] = []  # uncommitted input audio, float32 16 kHz
         self.buffer_start = 0  # absolute 16 kHz sample index of the buffer's first sample
@@ -255,10 +258,14 @@ class RealtimeSession:
         if len(data) > MAX_APPEND_BYTES:
             raise ProtocolError(f"audio chunk of {len(data)} bytes is over the limit of {MAX_APPEND_BYTES} bytes "
                                 "per append event", code="audio_too_large", param="audio")
-        pcm = self.decoder.decode(data)
-        if self.appended - self.buffer_start + pcm.size > MAX_BUFFER_S * STAGE_RATE:
+        seconds = self.decoder.seconds(data)   # bounds from the length, before decoding (G.711: 1 byte a sample)
+        if seconds > MAX_APPEND_S:
+            raise ProtocolError(f"audio chunk of {seconds:.1f} s is over the limit of {MAX_APPEND_S:.0f} s per append "
+                                "event", code="audio_too_large", param="audio")
+        if self.appended - self.buffer_start + round(seconds * STAGE_RATE) > MAX_BUFFER_S * STAGE_RATE:
             raise ProtocolError(f"the input audio buffer holds more than {MAX_BUFFER_S} s; commit or clear it",
                                 code="input_audio_buffer_full", param="audio")
+        pcm = await self._decode(data, seconds)
         self.buffer.append(pcm)
         self.appended += pcm.size
         if self.vad is not None:
@@ -284,12 +291,33 @@ class RealtimeSession:
         raise ProtocolError("output_audio_buffer.clear is only for WebRTC/SIP sessions; over WebSocket, stop playback "
                             "on the client and send conversation.item.truncate", code="unsupported_event")
 
+    async def _decode(self, data: bytes, seconds: float, param: str = "audio") -> np.ndarray:
+        """The payload as float32 16 kHz; one over INLINE_DECODE_S seconds is decoded on a worker thread (a 218 s
+        G.711 append took ~0.5 s of the event loop). Events are handled one at a time, so the decoder is never
+        shared."""
+        if seconds <= INLINE_DECODE_S:
+            return self.decoder.decode(data, param)
+        return await asyncio.to_thread(self.decoder.decode, data, param)
+
     async def _on_conversation_item_create(self, event: dict) -> None:
-        item = item_from_client(event["item"], lambda b64, param: self.decoder.decode(b64decode(b64, param), param))
+        item, audio = item_from_client(event["item"])
         for index, part in enumerate(item.parts):   # as chat messages are bounded (a 5 MB item was kept whole)
             session_config.check_length(part.text, f"item.content[{index}].text", self.max_text_chars)
+        if (chars := sum(len(part.text) for part in item.parts)) > self.max_text_chars:   # 120 parts were 15 M
+            raise ProtocolError(f"item.content holds {chars} characters of text in all; the limit is "
+                                f"{self.max_text_chars} (--max-text-chars)", param="item.content")
+        payloads, held = [], 0.0   # every part bounded by the duration in all (from the lengths) before any decode
+        for part, b64, param in audio:
+            payloads.append((part, b64decode(b64, param), param))
+            held += self.decoder.seconds(payloads[-1][1])
+            if held > MAX_ITEM_AUDIO_S:
+                raise ProtocolError(f"{param} brings the item's audio to {held:.1f} s; an item holds at most "
+                                    f"{MAX_ITEM_AUDIO_S} s", code="audio_too_large", param=param)
+        for part, data, param in payloads:
+            part.audio = await self._decode(data, self.decoder.seconds(data), param)
         previous = self.conversation.add(item, event.get("previous_item_id"))
         await self._announce(item, previous)
+        await self.trim_conversation(item)
         if not item.transcribed.is_set():
             self._spawn(self._transcribe(item))
 
@@ -358,6 +386,7 @@ class RealtimeSession:
         self.conversation.add(item)
         await self.send({"type": "input_audio_buffer.committed", "item_id": item.id, "previous_item_id": previous})
         await self._announce(item, previous)
+        await self.trim_conversation(item)
         if speculation is not None:  # its transcript and its held response become this turn's
             work, response = speculation
             self._spawn(self._transcribe(item, work.asr))
@@ -371,10 +400,20 @@ class RealtimeSession:
         await self.send({"type": "conversation.item.added", "item": item.wire(), "previous_item_id": previous})
         await self.send({"type": "conversation.item.done", "item": item.wire(), "previous_item_id": previous})
 
-    async def _asr(self, pcm: np.ndarray) -> dict:
-        """The ASR stage's RESULT for float32 16 kHz audio, after the session's earlier ASR calls (`asr_slot`).
-        Raises APIError (503 `pipeline_sleeping` while the pipeline sleeps)."""
+    async def trim_conversation(self, added: Item) -> None:
+        """Keeps the conversation within its bounds after `added` came (`Conversation.trim`): the oldest items go,
+        each with conversation.item.deleted."""
+        for item_id in self.conversation.trim(added):
+            await self.send({"type": "conversation.item.deleted", "item_id": item_id})
+
+    async def _asr(self, audio: np.ndarray | Part) -> dict | None:
+        """The ASR stage's RESULT for float32 16 kHz audio, after the session's earlier ASR calls (`asr_slot`). A Part's
+        audio is read once the slot is taken (not held while queued): None if it has none by then (its item was
+        deleted). Raises APIError (503 `pipeline_sleeping` while the pipeline sleeps)."""
         async with self.asr_slot:
+            pcm = audio.audio if isinstance(audio, Part) else audio
+            if pcm is None:
+                return None
             self.control.check(self.pipeline)
             return await transcribe(self.triton, self.pipeline.asr, pcm, self.settings.transcription_language,
                                     self.settings.transcription_prompt)
@@ -394,10 +433,13 @@ class RealtimeSession:
         `first`: the ASR result of the first audio part, already underway (a speculation's)."""
         try:
             for index, part in enumerate(item.parts):
-                if part.kind != "input_audio" or part.text:
+                if part.kind != "input_audio":
+                    continue
+                if part.text:   # the client's own transcript: its audio is kept as a transcribed part's
+                    self.conversation.keep_audio(part)
                     continue
                 try:
-                    result = await (first if first is not None else self._asr(part.audio))
+                    result = await (first if first is not None else self._asr(part))
                     first = None
                 except APIError as exc:
                     exc = self._stage_error(exc)
@@ -407,6 +449,8 @@ class RealtimeSession:
                                          "error": {"type": "transcription_error", "code": exc.code,
                                                    "message": exc.message, "param": None}})
                     self.conversation.keep_audio(part)
+                    continue
+                if result is None or part.audio is None:   # the item was deleted (by the client or `trim`)
                     continue
                 part.text, seconds = result["text"], part.audio.size / STAGE_RATE
                 self.conversation.keep_audio(part)   # the transcript is what later turns use
@@ -714,6 +758,7 @@ class _Output:
                     "item": item.wire()})
         if self.response.in_conversation:
             await send({"type": "conversation.item.added", "item": item.wire(), "previous_item_id": previous})
+            await self.session.trim_conversation(item)
         await send({"type": "response.content_part.added", **self.ids, "content_index": 0, "part": self._part_wire()})
         self.part_open = True
 

@@ -120,10 +120,10 @@ async def chat_completions(req: ChatRequest, request: Request):
     pipeline = pipeline_for(request, req.model, CHAT, "chat completions")
     await refuse_unread_fields(request, pipeline, "/v1/chat/completions", extensions(req), ChatRequest.model_fields,
                                ROUTED_KEYS)
-    body, input_audio = await run_in_threadpool(to_pipeline, req, cfg.limits)
+    body, tensors = await run_in_threadpool(to_pipeline, req, cfg.limits, pipeline.content)
     ticket = admission.enter(request, pipeline)
     request_id = request.state.request_id
-    extra = {"INPUT_AUDIO": input_audio} if input_audio is not None else None
+    extra = tensors or None
     completion = Completion(req, request_id, cfg.audio_expires_s, observability.timer(request, pipeline.name))
     stream = generation.events(request, pipeline, body, request_id, extra, _FIELD_OF_KEY)
 
@@ -160,7 +160,7 @@ async def chat_completions_batch(batch: ChatBatchRequest, request: Request):
     """vLLM's batch chat: `messages` is a list of 1..ChatBatchRequest.MAX conversations, the other fields those of
     /v1/chat/completions (applied to each); answers one chat.completion whose choice `i` answers conversation `i`
     (usage summed, its nested details too). Not streamed (`stream: true` is a 400). The request limits
-    (--max-messages, --max-text-chars, --max-audio-seconds) hold for the batch as a whole, as for one request. Every
+    (--max-messages, --max-text-chars, --max-audio-seconds, --max-images) hold for the batch as a whole, as for one request. Every
     conversation is checked before any runs, and any error, also the pipeline's, names its conversation
     (`messages[i]...`); the batch is one request of the pipeline's admission gate, its conversations run on that slot
     and the free ones (`omni_frontend.batching`); one conversation's failure fails the batch."""
@@ -175,24 +175,29 @@ async def chat_completions_batch(batch: ChatBatchRequest, request: Request):
     await refuse_unread_fields(request, pipeline, "/v1/chat/completions/batch", extensions(batch),
                                ChatRequest.model_fields, ROUTED_KEYS)
     reqs = [batch.model_copy(update={"messages": conversation}) for conversation in batch.messages]
+    if (total := sum(len(req.messages) for req in reqs)) > cfg.limits.max_messages:
+        raise bad_request(f"the batch has {total} messages in all; the limit is {cfg.limits.max_messages} for its "
+                          "conversations together (--max-messages)", param="messages", code="too_many_messages")
     prepared, left = [], cfg.limits
     for i, req in enumerate(reqs):
-        with _in_conversation(i):
-            body, input_audio = await run_in_threadpool(to_pipeline, req, left)
+        with _in_conversation(i), _within_batch_limits(i):
+            body, tensors = await run_in_threadpool(to_pipeline, req, left, pipeline.content)
         texts = sum(len(part.get("text", "")) for m in body["messages"] for part in m["content"])
+        audio, images = tensors.get("INPUT_AUDIO"), tensors.get("INPUT_IMAGES")
         left = dataclasses.replace(left, max_messages=left.max_messages - len(req.messages),
                                    max_text_chars=left.max_text_chars - texts,
                                    max_audio_seconds=left.max_audio_seconds - (
-                                       0 if input_audio is None else input_audio.size / INPUT_SAMPLE_RATE))
-        prepared.append((body, input_audio))
+                                       0 if audio is None else audio.size / INPUT_SAMPLE_RATE),
+                                   max_images=left.max_images - (0 if images is None else len(images)))
+        prepared.append((body, tensors))
     ticket = admission.enter(request, pipeline)
     await pipeline_stream.until_disconnect(request, ticket.wait(request))
     request_id, timer = request.state.request_id, observability.timer(request, pipeline.name)
 
     async def answer(i: int) -> dict:
-        body, input_audio = prepared[i]
+        body, tensors = prepared[i]
         completion = Completion(reqs[i], f"{request_id}-{i}", cfg.audio_expires_s, timer)
-        extra = {"INPUT_AUDIO": input_audio} if input_audio is not None else None
+        extra = tensors or None
         with _in_conversation(i):
             async for event, audio in generation.events(request, pipeline, body, f"{request_id}-{i}", extra,
                                                         _FIELD_OF_KEY):
@@ -203,6 +208,19 @@ async def chat_completions_batch(batch: ChatBatchRequest, request: Request):
     timer.done()
     return {**answers[0], "id": f"chatcmpl-{request_id}", "usage": _summed([a["usage"] for a in answers]),
             "choices": [{**a["choices"][0], "index": i} for i, a in enumerate(answers)]}
+
+
+@contextlib.contextmanager
+def _within_batch_limits(i: int):
+    """A limit error of conversation `i` > 0 says that the limit holds for the batch's conversations together (the
+    limit it names is what conversations 0..i-1 left of it)."""
+    try:
+        yield
+    except APIError as exc:
+        if i and exc.code in ("text_too_long", "audio_too_long", "too_many_images"):
+            before = f"conversations 0-{i - 1}" if i > 1 else "conversation 0"
+            exc.message = f"{exc.message}: what {before} left of the limit, which holds for a batch's conversations together"
+        raise
 
 
 @contextlib.contextmanager

@@ -43,10 +43,10 @@ async def create_response(req: ResponsesRequest, request: Request):
             raise validation_error(exc.errors(), f"POST {ROUTE}") from exc
         await refuse_unread_fields(request, pipeline, ROUTE, extensions(chat),
                                    set(ResponsesRequest.model_fields) | set(ChatRequest.model_fields), ROUTED_KEYS)
-        body, input_audio = await run_in_threadpool(to_pipeline, chat, cfg.limits)
+        body, tensors = await run_in_threadpool(to_pipeline, chat, cfg.limits, pipeline.content)
     ticket = admission.enter(request, pipeline)
     request_id = request.state.request_id
-    extra = {"INPUT_AUDIO": input_audio} if input_audio is not None else None
+    extra = tensors or None
     completion = Completion(chat, request_id, cfg.audio_expires_s, observability.timer(request, pipeline.name))
     answer = ResponseObject(req, request_id)
     stream = generation.events(request, pipeline, body, request_id, extra)

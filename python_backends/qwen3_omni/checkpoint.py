@@ -2,20 +2,23 @@
 
 `python -m omni_backends.qwen3_omni.checkpoint OUT_DIR` writes config.json (`Qwen3OmniMoeConfig`),
 model.safetensors, generation_config.json, the tokenizer files (tiny BPE + ChatML template, see
-`tiny_tokenizer`) and preprocessor_config.json (`WhisperFeatureExtractor`). It is idempotent: a directory
-holding the completion marker is left as it is.
+`tiny_tokenizer`) and preprocessor_config.json (`WhisperFeatureExtractor` and `Qwen2VLImageProcessor` settings in
+one file, as in the real checkpoint). It is idempotent: a directory whose completion marker names
+`paths.QWEN3_OMNI_TINY_VERSION` is left as it is; an older one is rebuilt.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from pathlib import Path
 
 import torch
-from transformers import GenerationConfig, Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneration, \
-    WhisperFeatureExtractor
+from transformers import GenerationConfig, Qwen2VLImageProcessorPil, Qwen3OmniMoeConfig, \
+    Qwen3OmniMoeForConditionalGeneration, WhisperFeatureExtractor
 
-from omni_backends.paths import TINY_COMPLETE_MARKER
+from omni_backends.diffusion.checkpoint import write_tiny
+from omni_backends.paths import QWEN3_OMNI_TINY_VERSION, TINY_COMPLETE_MARKER
 
 from .tiny_tokenizer import build_tokenizer
 
@@ -26,6 +29,8 @@ CODE_GROUPS = 16       # codes per 12.5 Hz frame (real: 16)
 THINKER_HIDDEN = 64
 MEL_BINS = 32
 VOICES = ("chelsie", "ethan", "aiden")   # same speaker names as the real checkpoint
+PATCH, MERGE = 16, 2   # vision patch size and spatial merge (real: 16, 2): one image token per 32x32 pixels
+IMAGE_PIXELS = (32 * 32, 128 * 128)   # the image processor's resize bounds (real: 56*56 .. 28*28*1280): <= 16 tokens
 
 
 def _rope() -> dict:
@@ -50,8 +55,8 @@ def tiny_config(tok) -> Qwen3OmniMoeConfig:
             audio_config=dict(d_model=32, encoder_attention_heads=4, encoder_ffn_dim=64, encoder_layers=1,
                               num_mel_bins=MEL_BINS, output_dim=THINKER_HIDDEN, downsample_hidden_size=32,
                               n_window=50, n_window_infer=100),
-            vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=4, patch_size=16,
-                               spatial_merge_size=2, out_hidden_size=THINKER_HIDDEN, deepstack_visual_indexes=[0],
+            vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=4, patch_size=PATCH,
+                               spatial_merge_size=MERGE, out_hidden_size=THINKER_HIDDEN, deepstack_visual_indexes=[0],
                                num_position_embeddings=64),
             user_token_id=ids("user"), **mm),
         talker_config=dict(
@@ -115,22 +120,28 @@ def build_model(tok) -> Qwen3OmniMoeForConditionalGeneration:
     return model
 
 
-def write_checkpoint(out_dir: str | os.PathLike) -> Path:
-    """Write the tiny checkpoint into `out_dir` (created if missing) unless it is already complete.
+def image_processor() -> Qwen2VLImageProcessorPil:
+    """The tiny checkpoint's image processor: the real one's recipe (resize to multiples of PATCH * MERGE, CLIP
+    normalisation, 2-frame temporal patches) with `IMAGE_PIXELS` resize bounds."""
+    return Qwen2VLImageProcessorPil(patch_size=PATCH, merge_size=MERGE, temporal_patch_size=2,
+                                    size={"shortest_edge": IMAGE_PIXELS[0], "longest_edge": IMAGE_PIXELS[1]})
 
-    Returns the directory path. The completion marker is written last, so an interrupted run is redone.
-    """
-    out = Path(out_dir)
-    if (out / COMPLETE_MARKER).exists():
-        return out
+
+def _save(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer()
     build_model(tok).save_pretrained(out)
     tok.save_pretrained(out)
-    WhisperFeatureExtractor(feature_size=MEL_BINS, sampling_rate=16000, hop_length=160, chunk_length=30,
-                            n_fft=400, return_attention_mask=True).save_pretrained(out)
-    (out / COMPLETE_MARKER).write_text("ok\n")
-    return out
+    audio = WhisperFeatureExtractor(feature_size=MEL_BINS, sampling_rate=16000, hop_length=160, chunk_length=30,
+                                    n_fft=400, return_attention_mask=True)
+    merged = {**json.loads(audio.to_json_string()), **json.loads(image_processor().to_json_string())}
+    (out / "preprocessor_config.json").write_text(json.dumps(merged, indent=2) + "\n")
+
+
+def write_checkpoint(out_dir: str | os.PathLike) -> Path:
+    """Write the tiny checkpoint into `out_dir` unless it holds this version already (`diffusion.checkpoint.
+    write_tiny`: through a temporary sibling, the completion marker last). Returns the directory path."""
+    return write_tiny(out_dir, QWEN3_OMNI_TINY_VERSION, _save)
 
 
 def main(argv: list[str] | None = None) -> None:

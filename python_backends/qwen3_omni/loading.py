@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from transformers import (AutoTokenizer, Qwen3OmniMoeCode2Wav, Qwen3OmniMoeConfig,
+from transformers import (AutoImageProcessor, AutoTokenizer, Qwen3OmniMoeCode2Wav, Qwen3OmniMoeConfig,
                           Qwen3OmniMoeTalkerForConditionalGeneration, Qwen3OmniMoeThinkerForConditionalGeneration,
                           WhisperFeatureExtractor)
 from transformers.conversion_mapping import get_checkpoint_conversion_mapping, register_checkpoint_conversion_mapping
@@ -32,7 +32,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Qwen3OmniStages:
-    """Everything of one checkpoint: config, the three stage models (eval mode), tokenizer, feature extractor."""
+    """Everything of one checkpoint: config, the three stage models (eval mode), tokenizer, feature extractor and
+    image processor (None when the checkpoint has none)."""
 
     config: Qwen3OmniMoeConfig
     thinker: Qwen3OmniMoeThinkerForConditionalGeneration
@@ -40,6 +41,7 @@ class Qwen3OmniStages:
     code2wav: Qwen3OmniMoeCode2Wav
     tokenizer: object
     feature_extractor: WhisperFeatureExtractor
+    image_processor: object = None
 
 
 def checkpoint_dir(path: str | os.PathLike) -> Path:
@@ -96,6 +98,16 @@ def use_capturable_experts(model: torch.nn.Module) -> torch.nn.Module:
 def default_dtype(device: str | torch.device) -> torch.dtype:
     """bfloat16 on CUDA, float32 elsewhere (the dtype a stage gets when its config names none)."""
     return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+
+
+def load_image_processor(path: str | os.PathLike):
+    """The checkpoint's image processor (`Qwen2VLImageProcessor`, from the `image_processor_type` of its
+    preprocessor_config.json, which real checkpoints share with the feature extractor), or None when it names
+    none (e.g. the random 30B layout): such a thinker refuses images."""
+    config = checkpoint_dir(path) / "preprocessor_config.json"
+    if not config.is_file() or "image_processor_type" not in json.loads(config.read_text()):
+        return None
+    return AutoImageProcessor.from_pretrained(checkpoint_dir(path))
 
 
 def load_thinker(path, config: Qwen3OmniMoeConfig | None = None, device: str | torch.device = "cpu",
@@ -161,4 +173,5 @@ def load_stages(path: str | os.PathLike, device: str | torch.device = "cpu",
         code2wav=load_code2wav(path, config, device, dtype),
         tokenizer=AutoTokenizer.from_pretrained(checkpoint_dir(path)),
         feature_extractor=WhisperFeatureExtractor.from_pretrained(checkpoint_dir(path)),
+        image_processor=load_image_processor(path),
     )

@@ -209,7 +209,8 @@ class LocalOmniPipeline:
         device = next(stages.thinker.parameters()).device
         stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         thinker = Thinker(stages.thinker, stages.config, stages.tokenizer, stages.feature_extractor,
-                          max_running=max_running, options=options, stream=stream)
+                          max_running=max_running, options=options, stream=stream,
+                          image_processor=stages.image_processor)
         talker = Talker(stages.talker, stages.config, tts_embeds, options=options, max_running=max_running)
         graphs = options is not None and options.engine == "static" and options.cuda_graphs
         return cls(thinker, talker, Code2WavStreamer(stages.code2wav, chunk_frames, first_chunk_frames,

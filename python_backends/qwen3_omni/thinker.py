@@ -60,6 +60,7 @@ class Thinker:
         model: `Qwen3OmniMoeThinkerForConditionalGeneration` (eval mode).
         config: the checkpoint's `Qwen3OmniMoeConfig`.
         tokenizer, feature_extractor: the checkpoint's tokenizer and `WhisperFeatureExtractor`.
+        image_processor: the checkpoint's image processor (`loading.load_image_processor`); None: no image input.
         max_running: most requests decoded together.
         options: engine choice and sizes (`EngineOptions`).
         stream: CUDA stream of the engine thread (`EngineLoop`); None: the default stream.
@@ -69,10 +70,11 @@ class Thinker:
 
     def __init__(self, model, config, tokenizer, feature_extractor, max_running: int = 32,
                  options: EngineOptions | None = None, stream: torch.cuda.Stream | None = None,
-                 partition: sm_split.Partition | None = None):
+                 partition: sm_split.Partition | None = None, image_processor=None):
         self.config, self.options = config, options or EngineOptions()
         self.accept_layer = config.talker_config.accept_hidden_layer
-        self.prompts = PromptBuilder(tokenizer, feature_extractor, config.thinker_config.audio_config.n_window)
+        self.prompts = PromptBuilder(tokenizer, feature_extractor, config.thinker_config.audio_config.n_window,
+                                     image_processor, model.get_rope_index)
         self.longest_token = longest_token_chars(tokenizer)  # characters, for prompt-size checks before tokenizing
         self.mm_ids = torch.tensor([config.thinker_config.audio_token_id, config.thinker_config.image_token_id,
                                     config.thinker_config.video_token_id])
@@ -118,13 +120,14 @@ class Thinker:
         return SamplingParams(**{"stop_token_ids": (self.config.im_end_token_id,), **overrides})
 
     def submit(self, request_id: str, messages: Sequence[dict], params: SamplingParams, on_token: OnToken,
-               audios: Sequence[np.ndarray] = ()) -> ThinkerInputs:
+               audios: Sequence[np.ndarray] = (), images: Sequence[np.ndarray] = ()) -> ThinkerInputs:
         """Build the prompt and queue the request; returns the thinker inputs (prompt ids etc.).
 
-        messages / audios: see `PromptBuilder.build` (audios: float32 mono 16 kHz, one per input_audio part).
-        Raises RequestError on a bad message, ValueError on a duplicate request id.
+        messages / audios / images: see `PromptBuilder.build` (audios: float32 mono 16 kHz, one per input_audio
+        part; images: uint8 [H, W, 3], one per image part). Raises RequestError on a bad message, ValueError on a
+        duplicate request id.
         """
-        inputs = self.prompts.build(messages, audios)
+        inputs = self.prompts.build(messages, audios, images)
         self.submit_inputs(request_id, inputs, params, on_token)
         return inputs
 
@@ -140,14 +143,18 @@ class Thinker:
 
         self.loop.submit(request_id, self.engine_prompt(inputs), params, on_output, marks=marks)
 
-    @staticmethod
-    def engine_prompt(inputs: ThinkerInputs) -> Prompt:
-        """The engine `Prompt` of `inputs` (audio features go to the prefill as model kwargs)."""
+    def engine_prompt(self, inputs: ThinkerInputs) -> Prompt:
+        """The engine `Prompt` of `inputs`: audio features and image patches go to the prefill as model kwargs (on
+        the model's device), a prompt with images brings its M-RoPE position ids."""
         model_kwargs = {}
         if inputs.input_features is not None:
             model_kwargs = {"input_features": inputs.input_features,
                             "feature_attention_mask": inputs.feature_attention_mask}
-        return Prompt(input_ids=inputs.input_ids, model_kwargs=model_kwargs)
+        if inputs.pixel_values is not None:
+            model_kwargs.update(pixel_values=inputs.pixel_values, image_grid_thw=inputs.image_grid_thw)
+        device = self.embed_tokens.weight.device
+        return Prompt(input_ids=inputs.input_ids, position_ids=inputs.position_ids, next_position=inputs.next_position,
+                      model_kwargs={k: v.to(device) for k, v in model_kwargs.items()})
 
     def abort(self, request_id: str) -> bool:
         """Cancel a request; it gets a final ThinkerToken with finish_reason "abort". False if unknown."""

@@ -48,8 +48,9 @@ QWEN_SPECIAL_TOKENS = (
 )
 LAYOUTS = ("tiny", "qwen3_omni")
 
-# ChatML; content is a string or a list of parts ({"type": "text", "text": ...} or {"type": "audio"}),
-# rendered like the real Qwen3-Omni template: one audio part -> <|audio_start|><|audio_pad|><|audio_end|>.
+# ChatML; content is a string or a list of parts ({"type": "text", "text": ...}, {"type": "audio"} or {"type": "image"}),
+# rendered like the real Qwen3-Omni template: one audio part -> <|audio_start|><|audio_pad|><|audio_end|>, one image
+# part -> <|vision_start|><|image_pad|><|vision_end|>.
 CHAT_TEMPLATE = (
     "{%- for message in messages -%}"
     "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
@@ -57,6 +58,7 @@ CHAT_TEMPLATE = (
     "{%- else -%}{%- for part in message['content'] -%}"
     "{%- if part['type'] == 'text' -%}{{- part['text'] -}}"
     "{%- elif part['type'] == 'audio' -%}{{- '<|audio_start|><|audio_pad|><|audio_end|>' -}}"
+    "{%- elif part['type'] == 'image' -%}{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}"
     "{%- endif -%}{%- endfor -%}{%- endif -%}"
     "{{- '<|im_end|>\\n' -}}"
     "{%- endfor -%}"

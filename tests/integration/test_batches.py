@@ -170,10 +170,14 @@ def test_a_chat_batch_answers_each_conversation_as_a_single_request_does(voice_s
     ({"messages": [[{"role": "user", "content": "hi"}]], "model": "nope"}, 404, "model"),
     ({"messages": [[{"role": "user", "content": "hi"}], [{"role": "assistant", "content": "x"}]]}, 400, "messages[1]"),
     # the request limits hold for the batch as a whole (--max-messages 512)
-    ({"messages": [[{"role": "user", "content": "hi"}] * 300] * 2}, 400, "messages[1]"),
+    ({"messages": [[{"role": "user", "content": "hi"}] * 300] * 2}, 400, "messages"),   # was "the limit is 212"
+    ({"messages": [[{"role": "user", "content": "x" * 100_000}], [{"role": "user", "content": "y" * 40_000}]]}, 400,
+     "messages[1][0].content"),   # the text limit (--max-text-chars 131072) left by conversation 0
 ])
 def test_a_malformed_chat_batch_is_refused_whole(mock_server, body, status, param):
     response = httpx.post(f"{mock_server.base_url}/v1/chat/completions/batch", timeout=30,
                           json={"model": "mock", **body})
     assert response.status_code == status, response.text
     assert response.json()["error"]["param"] == param, response.text
+    if response.json()["error"]["code"] in ("too_many_messages", "text_too_long"):   # says the limit is the batch's
+        assert "together" in response.json()["error"]["message"], response.text

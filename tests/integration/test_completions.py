@@ -14,7 +14,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3OmniMoeForCon
 
 from omni_backends.paths import QWEN3_OMNI_TINY, model_home
 from tests.harness import start_server
-from tests.integration.test_qwen3_omni import COLOCATED, _answer_text
+from tests.integration.test_qwen3_omni import COLOCATED
+from tests.qwen3_omni_reference import answer_text
 
 pytestmark = pytest.mark.integration
 
@@ -71,7 +72,7 @@ def test_a_greedy_completion_is_transformers_generate_on_the_raw_prompt(server, 
     for answer in (by_text, by_ids):
         assert answer.object == "text_completion" and answer.id.startswith("cmpl-")
         assert [(c.index, c.text, c.finish_reason, c.logprobs) for c in answer.choices] == [
-            (0, _answer_text(tokenizer, expected), "length" if len(expected) == MAX_TOKENS else "stop", None)]
+            (0, answer_text(tokenizer, expected), "length" if len(expected) == MAX_TOKENS else "stop", None)]
         assert (answer.usage.prompt_tokens, answer.usage.completion_tokens, answer.usage.total_tokens) == (
             len(ids), len(expected), len(ids) + len(expected))
 
@@ -82,7 +83,7 @@ def test_prompts_choices_stream_echo_and_stop(server, checkpoints):
     (token ids: their text) first; a stop string ends the text before it."""
     tokenizer, greedy = checkpoints["voice"]
     prompts = [PROMPT, "Once upon a time"]
-    expected = [_answer_text(tokenizer, greedy(tokenizer(p)["input_ids"], MAX_TOKENS)) for p in prompts]
+    expected = [answer_text(tokenizer, greedy(tokenizer(p)["input_ids"], MAX_TOKENS)) for p in prompts]
     client = _client(server)
     both = client.completions.create(model="voice", prompt=prompts, max_tokens=MAX_TOKENS, temperature=0)
     assert [(c.index, c.text) for c in both.choices] == list(enumerate(expected))

@@ -116,7 +116,7 @@ def test_triton_grpc_clients_drive_pipeline_models_directly(mock_server):
     (json.dumps({"model": "mock", "messages": [{"role": "user", "content": "x"}], "stream": "yes"}), 400, "stream"),
     (json.dumps({"model": "mock", "messages": [{"role": "user", "content": "x"}], "reject": True}), 400, "reject"),
     (json.dumps({"model": "mock", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}), 400,
-     "messages[0].content[0]"),
+     "messages[0].content[0].type"),
 ])
 def test_bad_requests_get_openai_errors(mock_server, body, status, param):
     response = httpx.post(f"{mock_server.base_url}/v1/chat/completions", content=body,

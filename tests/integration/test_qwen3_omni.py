@@ -8,7 +8,6 @@ The server runs a copy of model_repository whose code2wav left context covers ev
 from __future__ import annotations
 
 import base64
-import codecs
 import io
 import json
 import os
@@ -28,6 +27,7 @@ from transformers import AutoTokenizer, Qwen3OmniMoeForConditionalGeneration, Wh
 
 from omni_backends.paths import QWEN3_OMNI_TINY, model_home
 from omni_backends.qwen3_omni.prompt import PromptBuilder
+from tests.qwen3_omni_reference import answer_text
 from tests.harness import (MAIN_REPOSITORY, cancel_storm, inflight, metric_value, settle_limit_s, settle_time,
                            start_server, triton_stream, triton_stream_error, wait_for)
 
@@ -126,23 +126,6 @@ def _assert_matches(events, ids, wav):
     np.testing.assert_allclose(audio, wav, atol=1e-5)
 
 
-def _answer_text(tokenizer, ids) -> str:
-    """The text of the answer `ids`: their decode, less its trailing U+FFFD when the last tokens leave a multi-byte
-    character incomplete (the random-weight thinker cut by max_tokens: the answer ends before that character, as
-    OpenAI's do). The bytes come from GPT-2's byte-level alphabet (printable Latin-1 for themselves, the other
-    bytes from U+0100 on), which the Qwen tokenizer spells its tokens in."""
-    text = tokenizer.decode(ids, skip_special_tokens=True)
-    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    others = [b for b in range(256) if b not in printable]
-    byte_of = {chr(b): b for b in printable} | {chr(0x100 + i): b for i, b in enumerate(others)}
-    special = set(tokenizer.all_special_ids)
-    data = b"".join(bytes(byte_of[c] for c in token) for i, token in zip(ids, tokenizer.convert_ids_to_tokens(ids))
-                    if i not in special)
-    decoder = codecs.getincrementaldecoder("utf-8")("replace")
-    decoder.decode(data, final=False)   # keeps back the bytes of an incomplete last character
-    return text[:-1] if decoder.getstate()[0] and text.endswith("\ufffd") else text
-
-
 def _client(server) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
 
@@ -158,7 +141,7 @@ def test_greedy_answer_matches_generate_through_triton_and_http(server, referenc
     events = _triton_events(server, body)
     _assert_matches(events, ids, wav)
     assert events[-1][0]["finish_reason"] == "length"
-    text = _answer_text(reference[1].tokenizer, ids)
+    text = answer_text(reference[1].tokenizer, ids)
 
     client = _client(server)   # non-streamed: one WAV-less pcm16 blob; streamed: PCM16 chunks concatenated
     reply = client.chat.completions.create(model="qwen3_omni", messages=_messages(PROMPTS[0]),
@@ -507,7 +490,7 @@ def test_input_audio_runs_through_the_audio_encoder(server, reference):
     ids, wav = _generate(reference, messages, "aiden", audios=[tone])
     text_only = _generate(reference, _messages("What did I say?"), "aiden")[0]
     assert ids != text_only   # the audio changed the answer
-    assert reply.choices[0].message.content == _answer_text(reference[1].tokenizer, ids)
+    assert reply.choices[0].message.content == answer_text(reference[1].tokenizer, ids)
     audio, rate = soundfile.read(io.BytesIO(base64.b64decode(reply.choices[0].message.audio.data)), dtype="float32")
     assert rate == 24000
     np.testing.assert_allclose(audio, wav, atol=PCM16_ATOL, rtol=1e-3)
@@ -530,7 +513,7 @@ def test_colocated_layout_gives_generates_answers_to_concurrent_requests(server,
         ids, wav = _generate(reference, _messages(prompt), voice.lower())
         _assert_matches(events, ids, wav)
         assert "".join(e["text"] for e, _ in events if e["type"] == "text.delta") == \
-            _answer_text(reference[1].tokenizer, ids)
+            answer_text(reference[1].tokenizer, ids)
     for phase, count in first_audio.items():   # each request's first-audio timeline reached the histograms
         assert metric_value(server.metrics_url, "omni_first_audio_phase_seconds_count", model=COLOCATED,
                             phase=phase) == count + 2, phase

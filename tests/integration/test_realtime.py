@@ -15,6 +15,7 @@ import pytest
 import websockets
 import websockets.sync.client
 
+from omni_frontend.realtime.conversation import MAX_ITEMS
 from tests.harness import metric_value, settle_limit_s, wait_for
 
 pytestmark = pytest.mark.integration
@@ -606,8 +607,9 @@ def test_a_burst_of_client_events_neither_stalls_the_server_nor_grows_without_bo
     event loop for 25 s, so /health and every other client waited as long: the session handled frame after frame
     without suspending, and each item's id was checked against every earlier item (quadratic). A 5 MB text item
     was kept whole, and a client's event_id of 100 000 characters came back whole in its error. Now /health answers
-    during such a burst (5 000 items here; it took 8 s before), every item is added, an item's text is bounded by
-    --max-text-chars as chat's is, and an error's event_id by 256 characters."""
+    during such a burst (5 000 items here; it took 8 s before), every item is added and the oldest deleted beyond
+    the session's bound on items (conversation.MAX_ITEMS), an item's text is bounded by --max-text-chars as chat's
+    is, and an error's event_id by 256 characters."""
     url = voice_server.base_url.replace("http", "ws") + "/v1/realtime?model=voice"
     items = 5000
     with websockets.sync.client.connect(url, max_size=None) as ws:
@@ -627,13 +629,19 @@ def test_a_burst_of_client_events_neither_stalls_the_server_nor_grows_without_bo
         sent = time.monotonic()
         health = httpx.get(f"{voice_server.base_url}/health", timeout=120)
         health_s = time.monotonic() - sent
-        added = 0
-        while added < items:
+        added, deleted = 0, []
+        while added < items or len(deleted) < items - MAX_ITEMS:
             event = json.loads(ws.recv(timeout=120))
-            assert event["type"] in ("conversation.item.added", "conversation.item.done"), event
+            assert event["type"] in ("conversation.item.added", "conversation.item.done", "conversation.item.deleted"), event
             added += event["type"] == "conversation.item.added"
+            if event["type"] == "conversation.item.deleted":
+                deleted.append(event["item_id"])
+            else:
+                last = event["item"]["id"]
         handled_s = time.monotonic() - sent
-        assert event["item"]["id"] == f"item_{items - 1}"
+        assert last == f"item_{items - 1}"
+        # the session holds MAX_ITEMS items at most: the oldest went, each with conversation.item.deleted
+        assert deleted == [f"item_{i}" for i in range(items - MAX_ITEMS)]
     assert health.status_code == 200 and health_s < min(handled_s / 2, settle_limit_s(1.0)), (health_s, handled_s)
 
 

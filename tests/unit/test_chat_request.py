@@ -4,7 +4,7 @@ of the wrong shape, and any NaN / infinite sample, is a RequestError (HTTP 400) 
 import numpy as np
 import pytest
 
-from omni_backends.chat_request import audio_clips, check_request
+from omni_backends.chat_request import audio_clips, check_request, input_images
 from omni_backends.errors import RequestError
 from omni_backends.input_audio import check_audio
 from omni_backends.qwen3_omni.serving import turn
@@ -122,7 +122,7 @@ def test_the_llm_stage_takes_string_content_only(content, param):
 @pytest.mark.parametrize("body, param", BAD_SHAPES[:30], ids=[p for _, p in BAD_SHAPES[:30]])
 def test_the_qwen3_omni_turn_validation_uses_the_shared_check(body, param):
     with pytest.raises(RequestError) as err:
-        turn.validate({"max_tokens": 4, **body}, ["ethan"], "ethan", np.zeros(10, np.float32))
+        turn.validate({"max_tokens": 4, **body}, ["ethan"], "ethan", {"INPUT_AUDIO": np.zeros(10, np.float32)})
     assert err.value.param == param
 
 
@@ -141,7 +141,7 @@ def test_non_finite_input_audio_is_a_400_from_every_audio_entry(value):
         audio_clips(GOOD["messages"], pcm)    # voice, qwen3_omni, qwen3_omni_thinker, the co-located qwen3_omni
     assert (err.value.status, err.value.param) == (400, "INPUT_AUDIO")
     with pytest.raises(RequestError) as err:
-        turn.validate({**GOOD, "voice": None}, ["ethan"], "ethan", pcm)
+        turn.validate({**GOOD, "voice": None}, ["ethan"], "ethan", {"INPUT_AUDIO": pcm})
     assert err.value.param == "INPUT_AUDIO"
     for kwargs in ({}, {"allow_empty": True}, {"param": "file"}):   # voice_asr, voice_vad, voice_asr_stream
         with pytest.raises(RequestError, match="AUDIO must hold finite mono 16 kHz samples"):
@@ -177,3 +177,38 @@ def test_a_speed_that_is_not_a_number_in_range_is_a_400(speed):
         check_speed(speed)
     assert err.value.param == "speed"
     assert check_speed(1) == 1 and check_speed(0.25) == 0.25
+
+
+IMAGES = _user({"type": "text", "text": "Two:"}, {"type": "image"}, {"type": "image"})
+
+
+def test_image_parts_are_qwen3_omni_only_and_cut_from_the_padded_tensor():
+    """{"type": "image"} parts pass the check only where images are taken (qwen3_omni); image k is INPUT_IMAGES[k]
+    cut to INPUT_IMAGE_SIZES[k]."""
+    with pytest.raises(RequestError) as err:
+        check_request(IMAGES)   # voice
+    assert (err.value.param, err.value.code) == ("messages[0].content[1].type", "unsupported_content")
+    check_request(IMAGES, images=True)
+    pixels = np.arange(2 * 5 * 7 * 3, dtype=np.uint8).reshape(2, 5, 7, 3)
+    out = input_images(IMAGES["messages"], pixels, np.array([[5, 7], [2, 3]], np.int32))
+    assert [o.shape for o in out] == [(5, 7, 3), (2, 3, 3)]
+    assert np.array_equal(out[1], pixels[1, :2, :3])
+    assert input_images(_user({"type": "text", "text": "none"})["messages"], None, None) == []
+
+
+@pytest.mark.parametrize("pixels, sizes, param", [
+    (None, None, "messages"),                                                         # parts without tensors
+    (np.zeros((1, 4, 4, 3), np.uint8), np.array([[4, 4]], np.int32), "messages"),     # K != image parts
+    (np.zeros((2, 4, 4, 3), np.uint8), None, "INPUT_IMAGE_SIZES"),
+    (np.zeros((2, 4, 4, 3), np.float32), np.array([[4, 4]] * 2, np.int32), "INPUT_IMAGES"),
+    (np.zeros((2, 4, 4), np.uint8), np.array([[4, 4]] * 2, np.int32), "INPUT_IMAGES"),
+    (np.zeros((2, 4, 4, 3), np.uint8), np.array([[4, 4]] * 2, np.int64), "INPUT_IMAGE_SIZES"),
+    (np.zeros((2, 4, 4, 3), np.uint8), np.array([[4, 4]], np.int32), "INPUT_IMAGE_SIZES"),
+    (np.zeros((2, 4, 4, 3), np.uint8), np.array([[4, 4], [5, 4]], np.int32), "INPUT_IMAGE_SIZES"),
+    (np.zeros((2, 4, 4, 3), np.uint8), np.array([[4, 4], [4, 0]], np.int32), "INPUT_IMAGE_SIZES"),
+])
+def test_image_tensors_that_do_not_fit_the_parts_are_a_400(pixels, sizes, param):
+    media = {k: v for k, v in (("INPUT_IMAGES", pixels), ("INPUT_IMAGE_SIZES", sizes)) if v is not None}
+    with pytest.raises(RequestError) as err:
+        turn.validate({**IMAGES, "modalities": ["text"]}, ["ethan"], "ethan", media)
+    assert (err.value.status, err.value.param) == (400, param)

@@ -212,15 +212,21 @@ def test_tts_engine_run_copy_sets_the_parameter_the_orchestrators_read(tmp_path)
         serve.parse_args(["--tts-engine", "espeak"])
 
 
-def test_prepare_skips_finished_tiny_checkpoints_without_importing_torch(tmp_path):
+def test_prepare_skips_finished_tiny_checkpoints_without_importing_torch(tmp_path, monkeypatch):
     """Every launch runs `omni_backends.prepare` for its pipelines; with the tiny checkpoints already written it
     returns before importing torch / transformers / diffusers (~10 s each for qwen3_omni and qwen_image on
     2 cores)."""
-    for name in ("qwen3_omni_tiny", "qwen_image_tiny"):
+    from omni_backends import prepare
+    from omni_backends.paths import QWEN3_OMNI_TINY_VERSION
+
+    for name, version in (("qwen3_omni_tiny", QWEN3_OMNI_TINY_VERSION), ("qwen_image_tiny", "ok\n")):
         (tmp_path / name).mkdir()
-        (tmp_path / name / ".omni_tiny_complete").write_text("ok\n")
+        (tmp_path / name / ".omni_tiny_complete").write_text(version)
     probe = ("import sys; from omni_backends import prepare; code = prepare.main(['qwen3_omni', 'qwen_image']); "
              "print(code, sorted(m for m in ('torch', 'transformers', 'diffusers') if m in sys.modules))")
     env = {**os.environ, "OMNI_MODEL_HOME": str(tmp_path)}
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
     assert done.stdout.split() == ["0", "[]"], done.stdout + done.stderr
+    (tmp_path / "qwen3_omni_tiny" / ".omni_tiny_complete").write_text("ok\n")   # an older recipe's: rebuilt
+    monkeypatch.setenv("OMNI_MODEL_HOME", str(tmp_path))
+    assert not prepare._complete("qwen3_omni_tiny", QWEN3_OMNI_TINY_VERSION)

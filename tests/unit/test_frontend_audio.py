@@ -120,3 +120,14 @@ def test_no_samples_is_still_a_decodable_file(fmt):
         samples = [f.to_ndarray() for f in container.decode(audio=0)]
     assert samples and 0 < sum(s.shape[-1] for s in samples) <= 2048 and max(np.abs(s).max() for s in samples) < 1e-3
     assert audio.encode(np.zeros(0, np.float32), 24000, "pcm") == b"" and len(audio.encode(np.zeros(0), 24000, "wav")) == 44
+
+
+@pytest.mark.parametrize("rate", [24000, 44100])
+def test_mp3_and_aac_keep_the_audio_rate_and_opus_is_48k(tone, rate):
+    """mp3 and aac were resampled to 48 kHz whatever the audio's rate (Stable Audio's 44.1 kHz music came back at
+    48 kHz, an extra lossy resampling); both take 24 and 44.1 kHz as they are. Ogg Opus runs at 48 kHz."""
+    import av
+
+    for fmt, expected in (("mp3", rate), ("aac", rate), ("opus", 48000)):
+        with av.open(io.BytesIO(audio.encode(tone, rate, fmt))) as container:
+            assert container.streams.audio[0].rate == expected, fmt

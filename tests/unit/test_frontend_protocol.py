@@ -35,7 +35,9 @@ def test_chat_request_maps_to_pipeline_body_with_audio_slices():
                                      {"type": "input_audio", "input_audio": {"data": _wav_b64(0.5), "format": "wav"}},
                                      {"type": "input_audio", "input_audio": {"data": _wav_b64(0.25), "format": "wav"}}]}],
         max_completion_tokens=7, stop="END", audio={"voice": "v1", "format": "pcm16"}, seed=3, top_k=5)
-    body, pcm = to_pipeline(req)
+    body, tensors = to_pipeline(req)
+    pcm = tensors["INPUT_AUDIO"]
+    assert tensors.keys() == {"INPUT_AUDIO"}
     assert body["messages"][0] == {"role": "system", "content": [{"type": "text", "text": "be brief"}]}
     parts = body["messages"][1]["content"]
     assert parts[1] == {"type": "input_audio", "offset": 0, "samples": 8000, "sample_rate": 16000}
@@ -47,7 +49,7 @@ def test_chat_request_maps_to_pipeline_body_with_audio_slices():
 
 @pytest.mark.parametrize("messages, param", [
     ([{"role": "system", "content": "only system"}], "messages"),
-    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "messages[0].content[0]"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "messages[0].content[0].type"),
     ([{"role": "user", "content": [{"type": "text", "text": "hi"},
                                    {"type": "input_audio", "input_audio": {"data": "!!", "format": "wav"}}]}],
      "messages[0].content[1].input_audio"),
@@ -231,10 +233,10 @@ def test_request_limits():
         with pytest.raises(APIError) as info:
             to_pipeline(request, limits)
         assert (info.value.status, info.value.param, info.value.code) == (400, param, code)
-    body, pcm = to_pipeline(ChatRequest(model="v", messages=[{"role": "user", "content": [
+    body, tensors = to_pipeline(ChatRequest(model="v", messages=[{"role": "user", "content": [
         {"type": "text", "text": "x" * 10},
         {"type": "input_audio", "input_audio": {"data": _wav_b64(0.5), "format": "wav"}}]}]), limits)
-    assert pcm.size == 8000 and body["messages"][0]["content"][0]["text"] == "x" * 10
+    assert tensors["INPUT_AUDIO"].size == 8000 and body["messages"][0]["content"][0]["text"] == "x" * 10
 
 
 def test_audio_limit_error_states_the_limit_and_names_the_part_that_passes_it():

@@ -250,3 +250,46 @@ def test_history_and_truncate():
     first = Item("item_0", "system", [Part("input_text", text="Context.")])
     assert conversation.add(first, "root") is None and conversation.items[0] is first
 
+
+
+def test_a_conversation_holds_bounded_items_text_and_audio_awaiting_transcription():
+    """Thirteenth outside test: a session kept every item it was sent (400 items of 130 000 characters: +45 MB until
+    it closed). `trim` deletes the oldest items beyond a bound on items, on text and on untranscribed audio, never
+    the item just added nor an assistant item in progress; deleting drops the audio and what it counted."""
+    conversation = Conversation(max_items=3, max_chars=10, max_pending_s=1)
+    texts = [Item(f"t{i}", "user", [Part("input_text", text="x" * 4)]) for i in range(3)]
+    for item in texts[:2]:
+        conversation.add(item)
+        assert conversation.trim(item) == []
+    conversation.add(texts[2])
+    assert conversation.trim(texts[2]) == ["t0"] and conversation.chars == 8   # 12 characters > 10
+    speaking = Item("a0", "assistant", [Part("output_text")], status="in_progress")
+    conversation.add(speaking, "root")
+    big = Item("t3", "user", [Part("input_text", text="y" * 30)])   # alone over the bound: kept, all else goes
+    conversation.add(big)
+    assert conversation.trim(big) == ["t1", "t2"] and [i.id for i in conversation.items] == ["a0", "t3"]
+    speaking.status = "completed"
+    voice = [Item(f"v{i}", "user", [Part("input_audio", audio=np.zeros(12000, np.float32))]) for i in range(2)]
+    conversation.delete("t3")
+    conversation.add(voice[0])
+    assert conversation.trim(voice[0]) == [] and conversation.pending == 12000
+    conversation.keep_audio(voice[0].parts[0])   # transcribed: no longer pending
+    assert conversation.pending == 0
+    conversation.add(voice[1])
+    assert conversation.trim(voice[1]) == [] and conversation.pending == 12000
+    more = Item("v2", "user", [Part("input_audio", audio=np.zeros(8000, np.float32))])
+    conversation.add(more)   # 4 items > 3: the oldest goes; 20 000 samples waiting > 16 000 (1 s): the oldest item
+    # whose audio waits (v1), not v0 whose audio was transcribed (fourteenth outside test: text items went first)
+    assert conversation.trim(more) == ["a0", "v1"] and conversation.pending == 8000
+    assert voice[1].parts[0].audio is None and voice[0].parts[0].kept is not None and conversation.chars == 0
+    for i in range(5):   # the count: the oldest items, whatever they hold
+        conversation.add(Item(f"n{i}", "system", [Part("input_text", text="")]))
+    assert conversation.trim(conversation.items[-1]) == ["v0", "v2", "n0", "n1"] and conversation.pending == 0
+    # past the audio bound a text conversation keeps its text: only items whose audio waits go (fourteenth outside
+    # test: 20 text items went for 9 audio items)
+    talk = Conversation(max_items=100, max_chars=100, max_pending_s=1)
+    for i in range(3):
+        talk.add(Item(f"t{i}", "user", [Part("input_text", text="hello")]))
+    for i in range(2):
+        talk.add(Item(f"v{i}", "user", [Part("input_audio", audio=np.zeros(12000, np.float32))]))
+    assert talk.trim(talk.items[-1]) == ["v0"] and [i.id for i in talk.items] == ["t0", "t1", "t2", "v1"]

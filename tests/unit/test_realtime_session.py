@@ -442,3 +442,79 @@ def test_a_transcript_without_audio_is_kept_and_a_silent_chunk_is_sent(monkeypat
     done = [e for e in client.sent if e["type"] == "response.output_audio_transcript.done"]
     assert [e["transcript"] for e in done] == ["Paris is the capital. 👍"]
     assert done_events(client)[0]["response"]["status"] == "completed"
+
+
+def test_turns_past_the_sessions_audio_bound_are_deleted_oldest_first_and_never_transcribed():
+    """Thirteenth outside test (the audio side of an unbounded conversation): turns waiting for their transcription
+    held their float32 audio without bound. Beyond the conversation's bound the oldest items are deleted
+    (conversation.item.deleted) and a deleted turn still queued for the ASR stage is never sent to it."""
+    async def run():
+        client = Client(None)
+        await client.start()
+        await client.session.handle({"type": "session.update", "session": {"type": "realtime", "audio": {
+            "input": {"turn_detection": {"type": "server_vad", "create_response": False}}}}})
+        client.session.conversation.max_pending = 12 * CHUNK   # one turn (~8 chunks) waits, not two
+        client.triton.asr_gate.clear()
+        for turn in range(3):
+            base = turn * 10 * CHUNK
+            await client.turn({1: [{"type": "speech_started", "audio_start": base + CHUNK}],
+                               9: [{"type": "speech_stopped", "audio_end": base + 8 * CHUNK}]}, chunks=10)
+        await until(lambda: client.kinds().count("input_audio_buffer.committed") == 3)
+        client.triton.asr_gate.set()
+        await until(lambda: client.kinds().count("conversation.item.input_audio_transcription.completed") == 1)
+        await asyncio.sleep(0.05)
+        await client.session.close()
+        return client
+
+    client = asyncio.run(run())
+    committed = [e["item_id"] for e in client.sent if e["type"] == "input_audio_buffer.committed"]
+    assert [e["item_id"] for e in client.sent if e["type"] == "conversation.item.deleted"] == committed[:2]
+    completed = [e["item_id"] for e in client.sent if e["type"] == "conversation.item.input_audio_transcription.completed"]
+    assert completed == committed[2:] and len(client.triton.asr_calls) == 2   # the first was under way; not the second
+    assert client.session.conversation.pending == 0
+
+
+def test_audio_is_bounded_by_its_duration_before_it_is_decoded():
+    """Fourteenth outside test: an append was bounded by its bytes (10 MiB: 218 s of PCM16 at 24 kHz but 1310 s of
+    G.711) and the 600 s buffer only after decoding it in the event loop (2.1 s, +841 MB); an item's input_audio had
+    no bound (1500 s kept, one ASR request of 78 s) and an item of 120 text parts held 15 M characters. Durations now
+    come from the payload's length and are refused before any decoding; long payloads decode on a worker thread."""
+    from omni_frontend.realtime.protocol import ProtocolError
+    from omni_frontend.realtime.session import MAX_APPEND_S, MAX_BUFFER_S, MAX_ITEM_AUDIO_S
+
+    def g711(seconds: float) -> str:
+        return base64.b64encode(b"\xff" * int(seconds * 8000)).decode()
+
+    async def run():
+        client = Client(None)
+        await client.start()
+        session = client.session
+        await session.handle({"type": "session.update", "session": {"type": "realtime", "audio": {
+            "input": {"format": {"type": "audio/pcmu"}, "turn_detection": None}}}})
+        decoded = []
+        decode = session.decoder.decode
+        session.decoder.decode = lambda data, param="audio": decoded.append(len(data)) or decode(data, param)
+        codes = []
+        for seconds in (MAX_APPEND_S + 1, 200, 200, 200, 1):
+            try:
+                await session.handle({"type": "input_audio_buffer.append", "audio": g711(seconds)})
+                codes.append(None)
+            except ProtocolError as exc:
+                codes.append(exc.code)
+        item_codes = []
+        for content in ([{"type": "input_audio", "audio": g711(MAX_ITEM_AUDIO_S / 2)}] * 2 +
+                        [{"type": "input_audio", "audio": g711(1)}],
+                        [{"type": "input_text", "text": "x" * 100_000}] * 2):
+            try:
+                await session.handle({"type": "conversation.item.create", "item": {
+                    "type": "message", "role": "user", "content": content}})
+                item_codes.append(None)
+            except ProtocolError as exc:
+                item_codes.append((exc.code, exc.param))
+        await session.close()
+        return codes, decoded, item_codes, session
+
+    codes, decoded, item_codes, session = asyncio.run(run())
+    assert MAX_BUFFER_S == 600 and codes == ["audio_too_large", None, None, None, "input_audio_buffer_full"]
+    assert decoded == [200 * 8000] * 3   # the refused payloads were never decoded
+    assert item_codes == [("audio_too_large", "item.content[2].audio"), ("invalid_value", "item.content")]

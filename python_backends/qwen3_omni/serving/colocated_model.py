@@ -8,8 +8,8 @@ engine thread, the talker thread and the code2wav thread each run on their own C
 (`LocalOmniPipeline`), so their kernels overlap, and tokens, hidden states and frames cross between them as
 in-process objects instead of BLS responses (no per-token JSON, IPC or DLPack hand-offs between stages).
 
-Same tensors and events as the orchestrator (REQUEST / INPUT_AUDIO in; EVENT JSON + AUDIO out, see
-`omni_model`), so clients and the frontend see no difference; a deploy file selects it with
+Same tensors and events as the orchestrator (REQUEST / INPUT_AUDIO / INPUT_IMAGES / INPUT_IMAGE_SIZES in; EVENT
+JSON + AUDIO out, see `omni_model`), so clients and the frontend see no difference; a deploy file selects it with
 `layout: colocated` (omni_frontend.deploy) and serves it under the name qwen3_omni; it answers the token control
 REQUESTs (`omni_backends.serving.token_actions`) from its thinker's tokenizer. Settings: shared
 `checkpoint`, `kernels`, `threads`, `default_voice`, `switch_interval_ms` (the process's GIL switch interval,
@@ -47,7 +47,8 @@ from transformers import AutoTokenizer, WhisperFeatureExtractor
 from omni_backends.engine import sm_split
 from omni_backends.qwen3_omni.code2wav import SAMPLE_RATE, Code2WavStreamer
 from omni_backends.qwen3_omni.first_audio import FirstAudioTimeline
-from omni_backends.qwen3_omni.loading import load_code2wav, load_config, load_talker, load_thinker
+from omni_backends.qwen3_omni.loading import load_code2wav, load_config, load_image_processor, load_talker, \
+    load_thinker
 from omni_backends.qwen3_omni.pipeline import ENGINE_SWITCH_INTERVAL_S, LocalOmniPipeline
 from omni_backends.qwen3_omni.serving import protocol as p
 from omni_backends.qwen3_omni.serving import turn as turns
@@ -106,6 +107,7 @@ class TritonPythonModel(AsyncDecoupledModel):
                           AutoTokenizer.from_pretrained(path), WhisperFeatureExtractor.from_pretrained(path),
                           max_running=model_config.int_parameter(thinker_params, "max_running", 32),
                           options=setups["thinker"].options, partition=partitions.get("thinker"),
+                          image_processor=load_image_processor(path),
                           stream=None if device == "cpu" else
                           partitions["thinker"].stream() if "thinker" in partitions else torch.cuda.Stream(device))
         tts_ids = [config.tts_bos_token_id, config.tts_eos_token_id, config.tts_pad_token_id]
@@ -146,10 +148,10 @@ class TritonPythonModel(AsyncDecoupledModel):
         if body.get("action") in token_actions.ACTIONS:
             yield turns.token_action(self.pipeline.thinker, body, self.default_max_tokens), None
             return
-        modalities, voice = turns.validate(body, self.voices, self.default_voice, ctx.input(p.INPUT_AUDIO))
+        media = turns.media_inputs(ctx.input)
+        modalities, voice = turns.validate(body, self.voices, self.default_voice, media)
         pipeline = self.pipeline
-        inputs, params, text = turns.thinker_request(pipeline.thinker, body, ctx.input(p.INPUT_AUDIO),
-                                                     self.default_max_tokens)
+        inputs, params, text = turns.thinker_request(pipeline.thinker, body, media, self.default_max_tokens)
         talker_params = None if voice is None else turns.talker_sampling(
             pipeline.talker, turns.talker_fields(body, voice), self.max_frames)
         turn, send_text = turns.Turn(body, voice), "text" in modalities

@@ -95,7 +95,7 @@ class TritonPythonModel(AsyncDecoupledModel):
         if body.get("action") in token_actions.ACTIONS:
             yield await self._token_action(ctx, body), None
             return
-        modalities, voice = turns.validate(body, self.voices, self.default_voice, ctx.input(p.INPUT_AUDIO))
+        modalities, voice = turns.validate(body, self.voices, self.default_voice, turns.media_inputs(ctx.input))
         turn = _Turn(body, voice)
         out = FanIn()
         talker_q: asyncio.Queue | None = asyncio.Queue() if voice else None
@@ -127,10 +127,8 @@ class TritonPythonModel(AsyncDecoupledModel):
         return answer
 
     async def _think(self, ctx, turn: _Turn, send_text: bool, out: FanIn, talker_q) -> None:
-        inputs = {p.REQUEST: events.json_tensor({**turn.body, "talker_inputs": talker_q is not None})}
-        audio = ctx.input(p.INPUT_AUDIO)
-        if audio is not None:
-            inputs[p.INPUT_AUDIO] = audio
+        inputs = {p.REQUEST: events.json_tensor({**turn.body, "talker_inputs": talker_q is not None}),
+                  **turns.media_inputs(ctx.input)}
         async for response in bls.stream(ctx, THINKER, inputs, p.THINKER_OUTPUTS):
             event = events.read_json(response[p.EVENT])
             if event["token_id"] is not None:

@@ -4,6 +4,9 @@ thinker (engine stage, decoupled, max_batch_size 0)
   in   REQUEST        BYTES [1]     pipeline REQUEST JSON (omni_frontend.chat_protocol), plus
                                     "talker_inputs": bool (default true: send EMBED / PROMPT_*)
        INPUT_AUDIO    FP32 [S]      optional, 16 kHz mono, sliced by the input_audio parts
+       INPUT_IMAGES   UINT8 [K, H, W, 3]  optional, RGB, padded to the largest H, W; image k for the k-th
+                                    {"type": "image"} part (chat_request.input_images)
+       INPUT_IMAGE_SIZES  INT32 [K, 2]    with INPUT_IMAGES: each image's real (h, w)
   out  EVENT          BYTES [1]     per token {"type": "token", "token_id", "index", "text"};
                                     last {"type": "done", "token_id" (or null), "index", "text",
                                     "finish_reason", "usage": {"prompt_tokens", "completion_tokens"}}
@@ -41,6 +44,8 @@ from omni_backends.engine.options import EngineOptions, parse_bool
 from omni_backends.serving import model_config
 
 REQUEST, INPUT_AUDIO, EVENT = "REQUEST", "INPUT_AUDIO", "EVENT"
+INPUT_IMAGES, INPUT_IMAGE_SIZES = "INPUT_IMAGES", "INPUT_IMAGE_SIZES"
+MEDIA_INPUTS = (INPUT_AUDIO, INPUT_IMAGES, INPUT_IMAGE_SIZES)   # optional inputs passed on from the client's request
 EMBED, PROMPT_IDS, PROMPT_EMBEDS, MM_HIDDEN = "EMBED", "PROMPT_IDS", "PROMPT_EMBEDS", "MM_HIDDEN"
 TEXT_EMBEDS, TALKER_PARAMS, CODES, FINISH_REASON = "TEXT_EMBEDS", "TALKER_PARAMS", "CODES", "FINISH_REASON"
 START, END, ABORT, PCM = "START", "END", "ABORT", "PCM"

@@ -1,4 +1,5 @@
-"""qwen3_omni_thinker: the Qwen3-Omni thinker as an engine stage (decoupled, continuous batching).
+"""qwen3_omni_thinker: the Qwen3-Omni thinker as an engine stage (decoupled, continuous batching); takes text,
+audio (INPUT_AUDIO) and images (INPUT_IMAGES + INPUT_IMAGE_SIZES).
 
 Tensors: see `omni_backends.qwen3_omni.serving.protocol`. Sampling from the REQUEST JSON
 (`turn.thinker_request`): temperature, top_p, top_k, max_tokens (null: config `max_tokens`, default 256),
@@ -18,7 +19,7 @@ from transformers import AutoTokenizer, WhisperFeatureExtractor
 
 from omni_backends.chat_request import check_request
 from omni_backends.engine import StepOutput, TextStream
-from omni_backends.qwen3_omni.loading import load_config, load_thinker
+from omni_backends.qwen3_omni.loading import load_config, load_image_processor, load_thinker
 from omni_backends.qwen3_omni.prompt import ThinkerInputs
 from omni_backends.qwen3_omni.serving import protocol as p
 from omni_backends.qwen3_omni.serving import turn as turns
@@ -42,7 +43,7 @@ class TritonPythonModel(EngineStageModel):
                                AutoTokenizer.from_pretrained(setup.path),
                                WhisperFeatureExtractor.from_pretrained(setup.path),
                                max_running=model_config.int_parameter(self.parameters, "max_running", 32),
-                               options=setup.options)
+                               options=setup.options, image_processor=load_image_processor(setup.path))
         self.thinker.warmup()
         self.gpu_tensors = setup.gpu_tensors
         self.default_max_tokens = model_config.int_parameter(self.parameters, "max_tokens", 256)
@@ -52,9 +53,13 @@ class TritonPythonModel(EngineStageModel):
         body = events.decode_request(pb_utils.get_input_tensor_by_name(request, p.REQUEST).as_numpy())
         if body.get("action") in token_actions.ACTIONS:
             return {p.EVENT: events.json_tensor(turns.token_action(self.thinker, body, self.default_max_tokens))}
-        check_request(body)  # any field of the wrong JSON type: a 400 naming it, before it is used
-        audio = pb_utils.get_input_tensor_by_name(request, p.INPUT_AUDIO)
-        inputs, params, text = turns.thinker_request(self.thinker, body, None if audio is None else audio.as_numpy(),
+        check_request(body, images=True)  # any field of the wrong JSON type: a 400 naming it, before it is used
+
+        def read(name):
+            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            return None if tensor is None else tensor.as_numpy()
+
+        inputs, params, text = turns.thinker_request(self.thinker, body, turns.media_inputs(read),
                                                     self.default_max_tokens)
         context = _Turn(inputs, text, bool(body.get("talker_inputs", True)))
         return self.thinker.engine_prompt(inputs), params, context
