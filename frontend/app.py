@@ -14,8 +14,8 @@ from omni_frontend.config import FrontendConfig
 from omni_frontend.image_store import ImageStore
 from omni_frontend.model_control import ModelControl
 from omni_frontend.realtime import route as realtime
-from omni_frontend.routes import (admin, audio_generate, chat, images, responses, speech, speech_batch, speech_stream,
-                                  system, transcriptions, videos)
+from omni_frontend.routes import (admin, audio_generate, chat, completions, images, responses, speech, speech_batch,
+                                  speech_stream, system, tokenize, transcriptions, videos)
 from omni_frontend.stage_monitor import CrashedStubs, StageMonitor
 from omni_frontend.stopping import Stopping
 from omni_frontend.triton_client import TritonClient
@@ -126,8 +126,8 @@ def create_app(config: FrontendConfig, crashed_stubs: CrashedStubs | None = None
     app.add_middleware(HeadAsGetMiddleware)
     app.add_middleware(observability.ObservabilityMiddleware, metrics=app.state.metrics,
                        send_timeout_s=config.limits.send_timeout_s, stopping=app.state.stopping)  # outermost
-    for module in (system, chat, responses, speech, speech_batch, speech_stream, audio_generate, transcriptions, images,
-                   videos, realtime, admin):
+    for module in (system, chat, responses, completions, tokenize, speech, speech_batch, speech_stream, audio_generate,
+                   transcriptions, images, videos, realtime, admin):
         app.include_router(module.router)
     app.include_router(admin.engine_router)
     videos.install(app, config, app.state.triton)

@@ -57,8 +57,9 @@ IGNORED_FIELDS = ("user", "metadata", "store", "service_tier", "safety_identifie
                   "prompt_cache_retention", "prompt_cache_options")
 # The pipeline REQUEST keys `to_pipeline` fills from the route's own fields: an extension field of the same name
 # would be overwritten, so it is refused (routes.common.refuse_unread_fields).
-ROUTED_KEYS = ("messages", "modalities", "voice", "temperature", "top_p", "top_k", "max_tokens", "seed", "stop",
-               "presence_penalty", "frequency_penalty", "repetition_penalty")
+# `prompt` too: a completion's raw prompt (omni_frontend.completions_protocol), which must not bypass the chat template.
+ROUTED_KEYS = ("messages", "prompt", "modalities", "voice", "temperature", "top_p", "top_k", "max_tokens", "seed",
+               "stop", "presence_penalty", "frequency_penalty", "repetition_penalty")
 # Message fields that refer to earlier tool calls or stored audio: not supported.
 UNSUPPORTED_MESSAGE_FIELDS = {"tool_calls": "the served models do not call tools",
                               "function_call": "the served models do not call functions",
@@ -126,23 +127,15 @@ class Message(RequestModel):
     content: Annotated[str | list[dict] | None, WithJsonSchema(_CONTENT_SCHEMA)] = None
 
 
-class ChatRequest(RequestModel):
-    """The OpenAI request fields we honour; unknown fields (extra_body) are passed to the pipeline, and
-    the route refuses those it does not read before admission (a 400 naming the field;
-    routes.common.refuse_unread_fields).
-    Contract-changing OpenAI fields that nothing honours (UNSUPPORTED_FIELDS) and `n` > 1 are rejected
-    by `to_pipeline`."""
+class GenerationFields(RequestModel):
+    """The sampling and streaming fields of the text-generating requests (ChatRequest, and /v1/completions'
+    completions_protocol.CompletionRequest), as the chat pipeline REQUEST takes them."""
 
     model_config = ConfigDict(extra="allow", strict=True)  # "10" is not an integer, "yes" not a boolean
     model: str
-    messages: list[Message] = Field(min_length=1)
-    modalities: list[Literal["text", "audio"]] | None = None
-    audio: AudioParams | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=-1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
     seed: int | None = Field(default=None, ge=-2**63, le=2**63 - 1)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
@@ -150,6 +143,20 @@ class ChatRequest(RequestModel):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+
+
+class ChatRequest(GenerationFields):
+    """The OpenAI request fields we honour; unknown fields (extra_body) are passed to the pipeline, and
+    the route refuses those it does not read before admission (a 400 naming the field;
+    routes.common.refuse_unread_fields).
+    Contract-changing OpenAI fields that nothing honours (UNSUPPORTED_FIELDS) and `n` > 1 are rejected
+    by `to_pipeline`."""
+
+    messages: list[Message] = Field(min_length=1)
+    modalities: list[Literal["text", "audio"]] | None = None
+    audio: AudioParams | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
     n: int = Field(default=1, ge=1, le=1, description="only 1 is supported")
 
     @field_validator("modalities")
@@ -222,6 +229,18 @@ def _audio_part(part: dict, param: str, before_s: float, max_seconds: float) -> 
                           param=param, code="audio_too_long") from exc
 
 
+def stop_sequences(stop: str | list[str] | None, limits: RequestLimits) -> list[str]:
+    """A request's `stop` as the pipeline REQUEST's list of strings. Raises APIError 400 (param "stop") for more
+    than MAX_STOP_SEQUENCES, or (code `text_too_long`) for more than --max-text-chars characters in all."""
+    stop = [stop] if isinstance(stop, str) else (stop or [])
+    if len(stop) > MAX_STOP_SEQUENCES:
+        raise bad_request(f"at most {MAX_STOP_SEQUENCES} stop sequences", param="stop")
+    if sum(len(s) for s in stop) > limits.max_text_chars:
+        raise bad_request(f"stop is longer than {limits.max_text_chars} characters (limit --max-text-chars)",
+                          param="stop", code="text_too_long")
+    return stop
+
+
 TEXT_AND_AUDIO = ("text", "input_audio")
 
 
@@ -244,13 +263,8 @@ def to_pipeline(req: ChatRequest, limits: RequestLimits | None = None,
     if len(req.messages) > limits.max_messages:
         raise bad_request(f"{len(req.messages)} messages; the limit is {limits.max_messages} (--max-messages)",
                           param="messages", code="too_many_messages")
-    stop = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
-    if len(stop) > MAX_STOP_SEQUENCES:
-        raise bad_request(f"at most {MAX_STOP_SEQUENCES} stop sequences", param="stop")
+    stop = stop_sequences(req.stop, limits)
     chars = sum(len(s) for s in stop)
-    if chars > limits.max_text_chars:
-        raise bad_request(f"stop is longer than {limits.max_text_chars} characters (limit --max-text-chars)",
-                          param="stop", code="text_too_long")
     clips: list[np.ndarray] = []
     pixels: list[np.ndarray] = []
     offset = 0

@@ -55,13 +55,24 @@ async def voices(client: TritonClient, model: str, request_id: str, voice: str |
     return await _answer(client, model, body, request_id, "voices")
 
 
-async def prompt_tokens(client: TritonClient, model: str, request_id: str, messages: list[dict], max_tokens: int) -> dict | None:
-    """The chat pipeline's answer to REQUEST {"action": "prompt_tokens", "messages", "max_tokens"}:
+async def prompt_tokens(client: TritonClient, model: str, request_id: str, messages: list[dict] | None,
+                        max_tokens: int, **options) -> dict | None:
+    """The chat pipeline's answer to REQUEST {"action": "prompt_tokens", "messages", "max_tokens", **options}:
     {"type": "prompt_tokens", "prompt_tokens": int, "context_length": int} (its LLM's token count of `messages`
-    and context, in tokens), or None when it answers with no such event. Raises APIError (400
-    `context_length_exceeded`, param "messages" or "max_tokens", when the messages plus max_tokens cannot fit)."""
-    body = {"action": "prompt_tokens", "messages": messages, "max_tokens": max_tokens}
+    and context, in tokens), or None when it answers with no such event. `options` (omni_backends.serving.
+    token_actions): `prompt` (text or token ids, without messages: counted without the chat template),
+    `add_generation_prompt`, `add_special_tokens`, `return_token_ids` (true: the event adds "token_ids"). Raises
+    APIError (400 `context_length_exceeded`, param "messages" (or "prompt") or "max_tokens", when the prompt plus
+    max_tokens cannot fit; 400 naming a bad field)."""
+    body = {"action": "prompt_tokens", "messages": messages, "max_tokens": max_tokens, **options}
     return await _answer(client, model, body, request_id, "prompt_tokens")
+
+
+async def detokenize(client: TritonClient, model: str, request_id: str, tokens: list[int]) -> dict | None:
+    """The chat pipeline's answer to REQUEST {"action": "detokenize", "tokens"}: {"type": "detokenized", "text"} (its
+    LLM tokenizer's text of the ids), or None when it answers with no such event. Raises APIError (400, param
+    "tokens", code `invalid_token_id`, for an id outside its vocabulary)."""
+    return await _answer(client, model, {"action": "detokenize", "tokens": tokens}, request_id, "detokenized")
 
 
 async def fields(client: TritonClient, model: str, request_id: str) -> dict | None:

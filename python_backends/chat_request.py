@@ -10,6 +10,9 @@ images (qwen3_omni: `images=True`) also {"type": "image"}, the k-th of which is 
 of the wrong shape is a RequestError (HTTP 400) whose param is the field's path, e.g.
 `messages[0].content[1].offset`, never a Python exception (a 500). Ranges of the sampling fields are checked
 where they are used (omni_backends.engine.sampling.request_sampling_params, also a 400).
+
+A completion REQUEST (omni_frontend.completions_protocol) carries `prompt` instead of `messages`: text, or token ids,
+that reach the LLM as they are, without the chat template (`prompt_ids` turns either into ids).
 """
 from __future__ import annotations
 
@@ -30,12 +33,18 @@ BOOLEAN_FIELDS = ("return_token_ids", "talker_inputs")
 
 
 def check_request(body: Mapping, *, parts: bool = True, images: bool = False) -> None:
-    """Type check of a chat REQUEST body's fields (absent or null ones but `messages` are fine):
-    messages (`check_messages`), modalities (a non-empty list of "text" / "audio"), voice (a string), stop (a
-    string or a list of strings), the sampling numbers (NUMBER_FIELDS: numbers; INTEGER_FIELDS: integers; a JSON
-    boolean is neither) and BOOLEAN_FIELDS. `parts` False: message content must be a string (voice_llm); `images`
-    True: image parts are accepted (qwen3_omni). Raises RequestError (HTTP 400) whose param names the field."""
-    check_messages(body.get("messages"), parts=parts, images=images)
+    """Type check of a chat REQUEST body's fields (absent or null ones but `messages` or `prompt` are fine):
+    messages (`check_messages`) or else, never both, prompt (`check_prompt`), modalities (a non-empty list of
+    "text" / "audio"), voice (a string), stop (a string or a list of strings), the sampling numbers (NUMBER_FIELDS:
+    numbers; INTEGER_FIELDS: integers; a JSON boolean is neither) and BOOLEAN_FIELDS. `parts` False: message content
+    must be a string (voice_llm); `images` True: image parts are accepted (qwen3_omni). Raises RequestError
+    (HTTP 400) whose param names the field."""
+    if body.get("prompt") is None:
+        check_messages(body.get("messages"), parts=parts, images=images)
+    elif body.get("messages") is not None:
+        raise RequestError("a REQUEST carries messages (a chat) or prompt (a completion), not both", param="prompt")
+    else:
+        check_prompt(body["prompt"])
     modalities = body.get("modalities")
     if modalities is not None and (not isinstance(modalities, list) or not modalities
                                    or any(not isinstance(m, str) or m not in MODALITIES for m in modalities)):
@@ -63,6 +72,43 @@ def check_request(body: Mapping, *, parts: bool = True, images: bool = False) ->
         value = body.get(name)
         if value is not None and not isinstance(value, bool):
             raise RequestError(f"{name} must be a boolean, got {_kind(value)}", param=name)
+
+
+def check_prompt(prompt, param: str = "prompt") -> None:
+    """Type check of a completion's `prompt`: a string, or a non-empty list of token ids (integers >= 0; their
+    range is the tokenizer's, checked by `prompt_ids`). Raises RequestError (HTTP 400, param `param`)."""
+    if isinstance(prompt, str):
+        return
+    if not isinstance(prompt, list) or not prompt:
+        raise RequestError(f"{param} must be a string or a non-empty list of token ids, got {_kind(prompt)}",
+                           param=param)
+    for i, token in enumerate(prompt):
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise RequestError(f"{param}[{i}] must be a token id (an integer >= 0), got {_kind(token)}",
+                               param=param)
+
+
+def prompt_ids(tokenizer, prompt, add_special_tokens: bool = True, param: str = "prompt") -> list[int]:
+    """Token ids of a prompt that passed `check_prompt`: a string's tokenization by `tokenizer` (a transformers
+    tokenizer; `add_special_tokens` as its call takes it, no chat template), or the ids themselves. Raises
+    RequestError (HTTP 400, param `param`, code `invalid_token_id`) for an id outside the tokenizer's vocabulary
+    (0 .. len(tokenizer) - 1)."""
+    if isinstance(prompt, str):
+        return list(tokenizer(prompt, add_special_tokens=add_special_tokens)["input_ids"])
+    return check_token_ids(tokenizer, prompt, param)
+
+
+def check_token_ids(tokenizer, ids, param: str) -> list[int]:
+    """`ids` (a list of integers) when each lies in the vocabulary of `tokenizer` (0 .. len(tokenizer) - 1); else
+    RequestError (HTTP 400, param `param`, code `invalid_token_id`) naming the first one outside it."""
+    vocab = len(tokenizer)
+    if not isinstance(ids, list) or any(isinstance(t, bool) or not isinstance(t, int) for t in ids):
+        raise RequestError(f"{param} must be a list of token ids (integers), got {_kind(ids)}", param=param)
+    for i, token in enumerate(ids):
+        if not 0 <= token < vocab:
+            raise RequestError(f"{param}[{i}]: token id {token} is outside the vocabulary (0 .. {vocab - 1})",
+                               param=param, code="invalid_token_id")
+    return list(ids)
 
 
 def check_messages(messages, *, parts: bool = True, images: bool = False) -> None:

@@ -18,34 +18,20 @@ import time
 
 import numpy as np
 from fastapi import APIRouter, Request
-from sse_starlette.sse import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
-from omni_frontend import admission, batching, observability, pipeline_stream
+from omni_frontend import admission, batching, generation, observability, pipeline_stream
 from omni_frontend import audio as audio_codec
 from omni_frontend.chat_protocol import (INPUT_SAMPLE_RATE, ROUTED_KEYS, ChatBatchRequest, ChatRequest, extensions,
                                         to_pipeline)
 from omni_frontend.errors import APIError, bad_request
 from omni_frontend.observability import RequestTimer
 from omni_frontend.pipelines import CHAT
-from omni_frontend.routes.common import config, pipeline_for, refuse_unread_fields, triton
+from omni_frontend.routes.common import config, pipeline_for, refuse_unread_fields
 
 router = APIRouter()
 # Pipeline REQUEST keys whose request field has another name: a pipeline's error naming the key names the field.
 _FIELD_OF_KEY = {"voice": "audio.voice"}
-
-
-async def _events(request: Request, pipeline, body: dict, request_id: str, extra: dict | None):
-    """pipeline_stream.events of a chat, whose errors name the chat request's field (`audio.voice`, not the
-    REQUEST key `voice`). Closing it closes the pipeline stream (which cancels its Triton request)."""
-    try:
-        async with contextlib.aclosing(pipeline_stream.events(triton(request), pipeline.entry, body, request_id,
-                                                              extra)) as events:
-            async for item in events:
-                yield item
-    except APIError as exc:
-        exc.param = _FIELD_OF_KEY.get(exc.param, exc.param)
-        raise
 
 
 class Completion:
@@ -139,45 +125,34 @@ async def chat_completions(req: ChatRequest, request: Request):
     request_id = request.state.request_id
     extra = tensors or None
     completion = Completion(req, request_id, cfg.audio_expires_s, observability.timer(request, pipeline.name))
-    stream = _events(request, pipeline, body, request_id, extra)
+    stream = generation.events(request, pipeline, body, request_id, extra, _FIELD_OF_KEY)
 
     if not req.stream:
-        async def collect():
-            await ticket.wait(request)
-            async for event, audio in stream:
-                completion.absorb(event, audio)
+        async def finish():
             completion.timer.done()
             return await run_in_threadpool(completion.response)
-        return await pipeline_stream.until_disconnect(request, collect())
+        return await generation.collect(request, ticket, stream, completion.absorb, finish)
 
-    await pipeline_stream.until_disconnect(request, ticket.wait(request))
-    first = await pipeline_stream.until_disconnect(request, anext(stream, None))   # a rejection: before the head
+    events = await generation.opened(request, ticket, stream)   # a rejection: before the head
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    started = time.perf_counter()
 
     async def sse():
-        try:
-            yield completion.chunk({"role": "assistant", "content": ""})
-            async for event, audio in pipeline_stream.prepend(first, stream):
-                completion.absorb(event, audio)
-                if event.get("type") == "text.delta" and event.get("text"):
-                    yield completion.chunk({"content": event["text"]})
-                elif event.get("type") == "audio.delta" and (audio is not None or event.get("transcript")):
-                    yield completion.chunk(completion.audio_delta(event, audio))
-            completion.timer.done()
-            yield completion.chunk({}, completion.finish_reason)
-            if include_usage:
-                yield json.dumps({"id": completion.id, "object": "chat.completion.chunk", "created": completion.created,
-                                  "model": req.model, "choices": [], "usage": completion.usage_dict()})
-            yield "[DONE]"
-        except Exception as exc:  # noqa: BLE001 - mid-stream failures become an error event, then the stream ends
-            err = exc if isinstance(exc, APIError) else APIError(500, f"internal error: {exc}")
-            yield json.dumps(err.body())
-        finally:
-            await stream.aclose()
-            request.app.state.metrics.stream.labels("/v1/chat/completions").observe(time.perf_counter() - started)
+        yield completion.chunk({"role": "assistant", "content": ""})
+        async for event, audio in events:
+            completion.absorb(event, audio)
+            if event.get("type") == "text.delta" and event.get("text"):
+                yield completion.chunk({"content": event["text"]})
+            elif event.get("type") == "audio.delta" and (audio is not None or event.get("transcript")):
+                yield completion.chunk(completion.audio_delta(event, audio))
+        completion.timer.done()
+        yield completion.chunk({}, completion.finish_reason)
+        if include_usage:
+            yield json.dumps({"id": completion.id, "object": "chat.completion.chunk", "created": completion.created,
+                              "model": req.model, "choices": [], "usage": completion.usage_dict()})
+        yield "[DONE]"
 
-    return EventSourceResponse(sse(), ping=15, headers={"x-request-id": request_id})
+    return generation.sse_response(request, "/v1/chat/completions", request_id, sse(),
+                                   lambda err: json.dumps(err.body()), stream)
 
 
 @router.post("/v1/chat/completions/batch")
@@ -224,7 +199,8 @@ async def chat_completions_batch(batch: ChatBatchRequest, request: Request):
         completion = Completion(reqs[i], f"{request_id}-{i}", cfg.audio_expires_s, timer)
         extra = tensors or None
         with _in_conversation(i):
-            async for event, audio in _events(request, pipeline, body, f"{request_id}-{i}", extra):
+            async for event, audio in generation.events(request, pipeline, body, f"{request_id}-{i}", extra,
+                                                        _FIELD_OF_KEY):
                 completion.absorb(event, audio)
         return await run_in_threadpool(completion.response)
 

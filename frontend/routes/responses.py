@@ -11,20 +11,18 @@ carries `sequence_number`; SSE `event:` names its type.
 from __future__ import annotations
 
 import json
-import time
 
 from fastapi import APIRouter, Request
 from pydantic import ValidationError
-from sse_starlette.sse import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
-from omni_frontend import admission, observability, pipeline_stream
+from omni_frontend import admission, generation, observability
 from omni_frontend.chat_protocol import ROUTED_KEYS, ChatRequest, extensions, to_pipeline
 from omni_frontend.errors import APIError, validation_error
 from omni_frontend.pipelines import CHAT
 from omni_frontend.responses_protocol import ResponseObject, ResponsesRequest, chat_body, responses_params
 from omni_frontend.routes.chat import Completion
-from omni_frontend.routes.common import config, pipeline_for, refuse_unread_fields, triton
+from omni_frontend.routes.common import config, pipeline_for, refuse_unread_fields
 
 router = APIRouter()
 ROUTE = "/v1/responses"
@@ -51,55 +49,45 @@ async def create_response(req: ResponsesRequest, request: Request):
     extra = tensors or None
     completion = Completion(chat, request_id, cfg.audio_expires_s, observability.timer(request, pipeline.name))
     answer = ResponseObject(req, request_id)
-    stream = pipeline_stream.events(triton(request), pipeline.entry, body, request_id, extra)
+    stream = generation.events(request, pipeline, body, request_id, extra)
 
     def finished() -> tuple[str, str]:
         status = "incomplete" if completion.finish_reason == "length" else "completed"
         return status, "".join(completion.text)
 
     if not req.stream:
-        async def collect():
-            await ticket.wait(request)
-            with responses_params(req):
-                async for event, audio in stream:
-                    completion.absorb(event, audio)
+        async def finish():
             completion.timer.done()
             status, text = finished()
             return answer.wire(status, text, completion.usage_dict())
-        return await pipeline_stream.until_disconnect(request, collect())
+        with responses_params(req):
+            return await generation.collect(request, ticket, stream, completion.absorb, finish)
 
-    await pipeline_stream.until_disconnect(request, ticket.wait(request))
     with responses_params(req):   # a rejection: before the head
-        first = await pipeline_stream.until_disconnect(request, anext(stream, None))
-    started = time.perf_counter()
+        events = await generation.opened(request, ticket, stream)
 
     def sse(event: dict) -> dict:
         return {"event": event["type"], "data": json.dumps(event)}
 
-    async def events():
-        try:
-            yield sse(answer.event("response.created", response=answer.wire("in_progress")))
-            yield sse(answer.event("response.in_progress", response=answer.wire("in_progress")))
-            yield sse(answer.event("response.output_item.added", output_index=0, item=answer.item("", "in_progress")))
-            yield sse(answer.event("response.content_part.added", **answer.at(content_index=0, part=answer.part(""))))
-            async for event, audio in pipeline_stream.prepend(first, stream):
-                completion.absorb(event, audio)
-                if event.get("type") == "text.delta" and event.get("text"):
-                    yield sse(answer.event("response.output_text.delta",
-                                           **answer.at(content_index=0, delta=event["text"], logprobs=[])))
-            completion.timer.done()
-            status, text = finished()
-            yield sse(answer.event("response.output_text.done", **answer.at(content_index=0, text=text, logprobs=[])))
-            yield sse(answer.event("response.content_part.done", **answer.at(content_index=0, part=answer.part(text))))
-            yield sse(answer.event("response.output_item.done", output_index=0,
-                                   item=answer.item(text, "incomplete" if status == "incomplete" else "completed")))
-            yield sse(answer.event(f"response.{status}", response=answer.wire(status, text, completion.usage_dict())))
-        except Exception as exc:  # noqa: BLE001 - mid-stream failures end the stream with response.failed
-            err = exc if isinstance(exc, APIError) else APIError(500, f"internal error: {exc}")
-            yield sse(answer.event("response.failed", response=answer.wire("failed", "".join(completion.text),
-                                                                           error=err)))
-        finally:
-            await stream.aclose()
-            request.app.state.metrics.stream.labels(ROUTE).observe(time.perf_counter() - started)
+    async def produce():
+        yield sse(answer.event("response.created", response=answer.wire("in_progress")))
+        yield sse(answer.event("response.in_progress", response=answer.wire("in_progress")))
+        yield sse(answer.event("response.output_item.added", output_index=0, item=answer.item("", "in_progress")))
+        yield sse(answer.event("response.content_part.added", **answer.at(content_index=0, part=answer.part(""))))
+        async for event, audio in events:
+            completion.absorb(event, audio)
+            if event.get("type") == "text.delta" and event.get("text"):
+                yield sse(answer.event("response.output_text.delta",
+                                       **answer.at(content_index=0, delta=event["text"], logprobs=[])))
+        completion.timer.done()
+        status, text = finished()
+        yield sse(answer.event("response.output_text.done", **answer.at(content_index=0, text=text, logprobs=[])))
+        yield sse(answer.event("response.content_part.done", **answer.at(content_index=0, part=answer.part(text))))
+        yield sse(answer.event("response.output_item.done", output_index=0,
+                               item=answer.item(text, "incomplete" if status == "incomplete" else "completed")))
+        yield sse(answer.event(f"response.{status}", response=answer.wire(status, text, completion.usage_dict())))
 
-    return EventSourceResponse(events(), ping=15, headers={"x-request-id": request_id})
+    def failed(err: APIError) -> dict:   # a failure after the head ends the stream with response.failed
+        return sse(answer.event("response.failed", response=answer.wire("failed", "".join(completion.text), error=err)))
+
+    return generation.sse_response(request, ROUTE, request_id, produce(), failed, stream)

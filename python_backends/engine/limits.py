@@ -20,13 +20,16 @@ def longest_token_chars(tokenizer) -> int:
     return max(len(token) for token in tokenizer.get_vocab())
 
 
-def check_prompt_chars(chars: int, max_tokens: int, context_length: int, longest_token: int) -> None:
+def check_prompt_chars(chars: int, max_tokens: int, context_length: int, longest_token: int,
+                       prompt_param: str = "messages") -> None:
     """Raises RequestError (HTTP 400) when a prompt of `chars` characters cannot fit the context whatever
-    its tokenization (at least ceil(chars / longest_token) tokens plus max_tokens); param is "messages"
-    when the prompt alone cannot fit, else "max_tokens"."""
+    its tokenization (at least ceil(chars / longest_token) tokens plus max_tokens); param is `prompt_param`
+    ("messages", or a completion's "prompt") when the prompt alone cannot fit, else "max_tokens"."""
     least = math.ceil(chars / max(longest_token, 1))
     if least + max_tokens > context_length:
-        raise RequestError(f"the messages hold {chars} characters: at least {least} tokens, which with max_tokens "
-                           f"({max_tokens}) exceeds the context length {context_length}",
-                           param="messages" if least >= context_length else "max_tokens", code="context_length_exceeded")
+        raise RequestError(f"the {prompt_param} hold{'s' if prompt_param == 'prompt' else ''} {chars} characters: at "
+                           f"least {least} tokens, which with max_tokens ({max_tokens}) exceeds the context length "
+                           f"{context_length}",
+                           param=prompt_param if least >= context_length else "max_tokens",
+                           code="context_length_exceeded")
 

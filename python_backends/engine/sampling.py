@@ -313,12 +313,14 @@ def sample_rows(logits: torch.Tensor, params: Sequence[SamplingParams], seen_tok
     return tokens
 
 
-def check_context_length(prompt_tokens: int, max_tokens: int, context_length: int) -> None:
+def check_context_length(prompt_tokens: int, max_tokens: int, context_length: int,
+                         prompt_param: str = "messages") -> None:
     """Raises RequestError (HTTP 400, code context_length_exceeded) when the prompt plus max_tokens cannot fit
-    in the model's context (positions 0 .. context_length - 1); param is "messages" when the prompt alone
-    cannot fit (as `omni_backends.engine.limits.check_prompt_chars` names it), else "max_tokens"."""
+    in the model's context (positions 0 .. context_length - 1); param is `prompt_param` ("messages", or a
+    completion's "prompt") when the prompt alone cannot fit (as `omni_backends.engine.limits.check_prompt_chars`
+    names it), else "max_tokens"."""
     if prompt_tokens + max_tokens > context_length:
         raise RequestError(f"prompt ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds the "
                            f"context length {context_length}",
-                           param="messages" if prompt_tokens >= context_length else "max_tokens",
+                           param=prompt_param if prompt_tokens >= context_length else "max_tokens",
                            code="context_length_exceeded")

@@ -88,7 +88,7 @@ class PromptBuilder:
         if images and self.image_processor is None:
             raise RequestError("this checkpoint has no image processor: image parts are not accepted",
                                param="messages")
-        text = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+        text = self.text(messages)
         inputs = ThinkerInputs(input_ids=torch.zeros(0, dtype=torch.long))   # input_ids: set once expanded
         if audios:
             features = self.feature_extractor([np.asarray(a, dtype=np.float32) for a in audios],
@@ -110,6 +110,13 @@ class PromptBuilder:
             inputs.position_ids = torch.cat([torch.arange(ids.shape[1])[None, None], rope.long()])
             inputs.next_position = int(rope.max()) + 1
         return inputs
+
+    def text(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
+        """The chat-templated text of messages (as `build` renders them, audio and image placeholders not expanded),
+        ending with the assistant turn's header when `add_generation_prompt`
+        (omni_backends.serving.token_actions.Template). Raises RequestError as `build`."""
+        return self.tokenizer.apply_chat_template([self._message(i, m) for i, m in enumerate(messages)],
+                                                  add_generation_prompt=add_generation_prompt, tokenize=False)
 
     def _tokenize(self, text: str) -> torch.Tensor:
         return torch.tensor(self.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)

@@ -8,10 +8,12 @@ Outputs (decoupled: one response per event, then an empty FINAL response)
                        pipeline-specific types
                        (REQUEST {"action": "voices"} to a pipeline that speaks -> one
                        {"type": "voices", "voices": [str], "default": str};
-                       REQUEST {"action": "prompt_tokens", "messages", "max_tokens"} to `voice` (the chat
-                       pipeline of realtime sessions, counted by voice_llm's tokenizer; `qwen3_omni` refuses it) -> one
+                       REQUEST {"action": "prompt_tokens", "messages", "max_tokens"} to a chat pipeline
+                       (counted by its LLM's tokenizer: voice_llm's, qwen3_omni's thinker's) -> one
                        {"type": "prompt_tokens", "prompt_tokens": int, "context_length": int}, or its 400
-                       `context_length_exceeded` when the messages plus max_tokens cannot fit its context)
+                       `context_length_exceeded` when the messages plus max_tokens cannot fit its context;
+                       `prompt` instead of messages, "return_token_ids", {"action": "detokenize", "tokens"}: see
+                       omni_backends.serving.token_actions, which `voice` and `qwen3_omni` answer)
   AUDIO     FP32 [-1]  PCM samples of an "audio.delta" event (mono, at the event's sample_rate);
                        an empty tensor for other events. A chat answer asked with the "audio" modality always
                        has an audio.delta with samples: text the voice cannot say (an emoji-only reply, "👍") is
@@ -107,10 +109,24 @@ def wants_prompt_tokens(body: dict) -> bool:
     return body.get("action") == "prompt_tokens"
 
 
-def prompt_tokens_event(prompt_tokens: int, context_length: int) -> dict:
+def prompt_tokens_event(prompt_tokens: int, context_length: int, token_ids: list[int] | None = None) -> dict:
     """The one event answering {"action": "prompt_tokens"}: the prompt's token count and the LLM's context
-    length (tokens)."""
-    return {"type": "prompt_tokens", "prompt_tokens": prompt_tokens, "context_length": context_length}
+    length (tokens); with `token_ids` (asked with "return_token_ids": true) the prompt's ids too."""
+    event = {"type": "prompt_tokens", "prompt_tokens": prompt_tokens, "context_length": context_length}
+    if token_ids is not None:
+        event["token_ids"] = list(token_ids)
+    return event
+
+
+def wants_detokenize(body: dict) -> bool:
+    """True for the REQUEST {"action": "detokenize", "tokens": [int]}: the text of token ids by the chat pipeline's
+    LLM tokenizer (answered with detokenized_event; an id outside its vocabulary is a 400 naming `tokens`)."""
+    return body.get("action") == "detokenize"
+
+
+def detokenized_event(text: str) -> dict:
+    """The one event answering {"action": "detokenize"}: the ids' text."""
+    return {"type": "detokenized", "text": text}
 
 
 def encode_event(event: dict, audio: np.ndarray | None = None) -> dict[str, np.ndarray]:

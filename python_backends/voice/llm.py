@@ -26,6 +26,7 @@ from omni_backends.engine import (DecoderRunner, EngineLoop, PrefixCache, Prompt
                                   TextStream)
 from omni_backends.errors import RequestError
 from omni_backends.voice.models import model_home, prepare_llm
+from omni_backends.voice.protocol import text_messages
 
 THREADS_ENV = "OMNI_LLM_THREADS"
 DEFAULT_PARAMS = SamplingParams(max_tokens=256, temperature=0.0)
@@ -109,12 +110,25 @@ class ChatLLM:
         Raises RequestError for bad messages or when the prompt plus max_tokens exceeds the context length.
         """
         ids = self.checked_prompt_ids(messages, params.max_tokens)
-        params = dataclasses.replace(params, stop_token_ids=tuple(dict.fromkeys(params.stop_token_ids + self.end_token_ids)))
         # keep the system part (every conversation with these system messages starts with it) and the whole
         # prompt (this conversation's next turn starts with it: multi-turn chats and realtime sessions)
-        head = self.shared_prefix_length(messages, ids)
-        prompt = Prompt(input_ids=torch.tensor(ids), cache_prefixes=tuple(n for n in (head, len(ids)) if n))
+        return self.prepare_ids(ids, params, stop, (self.shared_prefix_length(messages, ids), len(ids)))
+
+    def prepare_ids(self, ids: Sequence[int], params: SamplingParams = DEFAULT_PARAMS, stop: Sequence[str] = (),
+                    cache_prefixes: Sequence[int] = ()) -> tuple[Prompt, SamplingParams, TextStream]:
+        """`prepare` for prompt ids already checked to fit (a chat's template, or a completion's raw prompt:
+        `omni_backends.serving.token_actions.completion_ids`); `cache_prefixes`: prefix lengths to keep in the
+        prefix cache (0s are skipped)."""
+        stop_ids = tuple(dict.fromkeys(params.stop_token_ids + self.end_token_ids))
+        params = dataclasses.replace(params, stop_token_ids=stop_ids)
+        prompt = Prompt(input_ids=torch.tensor(list(ids)), cache_prefixes=tuple(n for n in cache_prefixes if n))
         return prompt, params, TextStream(self.tokenizer, len(ids), stop)
+
+    def template_text(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
+        """The chat-templated text of text `messages` (string content or text parts, joined as the voice pipeline
+        joins them), as `prompt_ids` tokenizes it (token_actions.Template)."""
+        return self.tokenizer.apply_chat_template(text_messages(messages, ()), tokenize=False,
+                                                  add_generation_prompt=add_generation_prompt)
 
     def shared_prefix_length(self, messages: Sequence[Mapping[str, str]], ids: Sequence[int]) -> int:
         """How many leading `ids` every conversation with the same leading system messages starts with:

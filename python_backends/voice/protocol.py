@@ -15,7 +15,8 @@ SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "max_tokens", "seed", "prese
                    "repetition_penalty", "stop")
 FIRST_CHUNK_WORDS = "first_chunk_words"  # REQUEST extension field, see chunker_options
 MAX_FIRST_CHUNK_WORDS = 40
-REQUEST_FIELDS = ("messages", "modalities", "voice", *SAMPLING_FIELDS, FIRST_CHUNK_WORDS)   # a chat REQUEST's keys
+# a chat REQUEST's keys (`prompt` instead of `messages`: a completion's raw prompt)
+REQUEST_FIELDS = ("messages", "prompt", "modalities", "voice", *SAMPLING_FIELDS, FIRST_CHUNK_WORDS)
 
 
 def chunker_options(body: Mapping) -> dict[str, int]:

@@ -29,6 +29,21 @@ def test_a_wrong_or_missing_key_is_a_401_envelope(header):
     assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_api_key"
 
 
+@pytest.mark.parametrize("path, body", [("/v1/completions", {"prompt": "hi"}), ("/tokenize", {"prompt": "hi"}),
+                                        ("/detokenize", {"tokens": [1]})])
+def test_vllms_text_routes_need_the_key(path, body):
+    """The real app: vLLM's routes outside /v1 (/tokenize, /detokenize) are guarded as every API route."""
+    from omni_frontend.app import create_app
+    from omni_frontend.config import FrontendConfig
+
+    app = create_app(FrontendConfig(triton_url="127.0.0.1:1", pipelines=[], api_key="sekrit"))
+    with TestClient(app) as client:
+        response = client.post(path, json={"model": "voice", **body})
+        assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_api_key"
+        response = client.post(path, json={"model": "voice", **body}, headers={"Authorization": "Bearer sekrit"})
+        assert response.status_code == 404 and response.json()["error"]["code"] == "model_not_found"
+
+
 def test_the_realtime_page_and_health_open_without_a_key():
     """A browser opening the page sends no Authorization header; the page sends the key on the WebSocket."""
     client = _client()

@@ -10,6 +10,7 @@ from transformers import Qwen3OmniMoeForConditionalGeneration
 
 from omni_backends.engine.options import EngineOptions
 from omni_backends.errors import RequestError
+from omni_backends.qwen3_omni.serving import turn
 from omni_backends.qwen3_omni.thinker import Thinker
 from tests.qwen3_omni_reference import greedy_text, processor
 
@@ -137,3 +138,27 @@ def test_image_prompts_on_cuda_decode_alike_with_and_without_graphs(tmp_path, mo
     # the processor's expansion (test_image_prompt_tokens_match_generate; transformers 5.17's processor on the device
     # needs a video processor, which needs torchvision): 2 + 6 image tokens
     assert int((runs[0][1] == stages.config.thinker_config.image_token_id).sum()) == 2 + 6
+
+
+def test_turn_reads_the_image_tensors_of_a_chat_and_refuses_them_with_a_completion_prompt(qwen3_omni_stages):
+    """`turn.thinker_request` (the thinker stage and the co-located model): a chat's INPUT_IMAGES reach the prompt as
+    `build` makes it; a completion's `prompt` (text or ids, no chat template) takes no media tensor (400 naming it)."""
+    stages = qwen3_omni_stages
+    thinker = Thinker(stages.thinker, stages.config, stages.tokenizer, stages.feature_extractor,
+                      image_processor=stages.image_processor)
+    image = _image(0, SIZES[1])
+    media = {"INPUT_IMAGES": image[None], "INPUT_IMAGE_SIZES": np.array([SIZES[1]], np.int32)}
+    try:
+        inputs, _, _ = turn.thinker_request(thinker, {"messages": _messages(1)}, media, MAX_TOKENS)
+        assert torch.equal(inputs.input_ids, thinker.prompts.build(_messages(1), images=[image]).input_ids)
+        assert inputs.image_grid_thw.tolist() == [[1, 6, 4]]
+        ids = stages.tokenizer("Look at")["input_ids"]
+        inputs, _, _ = turn.thinker_request(thinker, {"prompt": ids}, {}, MAX_TOKENS)
+        assert inputs.input_ids.tolist() == ids and inputs.pixel_values is None
+        for name in ("INPUT_IMAGES", "INPUT_AUDIO"):
+            with pytest.raises(RequestError) as err:
+                turn.thinker_request(thinker, {"prompt": "Look at"}, {name: media.get(name, np.zeros(5, np.float32))},
+                                     MAX_TOKENS)
+            assert err.value.param == name
+    finally:
+        thinker.shutdown()

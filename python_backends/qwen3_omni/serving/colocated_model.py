@@ -8,9 +8,10 @@ engine thread, the talker thread and the code2wav thread each run on their own C
 (`LocalOmniPipeline`), so their kernels overlap, and tokens, hidden states and frames cross between them as
 in-process objects instead of BLS responses (no per-token JSON, IPC or DLPack hand-offs between stages).
 
-Same tensors and events as the orchestrator (REQUEST / INPUT_AUDIO / INPUT_IMAGES / INPUT_IMAGE_SIZES in; EVENT JSON + AUDIO out, see
-`omni_model`), so clients and the frontend see no difference; a deploy file selects it with
-`layout: colocated` (omni_frontend.deploy) and serves it under the name qwen3_omni. Settings: shared
+Same tensors and events as the orchestrator (REQUEST / INPUT_AUDIO / INPUT_IMAGES / INPUT_IMAGE_SIZES in; EVENT
+JSON + AUDIO out, see `omni_model`), so clients and the frontend see no difference; a deploy file selects it with
+`layout: colocated` (omni_frontend.deploy) and serves it under the name qwen3_omni; it answers the token control
+REQUESTs (`omni_backends.serving.token_actions`) from its thinker's tokenizer. Settings: shared
 `checkpoint`, `kernels`, `threads`, `default_voice`, `switch_interval_ms` (the process's GIL switch interval,
 default `pipeline.ENGINE_SWITCH_INTERVAL_S`), `sm_split` (e.g. `thinker:88,talker:44`: the engine threads' SMs as
 disjoint CUDA green contexts, `engine.sm_split`; empty or off: off, the default, as runs 24-25 found no gain;
@@ -54,7 +55,7 @@ from omni_backends.qwen3_omni.serving import turn as turns
 from omni_backends.qwen3_omni.step_profile import StepProfile
 from omni_backends.qwen3_omni.talker import Talker
 from omni_backends.qwen3_omni.thinker import Thinker, ThinkerToken
-from omni_backends.serving import events, model_config
+from omni_backends.serving import events, model_config, token_actions
 from omni_backends.serving.decoupled import AsyncDecoupledModel
 
 CANCEL_POLL_S = 0.05
@@ -91,7 +92,7 @@ class Mailbox:
 
 
 class TritonPythonModel(AsyncDecoupledModel):
-    request_fields, control_actions = turns.REQUEST_FIELDS, ("voices",)
+    request_fields, control_actions = turns.REQUEST_FIELDS, ("voices", *token_actions.ACTIONS)
 
     def setup(self, args: dict) -> None:
         # three engine threads and the request coroutines share the GIL: hand it over in 0.5 ms, not Python's 5 ms
@@ -143,6 +144,9 @@ class TritonPythonModel(AsyncDecoupledModel):
         if events.wants_voices(body):
             yield events.voices_event(self.voices, self.default_voice, body,
                                       lambda v: turns.resolve_voice(v, self.voices)), None
+            return
+        if body.get("action") in token_actions.ACTIONS:
+            yield turns.token_action(self.pipeline.thinker, body, self.default_max_tokens), None
             return
         media = turns.media_inputs(ctx.input)
         modalities, voice = turns.validate(body, self.voices, self.default_voice, media)

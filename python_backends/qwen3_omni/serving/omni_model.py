@@ -20,6 +20,8 @@ in a last audio.delta with empty AUDIO; a turn whose talker made no audio at all
 frames, 12.5 per second)}}, "token_ids" (with "return_token_ids": true)}.
 
 REQUEST {"action": "voices"} -> one {"type": "voices"} event: the checkpoint's speakers.
+REQUEST {"action": "prompt_tokens" | "detokenize", ...} -> the thinker's one event (`token_actions`).
+REQUEST `prompt` (text or token ids) instead of `messages`: a completion, prefilled without the chat template.
 Extension fields of REQUEST: "talker_do_sample", "talker_temperature", "talker_top_k", "talker_top_p",
 "talker_repetition_penalty" (null: transformers `generate`'s talker defaults: sampling, 0.9, 50, 1.0,
 1.05), "talker_max_frames" (null: the talker's config `max_frames`), "return_token_ids"; no other key
@@ -40,13 +42,16 @@ from omni_backends.qwen3_omni.loading import load_config
 from omni_backends.qwen3_omni.serving import protocol as p
 from omni_backends.qwen3_omni.serving import turn as turns
 from omni_backends.qwen3_omni.serving.turn import Turn
-from omni_backends.serving import bls, events
+from omni_backends.serving import bls, events, token_actions
 from omni_backends.serving.fanin import FanIn
 from omni_backends.serving.decoupled import AsyncDecoupledModel
 from omni_backends.serving.tensors import on_gpu
 
 THINKER, TALKER, CODE2WAV = "qwen3_omni_thinker", "qwen3_omni_talker", "qwen3_omni_code2wav"
 _END = object()
+# the keys of a token control REQUEST passed on to the thinker
+TOKEN_ACTION_FIELDS = ("action", "messages", "prompt", "max_tokens", "add_generation_prompt", "add_special_tokens",
+                       "return_token_ids", "tokens")
 START, END = pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START, pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
 
 
@@ -74,7 +79,7 @@ def _drain(q: asyncio.Queue, first) -> list:
 
 
 class TritonPythonModel(AsyncDecoupledModel):
-    request_fields, control_actions = turns.REQUEST_FIELDS, ("voices",)
+    request_fields, control_actions = turns.REQUEST_FIELDS, ("voices", *token_actions.ACTIONS)
 
     def setup(self, args: dict) -> None:
         config = load_config(p.stage_checkpoint(self.parameters, self.model_name))
@@ -86,6 +91,9 @@ class TritonPythonModel(AsyncDecoupledModel):
         if events.wants_voices(body):
             yield events.voices_event(self.voices, self.default_voice, body,
                                       lambda v: turns.resolve_voice(v, self.voices)), None
+            return
+        if body.get("action") in token_actions.ACTIONS:
+            yield await self._token_action(ctx, body), None
             return
         modalities, voice = turns.validate(body, self.voices, self.default_voice, turns.media_inputs(ctx.input))
         turn = _Turn(body, voice)
@@ -105,6 +113,18 @@ class TritonPythonModel(AsyncDecoupledModel):
         finally:
             await out.close()
             await self._abort_open_sequences(turn)
+
+    @staticmethod
+    async def _token_action(ctx, body: dict) -> dict:
+        """The thinker's one event answering a token control REQUEST (`token_actions`), which gets the REQUEST's keys
+        of TOKEN_ACTION_FIELDS. Raises its RequestError."""
+        inputs = {p.REQUEST: events.json_tensor({k: body.get(k) for k in TOKEN_ACTION_FIELDS})}
+        answer = None
+        async for response in bls.stream(ctx, THINKER, inputs, [p.EVENT]):
+            answer = events.read_json(response[p.EVENT])
+        if answer is None:
+            raise RuntimeError(f"{THINKER} answered the {body.get('action')} action with no event")
+        return answer
 
     async def _think(self, ctx, turn: _Turn, send_text: bool, out: FanIn, talker_q) -> None:
         inputs = {p.REQUEST: events.json_tensor({**turn.body, "talker_inputs": talker_q is not None}),

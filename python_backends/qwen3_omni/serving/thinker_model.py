@@ -3,7 +3,9 @@ audio (INPUT_AUDIO) and images (INPUT_IMAGES + INPUT_IMAGE_SIZES).
 
 Tensors: see `omni_backends.qwen3_omni.serving.protocol`. Sampling from the REQUEST JSON
 (`turn.thinker_request`): temperature, top_p, top_k, max_tokens (null: config `max_tokens`, default 256),
-min_tokens, seed, stop (strings; the text is cut there and the turn ends with finish_reason "stop"). Stage settings:
+min_tokens, seed, stop (strings; the text is cut there and the turn ends with finish_reason "stop"); `prompt` instead of
+`messages`: a completion's raw prompt. The token control REQUESTs (`token_actions`: {"action": "prompt_tokens"},
+{"action": "detokenize"}) are answered with one EVENT from the thinker's tokenizer. Stage settings:
 `protocol.stage_setup` (device from the instance kind, dtype, engine, kernels, gpu_tensors). The turn
 also ends at `<|im_end|>` (included in completion_tokens, never in the text).
 """
@@ -22,7 +24,7 @@ from omni_backends.qwen3_omni.prompt import ThinkerInputs
 from omni_backends.qwen3_omni.serving import protocol as p
 from omni_backends.qwen3_omni.serving import turn as turns
 from omni_backends.qwen3_omni.thinker import Thinker
-from omni_backends.serving import events, model_config
+from omni_backends.serving import events, model_config, token_actions
 from omni_backends.serving.engine_model import EngineStageModel
 
 
@@ -49,6 +51,8 @@ class TritonPythonModel(EngineStageModel):
 
     def make_prompt(self, request):
         body = events.decode_request(pb_utils.get_input_tensor_by_name(request, p.REQUEST).as_numpy())
+        if body.get("action") in token_actions.ACTIONS:
+            return {p.EVENT: events.json_tensor(turns.token_action(self.thinker, body, self.default_max_tokens))}
         check_request(body, images=True)  # any field of the wrong JSON type: a 400 naming it, before it is used
 
         def read(name):

@@ -9,6 +9,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
+import torch
 
 from omni_backends.chat_request import audio_clips, check_request, input_images, text_chars
 from omni_backends.engine import SamplingParams, TextStream
@@ -19,13 +20,16 @@ from omni_backends.errors import RequestError
 from omni_backends.qwen3_omni.prompt import ThinkerInputs
 from omni_backends.qwen3_omni.serving.protocol import INPUT_AUDIO, INPUT_IMAGE_SIZES, INPUT_IMAGES, MEDIA_INPUTS, \
     TALKER_FIELDS
+from omni_backends.serving import token_actions
 from omni_backends.serving.events import silence
+from omni_backends.serving.token_actions import completion_ids
 
 MODALITIES = ("text", "audio")
-# the REQUEST keys a turn reads; `first_chunk_words` (the voice pipeline's first spoken chunk, which realtime sessions
-# send) is accepted and has no effect: the talker speaks frame by frame
-REQUEST_FIELDS = ("messages", "modalities", "voice", "stop", *SAMPLING_FIELDS, *(f"talker_{k}" for k in TALKER_FIELDS),
-                  "return_token_ids", "first_chunk_words")
+# the REQUEST keys a turn reads (`prompt`, text or token ids, instead of `messages`: a completion, whose prompt the
+# thinker reads without the chat template); `first_chunk_words` (the voice pipeline's first spoken chunk, which
+# realtime sessions send) is accepted and has no effect: the talker speaks frame by frame
+REQUEST_FIELDS = ("messages", "prompt", "modalities", "voice", "stop", *SAMPLING_FIELDS,
+                  *(f"talker_{k}" for k in TALKER_FIELDS), "return_token_ids", "first_chunk_words")
 
 
 Media = Mapping[str, np.ndarray]   # MEDIA_INPUTS the request brought, by tensor name
@@ -41,14 +45,15 @@ def validate(body: dict, voices: Sequence[str], default_voice: str,
              media: Media | None = None) -> tuple[list[str], str | None]:
     """(modalities, voice or None for text only) of a REQUEST with its media tensors. Raises RequestError (HTTP 400)
     for a field of the wrong JSON type (`chat_request.check_request`, param: its path), empty messages,
-    max_tokens <= 0, an unknown modality, an unknown voice (the message lists `voices`), an input_audio part
-    outside INPUT_AUDIO or a NaN / infinite sample in it, image tensors that do not fit the image parts
-    (`chat_request.input_images`). A key outside REQUEST_FIELDS was refused before (the models' `request_fields`,
-    checked by AsyncDecoupledModel)."""
+    max_tokens <= 0, an unknown modality, the audio modality for a completion's `prompt`, an unknown voice (the message
+    lists `voices`), an input_audio part outside INPUT_AUDIO or a NaN / infinite sample in it, image tensors that do
+    not fit the image parts (`chat_request.input_images`). A key outside REQUEST_FIELDS was refused before (the
+    models' `request_fields`, checked by AsyncDecoupledModel)."""
     media = media or {}
     check_request(body, images=True)
-    audio_clips(body["messages"], media.get(INPUT_AUDIO), images=True)
-    input_images(body["messages"], media.get(INPUT_IMAGES), media.get(INPUT_IMAGE_SIZES))
+    if body.get("prompt") is None:
+        audio_clips(body["messages"], media.get(INPUT_AUDIO), images=True)
+        input_images(body["messages"], media.get(INPUT_IMAGES), media.get(INPUT_IMAGE_SIZES))
     max_tokens = body.get("max_tokens")
     if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens <= 0):
         raise RequestError(f"max_tokens must be a positive integer, got {max_tokens!r}", param="max_tokens")
@@ -57,6 +62,9 @@ def validate(body: dict, voices: Sequence[str], default_voice: str,
         raise RequestError(f"modalities must be a non-empty subset of {list(MODALITIES)}", param="modalities")
     if "audio" not in modalities:
         return modalities, None
+    if body.get("prompt") is not None:   # the talker's prompt is built from the chat template's turns
+        raise RequestError("a completion's prompt is answered in text only: modalities must be [\"text\"]",
+                           param="modalities")
     return modalities, resolve_voice(body.get("voice") or default_voice, voices)
 
 
@@ -77,18 +85,37 @@ def thinker_request(thinker, body: dict, media: Media | None,
     Sampling (`request_sampling_params`): temperature (0 or null: greedy), top_p, top_k (-1/0: off),
     max_tokens (null: `default_max_tokens`), min_tokens (vLLM's extension: `<|im_end|>` is suppressed before
     that many tokens), seed, presence_penalty, frequency_penalty, repetition_penalty; stop strings end the
-    text. A prompt too long for the context is refused from its length before it is tokenized. `body` has passed
-    `chat_request.check_request` (`validate` runs it; a stage called alone runs it first). Raises RequestError
-    naming a bad field (or a prompt that does not fit)."""
-    messages, media = body["messages"], media or {}
+    text. A REQUEST with `prompt` (text or token ids) prefills it as it is (`token_actions.completion_ids`), without
+    the chat template, and takes no media tensor. A prompt too long for the context is refused from its length
+    before it is tokenized. `body` has passed `chat_request.check_request` (`validate` runs it; a stage called alone
+    runs it first). Raises RequestError naming a bad field (or a prompt that does not fit)."""
+    media = media or {}
     params = request_sampling_params(body, thinker.sampling_params(max_tokens=default_max_tokens, temperature=0.0))
-    check_prompt_chars(text_chars(messages), params.max_tokens, thinker.context_length, thinker.longest_token)
-    inputs = thinker.prompts.build(messages, audio_clips(messages, media.get(INPUT_AUDIO), images=True),
-                                   input_images(messages, media.get(INPUT_IMAGES), media.get(INPUT_IMAGE_SIZES)))
-    check_context_length(len(inputs.input_ids), params.max_tokens, thinker.context_length)
+    if body.get("prompt") is not None:   # a completion: the prompt as it is, no chat template
+        if media:
+            name = next(iter(media))
+            raise RequestError(f"a completion's prompt is text or token ids: it takes no {name} tensor", param=name)
+        ids = completion_ids(thinker.prompts.tokenizer, body["prompt"], params.max_tokens, thinker.context_length,
+                             thinker.longest_token)
+        inputs = ThinkerInputs(input_ids=torch.tensor(ids, dtype=torch.long))
+    else:
+        messages = body["messages"]
+        check_prompt_chars(text_chars(messages), params.max_tokens, thinker.context_length, thinker.longest_token)
+        inputs = thinker.prompts.build(messages, audio_clips(messages, media.get(INPUT_AUDIO), images=True),
+                                       input_images(messages, media.get(INPUT_IMAGES), media.get(INPUT_IMAGE_SIZES)))
+        check_context_length(len(inputs.input_ids), params.max_tokens, thinker.context_length)
     stop = body.get("stop") or []
     text = TextStream(thinker.prompts.tokenizer, len(inputs.input_ids), [stop] if isinstance(stop, str) else stop)
     return inputs, params, text
+
+
+def token_action(thinker, body: dict, default_max_tokens: int) -> dict:
+    """The thinker's answer to a token control REQUEST ({"action": "prompt_tokens" | "detokenize"}, see
+    `omni_backends.serving.token_actions`; max_tokens null: `default_max_tokens`), by its tokenizer and chat template.
+    Raises RequestError (HTTP 400) naming the bad field, or `context_length_exceeded`."""
+    params = request_sampling_params(body, thinker.sampling_params(max_tokens=default_max_tokens, temperature=0.0))
+    return token_actions.answer(body, thinker.prompts.tokenizer, thinker.prompts.text, params.max_tokens,
+                                thinker.context_length, thinker.longest_token)
 
 
 def talker_fields(body: dict, voice: str) -> dict:

@@ -12,8 +12,12 @@ that cancels knows what its answer spent.
 REQUEST extension `first_chunk_words` (1-40): the most words of the first spoken chunk (protocol.chunker_options).
 Any key outside `REQUEST_FIELDS` (an extension this pipeline does not honour, e.g. `min_tokens`) is a 400 naming it.
 REQUEST {"action": "voices"} -> one {"type": "voices"} event (the voices of voice_tts's engine, as `tts` lists them).
-REQUEST {"action": "prompt_tokens", "messages" (text), "max_tokens"} -> voice_llm's one {"type": "prompt_tokens"}
-event (omni_backends.serving.events.prompt_tokens_event), or its 400 `context_length_exceeded`.
+REQUEST {"action": "prompt_tokens", "messages" (text) | "prompt", "max_tokens", ...} -> voice_llm's one
+{"type": "prompt_tokens"} event (omni_backends.serving.events.prompt_tokens_event), or its 400
+`context_length_exceeded`; {"action": "detokenize", "tokens"} -> its {"type": "detokenized", "text"}
+(omni_backends.serving.token_actions).
+REQUEST `prompt` (text or token ids) instead of `messages`: a completion, whose prompt voice_llm reads without the
+chat template (omni_frontend.completions_protocol).
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ import asyncio
 import numpy as np
 
 from omni_backends.serving.fanin import FanIn
-from omni_backends.serving import bls, events
+from omni_backends.serving import bls, events, token_actions
 from omni_backends.serving.decoupled import AsyncDecoupledModel
 from omni_backends.voice.chunker import SentenceChunker, has_words
 from omni_backends.chat_request import audio_clips, check_request
@@ -33,10 +37,13 @@ from omni_backends.voice.tts import SAMPLE_RATE
 
 INPUT_AUDIO = "INPUT_AUDIO"
 _END = object()
+# the keys of a token control REQUEST passed on to voice_llm
+TOKEN_ACTION_FIELDS = ("action", "messages", "prompt", "max_tokens", "add_generation_prompt", "add_special_tokens",
+                       "return_token_ids", "tokens")
 
 
 class TritonPythonModel(AsyncDecoupledModel):
-    request_fields, control_actions = REQUEST_FIELDS, ("voices", "prompt_tokens")
+    request_fields, control_actions = REQUEST_FIELDS, ("voices", *token_actions.ACTIONS)
 
     def setup(self, args: dict) -> None:
         self.voices = engines.voices(engines.stage_engine(args["model_repository"]))
@@ -46,20 +53,24 @@ class TritonPythonModel(AsyncDecoupledModel):
         if events.wants_voices(body):
             yield events.voices_event(self.voices.names, self.voices.default, body, self.voices.resolve), None
             return
-        if events.wants_prompt_tokens(body):
-            yield await _prompt_tokens(ctx, body), None
+        if body.get("action") in token_actions.ACTIONS:
+            yield await _token_action(ctx, body), None
             return
         check_request(body)  # any field of the wrong JSON type: a 400 naming it, before it is used
         modalities = body.get("modalities") or ["text", "audio"]
         voice = self.voices.resolve(body.get("voice")) if "audio" in modalities else None
-        messages = body["messages"]
         chunking = chunker_options(body)  # checked before any model work
-        clips = audio_clips(messages, ctx.input(INPUT_AUDIO))  # NaN / inf samples, parts outside INPUT_AUDIO: 400
-        transcripts = []
-        for clip in clips:
-            transcripts.append(await _transcribe(ctx, clip))
-            yield {"type": "input_audio.transcription", "text": transcripts[-1]}, None
-        llm_body = {"messages": text_messages(messages, transcripts), **{k: body.get(k) for k in SAMPLING_FIELDS}}
+        sampling = {k: body.get(k) for k in SAMPLING_FIELDS}
+        if body.get("prompt") is not None:   # a completion: voice_llm reads the prompt without the chat template
+            llm_body = {"prompt": body["prompt"], **sampling}
+        else:
+            messages = body["messages"]
+            clips = audio_clips(messages, ctx.input(INPUT_AUDIO))  # NaN / inf samples, parts outside INPUT_AUDIO: 400
+            transcripts = []
+            for clip in clips:
+                transcripts.append(await _transcribe(ctx, clip))
+                yield {"type": "input_audio.transcription", "text": transcripts[-1]}, None
+            llm_body = {"messages": text_messages(messages, transcripts), **sampling}
 
         out = FanIn()
         chunks: asyncio.Queue | None = asyncio.Queue() if voice else None
@@ -82,16 +93,16 @@ class TritonPythonModel(AsyncDecoupledModel):
         yield done
 
 
-async def _prompt_tokens(ctx, body: dict) -> dict:
-    """voice_llm's answer to {"action": "prompt_tokens"} for the REQUEST's text `messages` and `max_tokens` (what a
-    chat REQUEST with them would prefill). Raises its RequestError (400 `context_length_exceeded`, or a bad message)."""
-    request = {events.REQUEST: events.json_tensor({"action": "prompt_tokens", "messages": body.get("messages"),
-                                                   "max_tokens": body.get("max_tokens")})}
+async def _token_action(ctx, body: dict) -> dict:
+    """voice_llm's answer to a token control REQUEST ({"action": "prompt_tokens"} for text `messages` or a
+    `prompt`, {"action": "detokenize"}: omni_backends.serving.token_actions), which gets the REQUEST's keys of
+    TOKEN_ACTION_FIELDS. Raises its RequestError (400 `context_length_exceeded`, a bad message, prompt or token)."""
+    request = {events.REQUEST: events.json_tensor({k: body.get(k) for k in TOKEN_ACTION_FIELDS})}
     answer = None
     async for response in bls.stream(ctx, "voice_llm", request, [events.EVENT]):
         answer = events.read_json(response[events.EVENT])
     if answer is None:
-        raise RuntimeError("voice_llm answered the prompt_tokens action with no event")
+        raise RuntimeError(f"voice_llm answered the {body.get('action')} action with no event")
     return answer
 
 
