@@ -22,7 +22,7 @@ _RUNNING: dict[str, object] = {}    # shared server fixture -> its running serve
 def pytest_collection_modifyitems(items):
     for item in items:
         for name in set(item.fixturenames) & {"mock_server", "voice_server", "image_server", "wan_server",
-                                              "audio_server"}:
+                                              "audio_server", "omni_chat_server"}:
             _LAST_USER[name] = item.nodeid
 
 
@@ -66,6 +66,25 @@ def voice_server(tmp_path_factory):
     prepare_voice_models()
     server = _shared("voice_server", start_server(tmp_path_factory.mktemp("voice_server"), "--pipelines", "voice,tts,asr",
                                                   "--no-prepare"))
+    yield server
+    server.stop()
+
+
+OMNI_CHAT_MAX_IMAGE_PIXELS = 100_000   # omni_chat_server's --max-image-pixels
+
+
+@pytest.fixture(scope="session")
+def omni_chat_server(tmp_path_factory):
+    """Launcher serving qwen3_omni (stage layout), voice, and qwen3_omni's co-located layout as model id "colocated",
+    with --max-image-pixels OMNI_CHAT_MAX_IMAGE_PIXELS and --allow-private-media-urls (image URLs of a local
+    http.server): test_completions.py and test_qwen3_omni_images.py share it."""
+    from omni_backends.voice.models import prepare_voice_models
+
+    prepare_voice_models()
+    server = _shared("omni_chat_server", start_server(
+        tmp_path_factory.mktemp("omni_chat_server"), "--pipelines", "qwen3_omni,voice",
+        "--extra-pipeline", "colocated=chat:qwen3_omni_colocated",
+        "--max-image-pixels", str(OMNI_CHAT_MAX_IMAGE_PIXELS), "--allow-private-media-urls"))
     yield server
     server.stop()
 

@@ -13,8 +13,6 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3OmniMoeForConditionalGeneration
 
 from omni_backends.paths import QWEN3_OMNI_TINY, model_home
-from tests.harness import start_server
-from tests.integration.test_qwen3_omni import COLOCATED
 from tests.qwen3_omni_reference import answer_text
 
 pytestmark = pytest.mark.integration
@@ -25,14 +23,9 @@ VOICE_LLM = "smollm2-135m-instruct"
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    from omni_backends.voice.models import prepare_voice_models
-
-    prepare_voice_models()
-    server = start_server(tmp_path_factory.mktemp("completions"), "--pipelines", "voice,qwen3_omni",
-                          "--extra-pipeline", f"colocated=chat:{COLOCATED}")
-    yield server
-    server.stop()
+def server(omni_chat_server):
+    """voice, qwen3_omni and the co-located layout as "colocated" (tests/conftest.py)."""
+    return omni_chat_server
 
 
 @pytest.fixture(scope="module")

@@ -19,13 +19,14 @@ from transformers import AutoTokenizer, Qwen3OmniMoeForConditionalGeneration, Wh
 
 from omni_backends.paths import QWEN3_OMNI_TINY, model_home
 from omni_backends.qwen3_omni.loading import load_image_processor
-from tests.harness import start_server, triton_stream, triton_stream_error
+from tests.conftest import OMNI_CHAT_MAX_IMAGE_PIXELS
+from tests.harness import triton_stream, triton_stream_error
 from tests.qwen3_omni_reference import answer_text, greedy_text, processor
 
 pytestmark = pytest.mark.integration
 
 MAX_TOKENS = 12
-MAX_PIXELS = 100_000   # the server's --max-image-pixels
+MAX_PIXELS = OMNI_CHAT_MAX_IMAGE_PIXELS   # the server's --max-image-pixels
 QUESTION = "What is in the picture?"
 
 
@@ -47,12 +48,9 @@ FIRST, SECOND = _image(0, 40, 70), _image(1, 100, 52)   # 2 and 6 image tokens
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    server = start_server(tmp_path_factory.mktemp("qwen3_omni_images"), "--pipelines", "qwen3_omni,voice",
-                          "--extra-pipeline", "colocated=chat:qwen3_omni_colocated",
-                          "--max-image-pixels", str(MAX_PIXELS), "--allow-private-media-urls")   # the local http.server
-    yield server
-    server.stop()
+def server(omni_chat_server):
+    """qwen3_omni, voice and the co-located layout as "colocated", --max-image-pixels MAX_PIXELS (tests/conftest.py)."""
+    return omni_chat_server
 
 
 class _Files(http.server.BaseHTTPRequestHandler):
