@@ -23,6 +23,19 @@ async def ask(client: Client, text: str = "Where is Paris?") -> None:
     await client.session.handle({"type": "response.create"})
 
 
+async def three_held_turns(client: Client) -> None:
+    """Server VAD without automatic responses, the ASR stage held (`asr_gate` cleared), then three spoken turns
+    until all three are committed."""
+    await client.session.handle({"type": "session.update", "session": {"type": "realtime", "audio": {
+        "input": {"turn_detection": {"type": "server_vad", "create_response": False}}}}})
+    client.triton.asr_gate.clear()
+    for turn in range(3):
+        base = turn * 10 * CHUNK
+        await client.turn({1: [{"type": "speech_started", "audio_start": base + CHUNK}],
+                           9: [{"type": "speech_stopped", "audio_end": base + 8 * CHUNK}]}, chunks=10)
+    await until(lambda: client.kinds().count("input_audio_buffer.committed") == 3)
+
+
 def done_events(client: Client) -> list[dict]:
     return [e for e in client.sent if e["type"] == "response.done"]
 
@@ -257,14 +270,7 @@ def test_a_sessions_turns_are_transcribed_one_at_a_time_in_order():
     async def run():
         client = Client(None)
         await client.start()
-        await client.session.handle({"type": "session.update", "session": {"type": "realtime", "audio": {
-            "input": {"turn_detection": {"type": "server_vad", "create_response": False}}}}})
-        client.triton.asr_gate.clear()
-        for turn in range(3):
-            base = turn * 10 * CHUNK
-            await client.turn({1: [{"type": "speech_started", "audio_start": base + CHUNK}],
-                               9: [{"type": "speech_stopped", "audio_end": base + 8 * CHUNK}]}, chunks=10)
-        await until(lambda: client.kinds().count("input_audio_buffer.committed") == 3)
+        await three_held_turns(client)
         await asyncio.sleep(0.05)
         in_flight = len(client.triton.asr_calls)
         client.triton.asr_gate.set()
@@ -309,14 +315,7 @@ def test_turns_own_their_audio_and_a_closed_session_lets_go_of_it():
     async def run():
         client = Client(None)
         await client.start()
-        await client.session.handle({"type": "session.update", "session": {"type": "realtime", "audio": {
-            "input": {"turn_detection": {"type": "server_vad", "create_response": False}}}}})
-        client.triton.asr_gate.clear()   # a turn's audio is dropped once transcribed: look at it before
-        for turn in range(3):
-            base = turn * 10 * CHUNK
-            await client.turn({1: [{"type": "speech_started", "audio_start": base + CHUNK}],
-                               9: [{"type": "speech_stopped", "audio_end": base + 8 * CHUNK}]}, chunks=10)
-        await until(lambda: client.kinds().count("input_audio_buffer.committed") == 3)
+        await three_held_turns(client)   # a turn's audio is dropped once transcribed: look at it before
         audio = [part.audio for item in client.session.conversation.items for part in item.parts]
         client.triton.asr_gate.set()
         await until(lambda: client.kinds().count("conversation.item.input_audio_transcription.completed") == 3)
@@ -451,15 +450,8 @@ def test_turns_past_the_sessions_audio_bound_are_deleted_oldest_first_and_never_
     async def run():
         client = Client(None)
         await client.start()
-        await client.session.handle({"type": "session.update", "session": {"type": "realtime", "audio": {
-            "input": {"turn_detection": {"type": "server_vad", "create_response": False}}}}})
         client.session.conversation.max_pending = 12 * CHUNK   # one turn (~8 chunks) waits, not two
-        client.triton.asr_gate.clear()
-        for turn in range(3):
-            base = turn * 10 * CHUNK
-            await client.turn({1: [{"type": "speech_started", "audio_start": base + CHUNK}],
-                               9: [{"type": "speech_stopped", "audio_end": base + 8 * CHUNK}]}, chunks=10)
-        await until(lambda: client.kinds().count("input_audio_buffer.committed") == 3)
+        await three_held_turns(client)
         client.triton.asr_gate.set()
         await until(lambda: client.kinds().count("conversation.item.input_audio_transcription.completed") == 1)
         await asyncio.sleep(0.05)
