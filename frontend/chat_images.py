@@ -14,6 +14,9 @@ from omni_frontend import images, media_url
 from omni_frontend.config import RequestLimits
 from omni_frontend.errors import bad_request
 
+# Qwen2-VL's image processor (Qwen3-Omni's) refuses an image whose longer side is this many times the shorter or more
+# (transformers' `smart_resize`): refused here, naming the part, not a 500 from the pipeline
+MAX_ASPECT_RATIO = 200
 CODES = {"invalid_url": "invalid_image_url", "too_large": "image_too_large", "unreachable": "image_url_unreachable",
          "not_allowed": "image_url_not_allowed"}
 
@@ -44,7 +47,21 @@ def image_part(part: dict, param: str, limits: RequestLimits) -> np.ndarray:
         raise bad_request(f"{exc} (limit --max-image-pixels)", param=param, code="image_too_large") from None
     except images.ImageDecodeError as exc:
         raise bad_request(f"the URL's bytes are not an image: {exc}", param=param, code="invalid_image") from None
+    height, width = pixels.shape[:2]
+    if max(height, width) >= MAX_ASPECT_RATIO * min(height, width):
+        raise bad_request(f"the image is {width}x{height}: its longer side must be less than {MAX_ASPECT_RATIO} times "
+                          "its shorter one (the model's image processor)", param=param, code="invalid_image")
     return pixels
+
+
+def check_padding(pixels: list[np.ndarray], param: str, limits: RequestLimits) -> None:
+    """Raises APIError 400 image_too_large naming `param + ".image_url.url"` (the part whose image was added last)
+    when the request's images pad to more than max_image_pixels each (`images.check_padding`)."""
+    try:
+        images.check_padding(pixels, limits.max_image_pixels)
+    except images.ImageTooLarge as exc:
+        raise bad_request(f"{exc} (limit --max-image-pixels)", param=f"{param}.image_url.url",
+                          code="image_too_large") from None
 
 
 def image_tensors(pixels: list[np.ndarray]) -> dict[str, np.ndarray]:

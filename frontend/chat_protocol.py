@@ -304,6 +304,7 @@ def to_pipeline(req: ChatRequest, limits: RequestLimits | None = None,
                     raise bad_request(f"more than {limits.max_images} images in one request (limit --max-images)",
                                       param=path, code="too_many_images")
                 pixels.append(chat_images.image_part(part, path, limits))
+                chat_images.check_padding(pixels, path, limits)
                 content.append({"type": "image"})
         messages.append({"role": role, "content": content})
     if not any(m["role"] == "user" for m in messages):

@@ -63,6 +63,22 @@ def decode(data: bytes, max_pixels: int | None = None) -> tuple[np.ndarray, np.n
     return np.asarray(image.convert("RGB")).copy(), alpha
 
 
+def padded_pixels(images: list[np.ndarray]) -> tuple[int, int]:
+    """(Hmax, Wmax) of images [H, W, ...]: the height and width every image takes in `stack`'s tensor."""
+    return max(image.shape[0] for image in images), max(image.shape[1] for image in images)
+
+
+def check_padding(images: list[np.ndarray], max_pixels: int) -> None:
+    """Raises ImageTooLarge when `stack` would give each image more than `max_pixels` (Hmax x Wmax): images of
+    different shapes (a tall one and a wide one) pad to the largest height AND width, so each within the limit alone
+    could still ask for gigabytes together (four of 57000x290 and 290x57000: 39 GB)."""
+    height, width = padded_pixels(images)
+    if height * width > max_pixels:
+        raise ImageTooLarge(f"the request's images pad to {width}x{height} each in the image tensor ({height * width} "
+                            f"pixels; the tensor holds every image at the largest width and height); the limit is "
+                            f"{max_pixels}: send images of similar shapes or smaller ones")
+
+
 def stack(images: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """K images of any sizes -> (uint8 [K, Hmax, Wmax, 3] zero-padded, int32 [K, 2] (height, width) each):
     the INPUT_IMAGES / INPUT_IMAGE_SIZES tensors of the image pipelines."""

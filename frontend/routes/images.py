@@ -175,6 +175,10 @@ async def edits(request: Request):
     pipeline = _pipeline(request, options.model, "edit")
     pictures = [(await _decode_upload(await _read(upload, cfg.limits.max_upload_bytes, "image"), "image"))[0]
                 for upload in uploads]
+    try:
+        codec.check_padding(pictures, cfg.max_image_pixels)
+    except codec.ImageTooLarge as exc:
+        raise bad_request(str(exc), param="image", code="image_too_large") from None
     padded, sizes = codec.stack(pictures)
     inputs = {"INPUT_IMAGES": padded, "INPUT_IMAGE_SIZES": sizes}
     pixels = pictures[0]

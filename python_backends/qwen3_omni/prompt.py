@@ -99,7 +99,7 @@ class PromptBuilder:
             audio_lengths = inputs.feature_attention_mask.sum(-1)
             text = _expand(text, self.audio_token, _get_feat_extract_output_lengths(audio_lengths, self.n_window))
         if images:
-            pixels = self.image_processor(images=[np.asarray(i, dtype=np.uint8) for i in images], return_tensors="pt")
+            pixels = self._pixels(images)
             inputs.pixel_values, inputs.image_grid_thw = pixels["pixel_values"], pixels["image_grid_thw"]
             text = _expand(text, self.image_token, inputs.image_grid_thw.prod(-1) // self.image_processor.merge_size**2)
         inputs.input_ids = self._tokenize(text)
@@ -110,6 +110,22 @@ class PromptBuilder:
             inputs.position_ids = torch.cat([torch.arange(ids.shape[1])[None, None], rope.long()])
             inputs.next_position = int(rope.max()) + 1
         return inputs
+
+    def _pixels(self, images: Sequence[np.ndarray]) -> dict:
+        """The image processor's pixel_values and image_grid_thw of uint8 [H, W, 3] images. Raises RequestError
+        (param INPUT_IMAGES) naming the first image it refuses (e.g. an aspect ratio of 200 or more) with its words."""
+        arrays = [np.asarray(image, dtype=np.uint8) for image in images]
+        # channels last, said: the processor guesses otherwise, and takes an image 1 or 3 pixels tall for channels first
+        try:
+            return self.image_processor(images=arrays, return_tensors="pt", input_data_format="channels_last")
+        except ValueError:
+            for k, image in enumerate(arrays):
+                try:
+                    self.image_processor(images=[image], return_tensors="pt", input_data_format="channels_last")
+                except ValueError as exc:
+                    raise RequestError(f"image {k} ({image.shape[1]}x{image.shape[0]}): {exc}",
+                                       param="INPUT_IMAGES") from None
+            raise
 
     def text(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
         """The chat-templated text of messages (as `build` renders them, audio and image placeholders not expanded),

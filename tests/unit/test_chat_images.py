@@ -193,3 +193,20 @@ def test_media_urls_reach_only_public_or_allowed_hosts_also_through_redirects(ht
         _, tensors = to_pipeline(_chat(url), replace(LOCAL, allowed_media_domains=("127.0.0.1", "localhost")),
                                  accepts=OMNI)
         assert tensors["INPUT_IMAGE_SIZES"].tolist() == [[4, 4]], url
+
+
+def test_extreme_aspect_ratios_and_padding_past_the_pixel_limit_are_400s_naming_the_part():
+    """Fifteenth outside test: a 4000x1 PNG passed the frontend and the thinker's image processor refused it (aspect
+    ratio >= 200): a 500. Four images of 57000x290 and 290x57000, each within --max-image-pixels, padded to
+    57000x57000 in the image tensor: numpy asked for 39 GB (a 500). Both are now 400s naming the part."""
+    cases = [([(4000, 1)], RequestLimits(), "invalid_image", 1),
+             ([(1, 250)], RequestLimits(), "invalid_image", 1),
+             ([(2, 40), (40, 2)], RequestLimits(max_image_pixels=100), "image_too_large", 2)]
+    for shapes, limits, code, part in cases:
+        urls = [_data_url(_png(_pixels(h, w))) for h, w in shapes]
+        with pytest.raises(APIError) as info:
+            to_pipeline(_chat(*urls), limits, accepts=OMNI)
+        assert (info.value.param, info.value.code) == (f"messages[0].content[{part}].image_url.url", code), shapes
+    _, tensors = to_pipeline(_chat(_data_url(_png(_pixels(2, 40))), _data_url(_png(_pixels(2, 30)))),
+                             RequestLimits(max_image_pixels=100), accepts=OMNI)   # alike shapes: 2 x 40 each
+    assert list(tensors["INPUT_IMAGES"].shape) == [2, 2, 40, 3]

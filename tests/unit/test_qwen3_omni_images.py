@@ -162,3 +162,21 @@ def test_turn_reads_the_image_tensors_of_a_chat_and_refuses_them_with_a_completi
             assert err.value.param == name
     finally:
         thinker.shutdown()
+
+
+def test_an_image_the_processor_refuses_is_a_400_naming_the_image_tensor(qwen3_omni_stages):
+    """A direct Triton client's image of aspect ratio >= 200 (the frontend refuses it first): the image processor's
+    ValueError was a 500; now a RequestError naming INPUT_IMAGES and the image."""
+    stages = qwen3_omni_stages
+    thinker = Thinker(stages.thinker, stages.config, stages.tokenizer, stages.feature_extractor,
+                      image_processor=stages.image_processor)
+    try:
+        with pytest.raises(RequestError) as err:
+            thinker.prompts.build(_messages(2), images=[_image(0, SIZES[0]), _image(1, (1, 250))])
+        assert err.value.param == "INPUT_IMAGES" and err.value.message.startswith("image 1 (250x1)"), err.value.message
+        # an image 3 pixels tall is channels last too (the processor guessed channels first: a 3-channel 60x3 image)
+        short = _image(2, (3, 60))
+        grid = stages.image_processor(images=[short], return_tensors="pt", input_data_format="channels_last")
+        assert torch.equal(thinker.prompts.build(_messages(1), images=[short]).image_grid_thw, grid["image_grid_thw"])
+    finally:
+        thinker.shutdown()
