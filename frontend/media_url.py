@@ -21,7 +21,6 @@ from urllib.parse import urlsplit
 import httpx
 
 MAX_REDIRECTS = 5
-CHUNK_BYTES = 64 * 1024
 
 
 class MediaURLError(ValueError):
@@ -37,7 +36,8 @@ class MediaURLError(ValueError):
 def read(url: str, max_bytes: int, timeout_s: float, allowed_domains: tuple[str, ...] = (),
          allow_private: bool = False) -> bytes:
     """The bytes `url` names: `data:[<mediatype>];base64,<data>` decoded, or the body of an http(s) GET (redirects
-    followed, at most MAX_REDIRECTS, each checked as the first URL) within `timeout_s` seconds in all. Raises
+    followed, at most MAX_REDIRECTS, each checked as the first URL) within `timeout_s` seconds in all (checked as each
+    piece of the body arrives; httpx bounds each wait for one by `timeout_s`, so a trickle ends within 2 x). Raises
     MediaURLError (see its codes) for anything else, a host not allowed (see the module doc), a body of more than
     `max_bytes` (refused from the data URL's length or the Content-Length header before reading it, else when the
     read passes it) or a fetch that fails, answers a non-2xx status or takes longer than `timeout_s`."""
@@ -113,7 +113,7 @@ def _body(response: httpx.Response, max_bytes: int, timeout_s: float, deadline: 
     if declared.isdigit() and int(declared) > max_bytes:
         raise MediaURLError(f"the URL's body is {declared} bytes; at most {max_bytes}", "too_large")
     body = bytearray()
-    for chunk in response.iter_bytes(CHUNK_BYTES):
+    for chunk in response.iter_bytes():   # as it comes: a chunk size waits for that many bytes (a trickle: for hours)
         body += chunk
         if len(body) > max_bytes:
             raise MediaURLError(f"the URL's body is more than {max_bytes} bytes", "too_large")

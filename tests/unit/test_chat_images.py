@@ -45,8 +45,22 @@ def _chat(*urls: str, model: str = "qwen3_omni") -> ChatRequest:
 class _Handler(http.server.BaseHTTPRequestHandler):
     files: dict[str, bytes] = {}
     redirects: dict[str, str] = {}   # path -> Location of a 302
+    trickles: dict[str, tuple[bytes, float]] = {}   # path -> (body, seconds between its bytes)
 
     def do_GET(self):  # noqa: N802 - http.server's name
+        if self.path in self.trickles:
+            body, pause = self.trickles[self.path]
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            try:
+                for byte in body:
+                    self.wfile.write(bytes([byte]))
+                    self.wfile.flush()
+                    time.sleep(pause)
+            except OSError:   # the client gave up
+                pass
+            return
         if self.path in self.redirects:
             self.send_response(302)
             self.send_header("Location", self.redirects[self.path])
@@ -210,3 +224,14 @@ def test_extreme_aspect_ratios_and_padding_past_the_pixel_limit_are_400s_naming_
     _, tensors = to_pipeline(_chat(_data_url(_png(_pixels(2, 40))), _data_url(_png(_pixels(2, 30)))),
                              RequestLimits(max_image_pixels=100), accepts=OMNI)   # alike shapes: 2 x 40 each
     assert list(tensors["INPUT_IMAGES"].shape) == [2, 2, 40, 3]
+
+
+def test_a_body_that_trickles_in_is_cut_at_the_fetch_timeout(http_base):
+    """Fifteenth outside test: a server sending its image a byte at a time held the fetch (and a worker thread) for
+    hours: the body was read in 64 KiB chunks, the deadline checked between them. Now within ~2 x the timeout."""
+    _Handler.trickles["/drip.png"] = (_png(_pixels(32, 32)), 0.1)   # 0.1 s a byte
+    started = time.monotonic()
+    with pytest.raises(APIError) as info:
+        to_pipeline(_chat(f"{http_base}/drip.png"), replace(LOCAL, image_fetch_timeout_s=1.0), accepts=OMNI)
+    assert info.value.code == "image_url_unreachable" and "1 s" in info.value.message, info.value.message
+    assert time.monotonic() - started < 2.5
