@@ -57,10 +57,14 @@ def check_supported(req: CompletionRequest) -> None:
                           code="unsupported_parameter")
 
 
+# what a token id of a prompt counts towards --max-text-chars: a BPE token's typical length in characters
+TOKEN_CHARS = 4
+
+
 def prompts(req: CompletionRequest, limits: RequestLimits | None = None) -> list[Prompt]:
     """The request's prompts, one per choice: [text] or [token ids] for one prompt, the list for several. Raises
     APIError 400 (param "prompt") for no prompt, more than MAX_PROMPTS, or more than --max-text-chars characters of
-    text in all (code `text_too_long`)."""
+    text in all, a token id counting TOKEN_CHARS (code `text_too_long`)."""
     limits = limits or RequestLimits()
     prompt = req.prompt
     found: list[Prompt] = [prompt] if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)) else prompt
@@ -68,9 +72,10 @@ def prompts(req: CompletionRequest, limits: RequestLimits | None = None) -> list
         raise bad_request("prompt must not be empty", param="prompt")
     if len(found) > req.MAX_PROMPTS:
         raise bad_request(f"{len(found)} prompts; at most {req.MAX_PROMPTS}", param="prompt")
-    if sum(len(p) for p in found if isinstance(p, str)) > limits.max_text_chars:
-        raise bad_request(f"the prompt is longer than {limits.max_text_chars} characters (limit --max-text-chars)",
-                          param="prompt", code="text_too_long")
+    chars = sum(len(p) if isinstance(p, str) else TOKEN_CHARS * len(p) for p in found)
+    if chars > limits.max_text_chars:   # 32 prompts of 8000 ids each held the CPU for minutes
+        raise bad_request(f"the prompts hold {chars} characters (a token id counts as {TOKEN_CHARS}); the limit is "
+                          f"{limits.max_text_chars} (--max-text-chars)", param="prompt", code="text_too_long")
     return found
 
 

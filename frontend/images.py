@@ -51,7 +51,9 @@ def decode(data: bytes, max_pixels: int | None = None) -> tuple[np.ndarray, np.n
         image.load()
     except Image.DecompressionBombError as exc:  # Pillow's own limit, met in open() before our check
         raise ImageTooLarge(str(exc)) from exc
-    except (UnidentifiedImageError, OSError, ValueError) as exc:
+    except UnidentifiedImageError as exc:   # its message names the BytesIO object ("<_io.BytesIO object at 0x...>")
+        raise ImageDecodeError("not an image file Pillow reads (PNG, JPEG, WebP, GIF, BMP, TIFF, ...)") from exc
+    except (OSError, ValueError) as exc:
         if isinstance(exc, ImageDecodeError):
             raise
         raise ImageDecodeError(str(exc) or "unreadable image") from exc

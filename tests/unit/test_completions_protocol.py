@@ -47,6 +47,7 @@ def test_every_prompt_shape_gives_its_prompts(prompt, expected):
     ({"stream_options": {"include_usage": True}}, "stream_options", "unsupported_parameter"),
     ({"prompt": []}, "prompt", None), ({"prompt": ["x"] * 33}, "prompt", None),
     ({"prompt": "x" * 11}, "prompt", "text_too_long"), ({"stop": ["s"] * 17}, "stop", None),
+    ({"prompt": [[1, 2], [3]]}, "prompt", "text_too_long"),   # token ids count 4 characters each: 12 > 10
 ])
 def test_refused_fields_are_400s_naming_them(fields, param, code):
     req = CompletionRequest(**{"model": "m", "prompt": "x", **fields})
