@@ -18,8 +18,8 @@ CONTENT_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "pcm16": "audio/pcm", "
                  "mp3": "audio/mpeg", "opus": "audio/ogg", "aac": "audio/aac"}
 # Formats whose byte stream can be sent chunk by chunk as produced (one header at most).
 STREAMABLE = ("wav", "pcm", "pcm16")
-# format -> (container, encoder, the sample rates it encodes): mp3 and aac keep the audio's rate (24 kHz speech, 44.1 kHz
-# Stable Audio), Ogg Opus runs at 48 kHz
+# format -> (container, encoder, the sample rates it encodes): mp3 and aac keep the audio's rate (24 kHz speech,
+# 44.1 kHz Stable Audio), Ogg Opus runs at 48 kHz
 _MP3_AAC_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)
 _AV_FORMATS = {"mp3": ("mp3", "libmp3lame", _MP3_AAC_RATES), "opus": ("ogg", "libopus", (48000,)),
                "aac": ("adts", "aac", _MP3_AAC_RATES)}
@@ -56,9 +56,10 @@ def encode(pcm: np.ndarray, sample_rate: int, fmt: str) -> bytes:
     channels: stereo for Stable Audio).
 
     wav/flac: 16-bit at sample_rate (soundfile); pcm/pcm16: raw s16le (channels interleaved); mp3/aac: PyAV at
-    sample_rate (48 kHz for a rate they do not take); opus: PyAV at 48 kHz (resampled by libswresample). No samples (an input with nothing to say): raw PCM is empty and WAV a
-    44-byte file; the other formats get 10 ms of silence (FLAC of no frames was 0 bytes, not a file, and PyAV's
-    encoders raised MemoryError). Raises ValueError for an unknown format or more than 2 channels.
+    sample_rate (48 kHz for a rate they do not take); opus: PyAV at 48 kHz (resampled by libswresample). No samples
+    (an input with nothing to say): raw PCM is empty and WAV a 44-byte file; the other formats get 10 ms of silence
+    (FLAC of no frames was 0 bytes, not a file, and PyAV's encoders raised MemoryError). Raises ValueError for an
+    unknown format or more than 2 channels.
     """
     pcm = np.asarray(pcm, dtype=np.float32)
     pcm = pcm.reshape(-1, 1) if pcm.ndim < 2 else pcm

@@ -33,7 +33,8 @@ from omni_frontend.model_control import ModelControl
 from omni_frontend.pipelines import Pipeline
 from omni_frontend.realtime import config as session_config
 from omni_frontend.realtime.audio import STAGE_RATE, InputDecoder, OutputEncoder, b64decode, stage_audio_as
-from omni_frontend.realtime.conversation import HISTORY_CHARS, MAX_CHARS, Conversation, Item, Part, item_from_client, truncate
+from omni_frontend.realtime.conversation import (HISTORY_CHARS, MAX_CHARS, Conversation, Item, Part, item_from_client,
+                                                 truncate)
 from omni_frontend.realtime.protocol import ProtocolError, decode, encode, error_event, new_id
 from omni_frontend.realtime.speculation import Speculation
 from omni_frontend.realtime.stages import VADSequence, transcribe

@@ -1,8 +1,8 @@
 """POST /v1/audio/generate for audio-generation pipelines (e.g. `stable_audio`): vLLM-Omni's text-to-audio route,
 JSON in, the whole audio file out (Content-Type of `response_format`, header x-seed: the seed used).
 
-Fields (vLLM-Omni's): `input` (required; `prompt` is accepted in its place, not beside it), `model`, `negative_prompt`, `audio_length`
-and `audio_start` (seconds; the pipeline bounds them by its checkpoint's longest clip), `num_inference_steps`,
+Fields (vLLM-Omni's): `input` (required; `prompt` is accepted in its place, not beside it), `model`,
+`negative_prompt`, `audio_length` and `audio_start` (seconds; the pipeline bounds them by its checkpoint's longest clip), `num_inference_steps`,
 `guidance_scale`, `seed`, `response_format` (wav, pcm, flac, mp3, aac, opus; default wav), `speed` (1.0 only)
 and `stream_format` ("audio" only). Audio pipeline REQUEST JSON (omni_backends.stable_audio.serving.audio_model):
 {"prompt", "negative_prompt", "audio_start", "audio_length", "num_inference_steps", "guidance_scale", "seed"}

@@ -160,8 +160,8 @@ async def chat_completions_batch(batch: ChatBatchRequest, request: Request):
     """vLLM's batch chat: `messages` is a list of 1..ChatBatchRequest.MAX conversations, the other fields those of
     /v1/chat/completions (applied to each); answers one chat.completion whose choice `i` answers conversation `i`
     (usage summed, its nested details too). Not streamed (`stream: true` is a 400). The request limits
-    (--max-messages, --max-text-chars, --max-audio-seconds, --max-images) hold for the batch as a whole, as for one request. Every
-    conversation is checked before any runs, and any error, also the pipeline's, names its conversation
+    (--max-messages, --max-text-chars, --max-audio-seconds, --max-images) hold for the batch as a whole, as for one
+    request. Every conversation is checked before any runs, and any error, also the pipeline's, names its conversation
     (`messages[i]...`); the batch is one request of the pipeline's admission gate, its conversations run on that slot
     and the free ones (`omni_frontend.batching`); one conversation's failure fails the batch."""
     cfg = config(request)
@@ -219,7 +219,8 @@ def _within_batch_limits(i: int):
     except APIError as exc:
         if i and exc.code in ("text_too_long", "audio_too_long", "too_many_images"):
             before = f"conversations 0-{i - 1}" if i > 1 else "conversation 0"
-            exc.message = f"{exc.message}: what {before} left of the limit, which holds for a batch's conversations together"
+            exc.message = (f"{exc.message}: what {before} left of the limit, which holds for a batch's conversations "
+                           "together")
         raise
 
 

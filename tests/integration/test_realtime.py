@@ -632,7 +632,8 @@ def test_a_burst_of_client_events_neither_stalls_the_server_nor_grows_without_bo
         added, deleted = 0, []
         while added < items or len(deleted) < items - MAX_ITEMS:
             event = json.loads(ws.recv(timeout=120))
-            assert event["type"] in ("conversation.item.added", "conversation.item.done", "conversation.item.deleted"), event
+            assert event["type"] in ("conversation.item.added", "conversation.item.done",
+                                     "conversation.item.deleted"), event
             added += event["type"] == "conversation.item.added"
             if event["type"] == "conversation.item.deleted":
                 deleted.append(event["item_id"])

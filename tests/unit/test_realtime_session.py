@@ -461,7 +461,8 @@ def test_turns_past_the_sessions_audio_bound_are_deleted_oldest_first_and_never_
     client = asyncio.run(run())
     committed = [e["item_id"] for e in client.sent if e["type"] == "input_audio_buffer.committed"]
     assert [e["item_id"] for e in client.sent if e["type"] == "conversation.item.deleted"] == committed[:2]
-    completed = [e["item_id"] for e in client.sent if e["type"] == "conversation.item.input_audio_transcription.completed"]
+    completed = [e["item_id"] for e in client.sent
+                 if e["type"] == "conversation.item.input_audio_transcription.completed"]
     assert completed == committed[2:] and len(client.triton.asr_calls) == 2   # the first was under way; not the second
     assert client.session.conversation.pending == 0
 
