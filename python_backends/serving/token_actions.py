@@ -28,14 +28,21 @@ def completion_ids(tokenizer, prompt, max_tokens: int, context_length: int, long
     checked to fit the context with `max_tokens`. Raises RequestError (HTTP 400, param "prompt" or "max_tokens"): a
     bad type, an empty prompt, an id outside the vocabulary, or a prompt that cannot fit (a long text is refused
     from its length before it is tokenized)."""
-    check_prompt(prompt)
-    if isinstance(prompt, str):
-        check_prompt_chars(len(prompt), max_tokens, context_length, longest_token, "prompt")
-    ids = prompt_ids(tokenizer, prompt)
+    ids = _checked_prompt_ids(tokenizer, prompt, max_tokens, context_length, longest_token)
     if not ids:
         raise RequestError("prompt must not be empty (it has no token)", param="prompt")
     check_context_length(len(ids), max_tokens, context_length, "prompt")
     return ids
+
+
+def _checked_prompt_ids(tokenizer, prompt, max_tokens: int, context_length: int, longest_token: int,
+                        add_special_tokens: bool = True) -> list[int]:
+    """`prompt_ids` of a `prompt` that passes `check_prompt`, a text first refused from its length when it cannot fit
+    the context with `max_tokens`. Raises RequestError (HTTP 400, param "prompt")."""
+    check_prompt(prompt)
+    if isinstance(prompt, str):
+        check_prompt_chars(len(prompt), max_tokens, context_length, longest_token, "prompt")
+    return prompt_ids(tokenizer, prompt, add_special_tokens)
 
 
 def answer(body: Mapping, tokenizer, template: Template, max_tokens: int, context_length: int,
@@ -56,10 +63,8 @@ def answer(body: Mapping, tokenizer, template: Template, max_tokens: int, contex
             raise RequestError(f"{name} must be a boolean, got {value!r}", param=name)
         flags[name] = value
     if body.get("prompt") is not None and body.get("messages") is None:
-        check_prompt(body["prompt"])
-        if isinstance(body["prompt"], str):
-            check_prompt_chars(len(body["prompt"]), max_tokens, context_length, longest_token, "prompt")
-        ids = prompt_ids(tokenizer, body["prompt"], flags["add_special_tokens"] is not False)
+        ids = _checked_prompt_ids(tokenizer, body["prompt"], max_tokens, context_length, longest_token,
+                                  flags["add_special_tokens"] is not False)
         param = "prompt"
     else:
         messages = body.get("messages")
