@@ -495,7 +495,7 @@ class LocalOmniPipeline:
                                             first_audio=FirstAudioTimeline(self.code2wav.first_chunk_frames))
                    for r in requests}
         for r in requests:
-            inputs = self.thinker.prompts.build(r.messages, r.audios)
+            inputs = self.thinker.prompts.build(r.messages, r.audios, r.images)
             self.submit(r.request_id, inputs, r.thinker_params,
                         lambda event, rid=r.request_id: events.put((rid, event)), voice=r.voice,
                         talker_params=r.talker_params, timeline=results[r.request_id].first_audio)
@@ -528,7 +528,7 @@ class LocalOmniPipeline:
 
 @dataclass
 class OmniRequest:
-    """One chat turn: messages and audios as `PromptBuilder.build`; per-stage sampling parameters
+    """One chat turn: messages, audios and images as `PromptBuilder.build`; per-stage sampling parameters
     (`Thinker.sampling_params`, `Talker.sampling_params`); voice: a checkpoint speaker name."""
 
     request_id: str
@@ -537,6 +537,7 @@ class OmniRequest:
     talker_params: SamplingParams
     voice: str = "ethan"
     audios: Sequence[np.ndarray] = ()
+    images: Sequence[np.ndarray] = ()
 
 
 @dataclass

@@ -35,6 +35,7 @@ from omni_backends.engine.runner import cache_kwargs
 from omni_backends.engine.sampling import SamplingParams, make_generator, sample_next_token, sample_rows
 from omni_backends.engine.transfer import HostCopy
 from omni_backends.errors import RequestError
+from omni_backends.qwen3_omni.mrope import image_positions
 from omni_backends.qwen3_omni.talker_static import CodePredictorFrames, TalkerDecode
 
 CODE_PREDICTOR_SAMPLING = SamplingParams(do_sample=True, top_k=50, top_p=0.8)   # generate()'s, when sampling
@@ -56,11 +57,14 @@ class TalkerPrompt:
         prompt_embeds: float [P, H_thinker] thinker layer-0 hidden states of the prompt.
         mm_hidden: float [M, H_thinker] thinker hidden states at layer `accept_hidden_layer` for the
             M audio/image/video placeholder positions of the prompt, in prompt order (M may be 0).
+        image_grid_thw: int64 [K, 3] the (t, h, w) patch grid of each image of the prompt, in order; None (or K = 0)
+            without images. The talker's M-RoPE positions of the images' placeholders come from it.
     """
 
     prompt_ids: torch.Tensor
     prompt_embeds: torch.Tensor
     mm_hidden: torch.Tensor
+    image_grid_thw: torch.Tensor | None = None
 
 
 @dataclass
@@ -86,7 +90,9 @@ class _Request:
     text_ended: bool = False
     cache: DynamicCache | None = None               # "dynamic" engine: the request's own KV
     prefilled: bool = False
-    position: int = 0                                # next talker position
+    position: int = 0                                # cached talker positions (the next one's cache column)
+    prompt_positions: torch.Tensor | None = None     # M-RoPE [3, n] of a prompt with images (None: 0..n-1)
+    rope_delta: int = 0                              # RoPE position - cache column after the prompt (<= 0)
     logits: torch.Tensor | None = None               # "dynamic": [V] next code-0 logits ("static": TalkerDecode's)
     hidden: torch.Tensor | None = None               # "dynamic": [H] talker last-layer hidden of the last position
     code0_ids: list[int] = field(default_factory=list)
@@ -319,7 +325,7 @@ class Talker:
         active = [f and c != eos and len(req.code0_ids) + 1 < req.max_frames for req, f, c in zip(reqs, framed, code0)]
         if any(active):
             texts = torch.stack([self._text(req, len(req.code0_ids)) for req in reqs])
-            self.decode.step(sums + texts, [req.position for req in reqs], active)
+            self.decode.step(sums + texts, [req.position + req.rope_delta for req in reqs], active)
             for req, a in zip(reqs, active):
                 req.position += int(a)
         frames = read.result().clone()   # off the pinned buffer: the rows live on in the code2wav thread
@@ -359,7 +365,8 @@ class Talker:
         return self.model.text_projection(embeds.to(self.device, self.model.dtype))
 
     def _prefill_embeds(self, req: _Request) -> torch.Tensor:
-        """[U + 9, H_talker]: the user-turn positions, then the assistant prefill (as `generate` builds it)."""
+        """[U + 9, H_talker]: the user-turn positions, then the assistant prefill (as `generate` builds it); sets
+        the request's M-RoPE prompt positions and rope delta when its user turns hold images (`_set_positions`)."""
         prompt, cfg = req.prompt, self.config
         ids = prompt.prompt_ids.to(torch.long)
         positions = torch.arange(len(ids))
@@ -374,6 +381,7 @@ class Talker:
             user_embeds[user_mm.to(self.device)] = self.model.hidden_projection(
                 prompt.mm_hidden[mm_rows].to(self.device, self.model.dtype))
         user_embeds[~user_mm.to(self.device)] = self._project_text(prompt.prompt_embeds[user & ~mm])
+        self._set_positions(req, ids, user)
         starts = ((ids[:-1] == cfg.im_start_token_id) & (ids[1:] == cfg.assistant_token_id)).nonzero().flatten()
         if not len(starts):
             raise RequestError("the thinker prompt has no '<|im_start|>assistant' turn", param="messages")
@@ -383,6 +391,21 @@ class Talker:
                                  req.speaker_id, self.tc.codec_pad_id, self.tc.codec_bos_id], device=self.device)
         codec = torch.cat([text.new_zeros(3, text.shape[-1]), self.model.get_input_embeddings()(specials)])
         return torch.cat([user_embeds, text + codec])
+
+    def _set_positions(self, req: _Request, ids: torch.Tensor, user: torch.Tensor) -> None:
+        """The talker's M-RoPE positions (`mrope.image_positions`) over its input ids as `generate` builds them (the
+        user-turn ids, then 9 assistant ids) when the user turns hold images: `generate`'s talker computes them from
+        those ids and the image grids. ids: int64 [P] thinker prompt ids; user: bool [P] its user-turn positions.
+        Prompts without images keep positions 0, 1, 2, ... (prompt_positions None, rope delta 0)."""
+        grids = req.prompt.image_grid_thw
+        image = ids == self.tc.image_token_id
+        if grids is None or not len(grids) or not (image & user).any():
+            return
+        runs = image & ~torch.cat([image.new_zeros(1), image[:-1]])   # the first placeholder of each image
+        talker_ids = torch.cat([ids[user], ids.new_full((9,), self.config.tts_pad_token_id)])
+        req.prompt_positions, req.rope_delta = image_positions(
+            talker_ids, grids[user[runs]], image_token_id=self.tc.image_token_id,
+            merge_size=self.tc.spatial_merge_size, position_id_per_seconds=self.tc.position_id_per_seconds)
 
     def _prefill(self, rids: list[str]) -> None:
         """Run the talker prompts of new requests: per request into its own `DynamicCache` ("dynamic"), or, with
@@ -394,29 +417,42 @@ class Talker:
             for rid in rids:
                 req = self._requests[rid]
                 req.cache = DynamicCache(config=self.tc.text_config)
-                self._forward(req, embeds[rid])
+                self._forward(req, embeds[rid], req.prompt_positions)
                 req.prefilled = True
             return
         fits = [rid for rid in rids if embeds[rid].shape[0] < self.options.max_len]
         if not fits:
             return
-        lengths = [embeds[rid].shape[0] for rid in fits]
+        # prompts with M-RoPE image positions run eagerly with their position ids (the graphs take 0..W-1)
+        plain = [rid for rid in fits if self._requests[rid].prompt_positions is None]
+        lengths = [embeds[rid].shape[0] for rid in plain]
         if self.prefill_graphs is not None and self.prefill_graphs.fits_batch(lengths):
-            batch = self.prefill_graphs.run_batch([embeds[rid] for rid in fits])
+            batch = self.prefill_graphs.run_batch([embeds[rid] for rid in plain])
             # one copy per layer (and for the last hidden states and logits) for the whole burst
-            self.decode.add_rows(fits, lengths, batch.layers, torch.stack([r.hidden[0][-1] for r in batch.rows]),
+            self.decode.add_rows(plain, lengths, batch.layers, torch.stack([r.hidden[0][-1] for r in batch.rows]),
                                  torch.stack([r.logits for r in batch.rows]))
-            for rid, n in zip(fits, lengths):
+            for rid, n in zip(plain, lengths):
                 self._prefilled(rid, n)
-            return
+            fits = [rid for rid in fits if rid not in plain]
+            if not fits:
+                return
+        self._prefill_eager(fits, embeds)
+
+    def _prefill_eager(self, fits: list[str], embeds: dict[str, torch.Tensor]) -> None:
+        """One right-padded eager forward over the talker prompts `fits` ("static" engine), each row with its own
+        positions (M-RoPE for a prompt with images, else 0..n-1); each row's KV goes to a decoder slot."""
+        lengths = [embeds[rid].shape[0] for rid in fits]
         width = max(lengths)
         data = embeds[fits[0]].new_zeros(len(fits), width, embeds[fits[0]].shape[-1])
         for row, rid in enumerate(fits):
             data[row, :lengths[row]] = embeds[rid]
         mask = torch.tensor([[1] * n + [0] * (width - n) for n in lengths], dtype=torch.long, device=self.device)
-        positions = torch.arange(width, device=self.device).view(1, 1, width).expand(3, len(fits), width)
+        positions = torch.arange(width).view(1, 1, width).repeat(3, len(fits), 1)
+        for row, rid in enumerate(fits):
+            if self._requests[rid].prompt_positions is not None:
+                positions[:, row, :lengths[row]] = self._requests[rid].prompt_positions
         cache = DynamicCache(config=self.tc.text_config)
-        out = self.model(inputs_embeds=data, attention_mask=mask, position_ids=positions,
+        out = self.model(inputs_embeds=data, attention_mask=mask, position_ids=positions.to(self.device),
                          **cache_kwargs(self.model, cache), use_cache=True, output_hidden_states=True,
                          generation_step=0)
         for row, (rid, n) in enumerate(zip(fits, lengths)):
@@ -441,13 +477,16 @@ class Talker:
                          use_cache=True, output_hidden_states=True, generation_step=0)
         return out.logits, [out.hidden_states[0][-1]], cache
 
-    def _forward(self, req: _Request, embeds: torch.Tensor) -> None:
-        """Append embeds [n, H_talker] to the request's cache; keep the last logits and last hidden."""
+    def _forward(self, req: _Request, embeds: torch.Tensor, positions: torch.Tensor | None = None) -> None:
+        """Append embeds [n, H_talker] to the request's cache; keep the last logits and last hidden. positions: int64
+        [3, n] M-RoPE positions (None: the cache columns' text positions plus the request's rope delta)."""
         n = embeds.shape[0]
-        positions = torch.arange(req.position, req.position + n, device=self.device).view(1, 1, n).expand(3, 1, n)
+        if positions is None:
+            start = req.position + req.rope_delta
+            positions = torch.arange(start, start + n).expand(3, n)
         out = self.model(inputs_embeds=embeds[None], attention_mask=torch.ones(1, req.position + n, dtype=torch.long,
                                                                                 device=self.device),
-                         position_ids=positions, **cache_kwargs(self.model, req.cache), use_cache=True,
+                         position_ids=positions[:, None].to(self.device), **cache_kwargs(self.model, req.cache), use_cache=True,
                          output_hidden_states=True, generation_step=0)
         req.position += n
         req.logits, req.hidden = out.logits[0, -1], out.hidden_states[0][-1][0, -1]

@@ -136,10 +136,8 @@ class Thinker:
         """Queue a request from prebuilt `ThinkerInputs` (as `submit`, without prompt building). embeds=False:
         the tokens carry no `embed` (a consumer in this process looks the ids up itself); marks: gets the
         prefill's milestones (`EngineLoop.submit`)."""
-        ids = inputs.input_ids
-
         def on_output(rid: str, out: StepOutput) -> None:
-            on_token(rid, self.token(ids, out, embeds))
+            on_token(rid, self.token(inputs, out, embeds))
 
         self.loop.submit(request_id, self.engine_prompt(inputs), params, on_output, marks=marks)
 
@@ -165,15 +163,16 @@ class Thinker:
         self.loop.shutdown()
 
     @torch.inference_mode()
-    def token(self, prompt_ids: torch.Tensor, out: StepOutput, embeds: bool = True) -> ThinkerToken:
-        """The `ThinkerToken` of one engine output of a request whose prompt ids are `prompt_ids` (int64 [P]):
-        adds the token's layer-0 embedding (unless `embeds` is False) and, on index 0, the `TalkerPrompt`."""
+    def token(self, inputs: ThinkerInputs, out: StepOutput, embeds: bool = True) -> ThinkerToken:
+        """The `ThinkerToken` of one engine output of a request whose prompt is `inputs`: adds the token's layer-0
+        embedding (unless `embeds` is False) and, on index 0, the `TalkerPrompt` (prompt ids, image grids)."""
         embed = None if out.token_id is None or not embeds else self.embed_tokens(
             torch.tensor([out.token_id], device=self.embed_tokens.weight.device))
         talker_prompt = None
         if out.index == 0:
-            mm = torch.isin(prompt_ids, self.mm_ids).to(out.hidden_states[0].device)
-            talker_prompt = TalkerPrompt(prompt_ids=prompt_ids, prompt_embeds=out.hidden_states[0],
-                                         mm_hidden=out.hidden_states[self.accept_layer][mm])
+            mm = torch.isin(inputs.input_ids, self.mm_ids).to(out.hidden_states[0].device)
+            talker_prompt = TalkerPrompt(prompt_ids=inputs.input_ids, prompt_embeds=out.hidden_states[0],
+                                         mm_hidden=out.hidden_states[self.accept_layer][mm],
+                                         image_grid_thw=inputs.image_grid_thw)
         return ThinkerToken(token_id=out.token_id, index=out.index, embed=embed, talker_prompt=talker_prompt,
                             finished=out.finished, finish_reason=out.finish_reason, error=out.error)

@@ -9,7 +9,11 @@ import torch
 from transformers import Qwen3OmniMoeForConditionalGeneration
 
 from omni_backends.engine.options import EngineOptions
+from omni_backends.engine.prefill_graphs import PrefillGraphs
 from omni_backends.errors import RequestError
+from omni_backends.qwen3_omni.loading import load_tts_embeds
+from omni_backends.qwen3_omni.mrope import image_positions
+from omni_backends.qwen3_omni.pipeline import LocalOmniPipeline, OmniRequest
 from omni_backends.qwen3_omni.serving import turn
 from omni_backends.qwen3_omni.thinker import Thinker
 from tests.qwen3_omni_reference import greedy_text, processor
@@ -180,3 +184,105 @@ def test_an_image_the_processor_refuses_is_a_400_naming_the_image_tensor(qwen3_o
         assert torch.equal(thinker.prompts.build(_messages(1), images=[short]).image_grid_thw, grid["image_grid_thw"])
     finally:
         thinker.shutdown()
+
+
+TALKER_TOKENS, TALKER_FRAMES = 16, 29
+TONE = (0.3 * np.sin(2 * np.pi * 220 * np.arange(16000) / 16000)).astype(np.float32)
+# (messages, images, audios): two images (the second's merged grid has 3 rows), and audio before a 3-row image
+SPOKEN = {"two_images": (_messages(2), [_image(0, SIZES[0]), _image(1, SIZES[1])], []),
+          "audio_and_image": ([{"role": "user", "content": [{"type": "input_audio"}, {"type": "text", "text": "and"},
+                                                            {"type": "image"}]}], [_image(1, SIZES[1])], [TONE])}
+
+
+def _with_talker_audio_config(reference, monkeypatch):
+    """transformers 5.24's talker `get_rope_index` reads `config.audio_config.n_window` for audio placeholders, which
+    the talker's config lacks (an AttributeError in `generate(return_audio=True)` for a prompt with audio and images):
+    give it the thinker's, the audio encoder whose lengths placed those placeholders."""
+    monkeypatch.setattr(reference.talker.config, "audio_config", reference.config.thinker_config.audio_config,
+                        raising=False)
+
+
+def _spoken(stages, ckpt, options, requests, setup=lambda pipe: None):
+    """{request id: OmniResult} of a fresh `LocalOmniPipeline` (greedy thinker and talker; `setup(pipe)` first) on
+    [(request id, (messages, images, audios))]."""
+    pipe = LocalOmniPipeline.from_stages(stages, load_tts_embeds(ckpt, stages.config), options=options, max_running=4)
+    setup(pipe)
+    try:
+        return pipe.run([OmniRequest(rid, messages, pipe.thinker.sampling_params(max_tokens=TALKER_TOKENS,
+                                                                                  temperature=0.0),
+                                     pipe.talker.sampling_params(do_sample=False, repetition_penalty=1.0,
+                                                                 max_frames=TALKER_FRAMES),
+                                     images=images, audios=audios) for rid, (messages, images, audios) in requests])
+    finally:
+        pipe.close()
+
+
+@pytest.mark.parametrize("case", list(SPOKEN))
+@pytest.mark.parametrize("engine", ["dynamic", "static"])
+def test_spoken_answer_about_images_matches_generate(qwen3_omni_stages, qwen3_omni_ckpt, reference, monkeypatch,
+                                                     engine, case):
+    """The talker's codec codes (and so the audio) of a prompt with images equal `generate(return_audio=True)`'s:
+    its prefill takes the M-RoPE positions of its own input ids (image placeholders on their grid) and every frame the
+    text position plus the rope delta. Before, plain 0, 1, 2, ... positions gave other codes."""
+    messages, images, audios = SPOKEN[case]
+    result = _spoken(qwen3_omni_stages, qwen3_omni_ckpt, EngineOptions(engine=engine, max_len=256),
+                     [(case, SPOKEN[case])])[case]
+    inputs = Thinker(qwen3_omni_stages.thinker, qwen3_omni_stages.config, qwen3_omni_stages.tokenizer,
+                     qwen3_omni_stages.feature_extractor, image_processor=qwen3_omni_stages.image_processor
+                     ).prompts.build(messages, audios, images)
+    kwargs = {"pixel_values": inputs.pixel_values, "image_grid_thw": inputs.image_grid_thw}
+    if audios:
+        kwargs.update(input_features=inputs.input_features, feature_attention_mask=inputs.feature_attention_mask)
+        _with_talker_audio_config(reference, monkeypatch)
+    decoded = []
+    decode = reference.code2wav.chunked_decode
+    monkeypatch.setattr(reference.code2wav, "chunked_decode", lambda codes, **kw: decoded.append(codes) or decode(
+        codes, **kw))
+    with torch.no_grad():
+        seq, wav = reference.generate(
+            input_ids=inputs.input_ids[None], return_audio=True, speaker="ethan", thinker_max_new_tokens=TALKER_TOKENS,
+            thinker_do_sample=False, thinker_eos_token_id=reference.config.im_end_token_id,
+            talker_max_new_tokens=TALKER_FRAMES + 1, talker_do_sample=False, talker_repetition_penalty=1.0, **kwargs)
+    assert result.token_ids == seq[0, len(inputs.input_ids):].tolist() and len(result.token_ids) == TALKER_TOKENS
+    (codes,) = decoded
+    assert codes.shape[-1] >= 10 and torch.equal(result.codes, codes[0])
+    np.testing.assert_allclose(result.audio, wav[0, 0].numpy(), atol=1e-5)
+
+
+def test_talker_image_positions_equal_transformers_get_rope_index(qwen3_omni_stages, reference, monkeypatch):
+    """`mrope.image_positions` over talker ids (audio, text and two images, one of 3 rows) == the talker's own
+    `get_rope_index` (positions and delta)."""
+    _with_talker_audio_config(reference, monkeypatch)
+    stages, tc = qwen3_omni_stages, reference.config.talker_config
+    chat = [{"role": "user", "content": [{"type": "input_audio"}, *_messages(2)[1]["content"]]}]
+    images = [_image(0, SIZES[0]), _image(1, SIZES[1])]
+    inputs = Thinker(stages.thinker, stages.config, stages.tokenizer, stages.feature_extractor,
+                     image_processor=stages.image_processor).prompts.build(chat, [TONE], images)
+    ids = torch.cat([inputs.input_ids, torch.full((9,), reference.config.tts_pad_token_id)])
+    expected, delta = reference.talker.get_rope_index(ids[None], inputs.image_grid_thw, None, torch.ones_like(ids)[None],
+                                                      False, inputs.feature_attention_mask.sum(-1))
+    positions, rope_delta = image_positions(ids, inputs.image_grid_thw, image_token_id=tc.image_token_id,
+                                            merge_size=tc.spatial_merge_size,
+                                            position_id_per_seconds=tc.position_id_per_seconds)
+    assert torch.equal(positions, expected[:, 0].long()) and rope_delta == int(delta) < 0
+    assert not torch.equal(positions[1], positions[2])   # 2-D image positions, not text ones
+
+
+def test_static_talker_burst_of_image_and_text_prompts_with_prefill_graphs(qwen3_omni_stages, qwen3_omni_ckpt):
+    """With prefill graphs (their padded forward, eager on CPU), a text prompt goes through them and an image prompt
+    through the eager forward with its M-RoPE positions: both speak as the dynamic engine does."""
+    requests = [("text", ([{"role": "user", "content": "Tell me a story."}], [], [])), ("image", SPOKEN["two_images"])]
+    dynamic = _spoken(qwen3_omni_stages, qwen3_omni_ckpt, EngineOptions(), requests)
+    taken = []
+
+    def with_prefill_graphs(pipe):
+        graphs = PrefillGraphs(pipe.talker._padded_forward, hidden=1, max_tokens=64, name="talker-prefill")
+        run_batch = graphs.run_batch
+        graphs.run_batch = lambda prompts: taken.append(len(prompts)) or run_batch(prompts)
+        pipe.talker.prefill_graphs = graphs
+
+    static = _spoken(qwen3_omni_stages, qwen3_omni_ckpt, EngineOptions(engine="static", max_len=256), requests,
+                     with_prefill_graphs)
+    assert sum(taken) == 1   # the text prompt; the image prompt's M-RoPE positions take the eager forward
+    for rid, expected in dynamic.items():
+        assert expected.codes.shape[-1] >= 10 and torch.equal(static[rid].codes, expected.codes)

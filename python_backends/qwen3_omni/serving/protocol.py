@@ -15,11 +15,13 @@ thinker (engine stage, decoupled, max_batch_size 0)
        PROMPT_EMBEDS  FP32 [P, H]   first response only: layer-0 hidden states of the prompt
        MM_HIDDEN      FP32 [M, H]   first response only: accept-layer hidden states of the M
                                     audio/image/video placeholder positions (M may be 0)
+       IMAGE_GRID_THW INT64 [K, 3]  first response only: each image's (t, h, w) patch grid (K may be 0;
+                                    the talker's M-RoPE positions of image placeholders)
 talker (sequence batching, correlation id = one chat turn; decoupled; max_batch_size 8: every
 tensor below has a leading batch dim of 1)
   in   START / END    BOOL [1]      sequence controls; END = the thinker's text is complete
        TEXT_EMBEDS    FP32 [n, H]   EMBED of the thinker tokens new since the last request (n >= 0)
-       PROMPT_IDS / PROMPT_EMBEDS / MM_HIDDEN   with START only (as the thinker's)
+       PROMPT_IDS / PROMPT_EMBEDS / MM_HIDDEN / IMAGE_GRID_THW   with START only (as the thinker's)
        TALKER_PARAMS  BYTES [1]     with START only: JSON {"voice", "do_sample", "temperature",
                                     "top_k", "top_p", "repetition_penalty", "seed", "max_frames",
                                     "min_frames"}
@@ -47,9 +49,10 @@ REQUEST, INPUT_AUDIO, EVENT = "REQUEST", "INPUT_AUDIO", "EVENT"
 INPUT_IMAGES, INPUT_IMAGE_SIZES = "INPUT_IMAGES", "INPUT_IMAGE_SIZES"
 MEDIA_INPUTS = (INPUT_AUDIO, INPUT_IMAGES, INPUT_IMAGE_SIZES)   # optional inputs passed on from the client's request
 EMBED, PROMPT_IDS, PROMPT_EMBEDS, MM_HIDDEN = "EMBED", "PROMPT_IDS", "PROMPT_EMBEDS", "MM_HIDDEN"
+IMAGE_GRID_THW = "IMAGE_GRID_THW"
 TEXT_EMBEDS, TALKER_PARAMS, CODES, FINISH_REASON = "TEXT_EMBEDS", "TALKER_PARAMS", "CODES", "FINISH_REASON"
 START, END, ABORT, PCM = "START", "END", "ABORT", "PCM"
-PROMPT_TENSORS = (PROMPT_IDS, PROMPT_EMBEDS, MM_HIDDEN)
+PROMPT_TENSORS = (PROMPT_IDS, PROMPT_EMBEDS, MM_HIDDEN, IMAGE_GRID_THW)
 THINKER_OUTPUTS = [EVENT, EMBED, *PROMPT_TENSORS]
 
 TALKER_FIELDS = ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty", "max_frames", "min_frames")

@@ -66,6 +66,11 @@ def _float_tensor(value) -> torch.Tensor:
     return value.float() if on_gpu(value) else torch.from_numpy(np.array(value, np.float32))
 
 
+def _long_tensor(value) -> torch.Tensor:
+    """An int64 CPU torch tensor of an input (prompt ids, image grids), copied off the GPU when it is there."""
+    return value.long().cpu() if on_gpu(value) else torch.from_numpy(np.array(value, np.int64))
+
+
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         self.model_name, config, parameters = model_config.load(args)
@@ -118,11 +123,10 @@ class TritonPythonModel:
         if command.start and not command.abort:
             if any(tensor(name) is None for name in (*p.PROMPT_TENSORS, p.TALKER_PARAMS)):
                 raise RequestError(f"the START request needs {', '.join((*p.PROMPT_TENSORS, p.TALKER_PARAMS))}")
-            ids = tensor(p.PROMPT_IDS)
-            command.prompt = TalkerPrompt(prompt_ids=ids.long().cpu() if on_gpu(ids) else torch.from_numpy(
-                                              np.asarray(ids, dtype=np.int64)),
+            command.prompt = TalkerPrompt(prompt_ids=_long_tensor(tensor(p.PROMPT_IDS)),
                                           prompt_embeds=_float_tensor(tensor(p.PROMPT_EMBEDS)),
-                                          mm_hidden=_float_tensor(tensor(p.MM_HIDDEN)))
+                                          mm_hidden=_float_tensor(tensor(p.MM_HIDDEN)),
+                                          image_grid_thw=_long_tensor(tensor(p.IMAGE_GRID_THW)))
             command.params = events.read_json(tensor(p.TALKER_PARAMS))
         return command
 

@@ -78,7 +78,7 @@ class TritonPythonModel(EngineStageModel):
         tensors = {p.EVENT: events.json_tensor(event)}
         if not turn.talker_inputs:
             return tensors
-        token = self.thinker.token(turn.inputs.input_ids, output)
+        token = self.thinker.token(turn.inputs, output)
         if token.embed is not None:
             tensors[p.EMBED] = self._hidden(token.embed)
             self.metrics.tensor(p.EMBED, "out", self.gpu_tensors)
@@ -86,7 +86,9 @@ class TritonPythonModel(EngineStageModel):
             prompt = token.talker_prompt
             tensors.update({p.PROMPT_IDS: prompt.prompt_ids.numpy().astype(np.int64),
                             p.PROMPT_EMBEDS: self._hidden(prompt.prompt_embeds),
-                            p.MM_HIDDEN: self._hidden(prompt.mm_hidden)})
+                            p.MM_HIDDEN: self._hidden(prompt.mm_hidden),
+                            p.IMAGE_GRID_THW: (np.zeros((0, 3), np.int64) if prompt.image_grid_thw is None
+                                               else prompt.image_grid_thw.numpy().astype(np.int64))})
         return tensors
 
     def _hidden(self, tensor):
