@@ -37,7 +37,7 @@ def image_positions(ids: torch.Tensor, image_grid_thw: torch.Tensor, *, image_to
     for start, end, (t, h, w) in zip(starts, ends, image_grid_thw.tolist()):
         rows, cols = h // merge_size, w // merge_size
         if end - start != t * rows * cols:
-            raise ValueError(f"an image placeholder run of {end - start} tokens for a grid of {t}x{rows}x{cols}")
+            raise ValueError(f"a run of {end - start} tokens for a grid of {t}x{rows}x{cols} (merged)")
         parts.append(torch.arange(nxt, nxt + start - done).expand(3, -1))
         nxt += start - done
         grid = torch.stack(torch.meshgrid(torch.arange(t) * position_id_per_seconds, torch.arange(rows),

@@ -7,7 +7,10 @@ prefill (`<|im_start|>assistant\\n`, 4 x tts_pad, tts_bos, first generated token
 codec specials nothink / think_bos / think_eos / speaker / pad / bos). Every frame then consumes ONE thinker
 text embedding (generated token k+1 at frame k), then tts_eos after the text, then tts_pad. A request
 whose next text embedding has not arrived yet waits (it is never padded). Per frame the talker head picks
-code group 0 and the code predictor (an MTP-style inner loop) the other 15 groups.
+code group 0 and the code predictor (an MTP-style inner loop) the other 15 groups. Positions: 0, 1, 2, ... in all
+three M-RoPE sections, except for a prompt whose user turns hold images: its prefill takes `generate`'s M-RoPE
+positions over the talker's ids (`mrope.image_positions`) and each later position is the cache column plus the
+prompt's rope delta.
 
 Two engines (`EngineOptions.engine`):
 - "dynamic" (the CPU default): the code predictor runs batched over all requests that advance in a
@@ -18,6 +21,7 @@ Two engines (`EngineOptions.engine`):
   A step's host work overlaps the GPU's: the next talker step is launched before the frame's codes are
   read, and that read (one per step) waits for the frame alone; greedy requests without penalties need no
   other host synchronisation (sampled or penalised ones read their code-0 logits first).
+  A prompt with images is prefilled by the eager forward with its positions (the prefill graphs take 0..W-1).
 """
 from __future__ import annotations
 
@@ -198,16 +202,21 @@ class Talker:
         """Start a request; it prefills once its first text token arrives (`push_text`).
 
         `params.max_tokens` is the most frames (generate's `talker_max_new_tokens - 1`).
-        Raises RequestError on an unknown voice, ValueError on a duplicate request id.
+        Raises RequestError on an unknown voice or image grids that do not fit the prompt's image placeholders,
+        ValueError on a duplicate request id.
         """
         if request_id in self._requests:
             raise ValueError(f"talker request {request_id!r} already exists")
         if self.decode is not None and len(self._requests) >= self.decode.decoder.cache.slots:
             raise RequestError(f"the talker holds its maximum of {self.decode.decoder.cache.slots} requests",
                                status=503, code="overloaded")
-        self._requests[request_id] = _Request(prompt=prompt, speaker_id=self.speaker_id(voice),
-                                              max_frames=params.max_tokens, params=params,
-                                              generator=make_generator(params.seed))
+        req = _Request(prompt=prompt, speaker_id=self.speaker_id(voice), max_frames=params.max_tokens, params=params,
+                       generator=make_generator(params.seed))
+        try:
+            self._set_positions(req)
+        except ValueError as exc:
+            raise RequestError(f"the talker prompt's image grids: {exc}", param="IMAGE_GRID_THW") from None
+        self._requests[request_id] = req
 
     def push_text(self, request_id: str, embeds: torch.Tensor, final: bool = False) -> None:
         """Thinker layer-0 embeddings of newly generated tokens, in order (generated token 0 first).
@@ -364,14 +373,18 @@ class Talker:
         """text_projection of thinker layer-0 embeddings [n, H_thinker] -> [n, H_talker]."""
         return self.model.text_projection(embeds.to(self.device, self.model.dtype))
 
+    def _user_turns(self, ids: torch.Tensor) -> torch.Tensor:
+        """bool [P]: the positions of prompt ids int64 [P] that lie in user turns (their `<|im_start|>user`
+        included), the talker's prompt as `generate` selects it."""
+        cfg = self.config
+        im_start = torch.where(ids == cfg.im_start_token_id, torch.arange(len(ids)), -1).cummax(0).values.clamp_min(0)
+        return ids[(im_start + 1).clamp_max(len(ids) - 1)] == cfg.user_token_id
+
     def _prefill_embeds(self, req: _Request) -> torch.Tensor:
-        """[U + 9, H_talker]: the user-turn positions, then the assistant prefill (as `generate` builds it); sets
-        the request's M-RoPE prompt positions and rope delta when its user turns hold images (`_set_positions`)."""
+        """[U + 9, H_talker]: the user-turn positions, then the assistant prefill (as `generate` builds it)."""
         prompt, cfg = req.prompt, self.config
         ids = prompt.prompt_ids.to(torch.long)
-        positions = torch.arange(len(ids))
-        im_start = torch.where(ids == cfg.im_start_token_id, positions, -1).cummax(0).values.clamp_min(0)
-        user = ids[(im_start + 1).clamp_max(len(ids) - 1)] == cfg.user_token_id
+        user = self._user_turns(ids)
         mm = torch.isin(ids, self.mm_ids)
         user_embeds = torch.empty(int(user.sum()), self.tc.text_config.hidden_size, dtype=self.model.dtype,
                                   device=self.device)
@@ -381,7 +394,6 @@ class Talker:
             user_embeds[user_mm.to(self.device)] = self.model.hidden_projection(
                 prompt.mm_hidden[mm_rows].to(self.device, self.model.dtype))
         user_embeds[~user_mm.to(self.device)] = self._project_text(prompt.prompt_embeds[user & ~mm])
-        self._set_positions(req, ids, user)
         starts = ((ids[:-1] == cfg.im_start_token_id) & (ids[1:] == cfg.assistant_token_id)).nonzero().flatten()
         if not len(starts):
             raise RequestError("the thinker prompt has no '<|im_start|>assistant' turn", param="messages")
@@ -392,16 +404,21 @@ class Talker:
         codec = torch.cat([text.new_zeros(3, text.shape[-1]), self.model.get_input_embeddings()(specials)])
         return torch.cat([user_embeds, text + codec])
 
-    def _set_positions(self, req: _Request, ids: torch.Tensor, user: torch.Tensor) -> None:
+    def _set_positions(self, req: _Request) -> None:
         """The talker's M-RoPE positions (`mrope.image_positions`) over its input ids as `generate` builds them (the
         user-turn ids, then 9 assistant ids) when the user turns hold images: `generate`'s talker computes them from
-        those ids and the image grids. ids: int64 [P] thinker prompt ids; user: bool [P] its user-turn positions.
-        Prompts without images keep positions 0, 1, 2, ... (prompt_positions None, rope delta 0)."""
-        grids = req.prompt.image_grid_thw
+        those ids and the image grids. Prompts without images keep positions 0, 1, 2, ... (prompt_positions None,
+        rope delta 0). Raises ValueError when the grids do not fit the prompt's image placeholders."""
+        ids, grids = req.prompt.prompt_ids.to(torch.long), req.prompt.image_grid_thw
         image = ids == self.tc.image_token_id
-        if grids is None or not len(grids) or not (image & user).any():
+        if grids is None or not len(grids) or not image.any():
             return
+        user = self._user_turns(ids)
         runs = image & ~torch.cat([image.new_zeros(1), image[:-1]])   # the first placeholder of each image
+        if grids.shape != (int(runs.sum()), 3):
+            raise ValueError(f"image_grid_thw of shape {tuple(grids.shape)} for {int(runs.sum())} images")
+        if not (image & user).any():
+            return
         talker_ids = torch.cat([ids[user], ids.new_full((9,), self.config.tts_pad_token_id)])
         req.prompt_positions, req.rope_delta = image_positions(
             talker_ids, grids[user[runs]], image_token_id=self.tc.image_token_id,
@@ -486,8 +503,8 @@ class Talker:
             positions = torch.arange(start, start + n).expand(3, n)
         out = self.model(inputs_embeds=embeds[None], attention_mask=torch.ones(1, req.position + n, dtype=torch.long,
                                                                                 device=self.device),
-                         position_ids=positions[:, None].to(self.device), **cache_kwargs(self.model, req.cache), use_cache=True,
-                         output_hidden_states=True, generation_step=0)
+                         position_ids=positions[:, None].to(self.device), **cache_kwargs(self.model, req.cache),
+                         use_cache=True, output_hidden_states=True, generation_step=0)
         req.position += n
         req.logits, req.hidden = out.logits[0, -1], out.hidden_states[0][-1][0, -1]
 

@@ -14,6 +14,7 @@ from omni_backends.errors import RequestError
 from omni_backends.qwen3_omni.loading import load_tts_embeds
 from omni_backends.qwen3_omni.mrope import image_positions
 from omni_backends.qwen3_omni.pipeline import LocalOmniPipeline, OmniRequest
+from omni_backends.qwen3_omni.talker import Talker, TalkerPrompt
 from omni_backends.qwen3_omni.serving import turn
 from omni_backends.qwen3_omni.thinker import Thinker
 from tests.qwen3_omni_reference import greedy_text, processor
@@ -259,8 +260,9 @@ def test_talker_image_positions_equal_transformers_get_rope_index(qwen3_omni_sta
     inputs = Thinker(stages.thinker, stages.config, stages.tokenizer, stages.feature_extractor,
                      image_processor=stages.image_processor).prompts.build(chat, [TONE], images)
     ids = torch.cat([inputs.input_ids, torch.full((9,), reference.config.tts_pad_token_id)])
-    expected, delta = reference.talker.get_rope_index(ids[None], inputs.image_grid_thw, None, torch.ones_like(ids)[None],
-                                                      False, inputs.feature_attention_mask.sum(-1))
+    expected, delta = reference.talker.get_rope_index(ids[None], inputs.image_grid_thw, None,
+                                                      torch.ones_like(ids)[None], False,
+                                                      inputs.feature_attention_mask.sum(-1))
     positions, rope_delta = image_positions(ids, inputs.image_grid_thw, image_token_id=tc.image_token_id,
                                             merge_size=tc.spatial_merge_size,
                                             position_id_per_seconds=tc.position_id_per_seconds)
@@ -286,3 +288,22 @@ def test_static_talker_burst_of_image_and_text_prompts_with_prefill_graphs(qwen3
     assert sum(taken) == 1   # the text prompt; the image prompt's M-RoPE positions take the eager forward
     for rid, expected in dynamic.items():
         assert expected.codes.shape[-1] >= 10 and torch.equal(static[rid].codes, expected.codes)
+
+
+def test_talker_refuses_image_grids_that_do_not_fit_the_prompt(qwen3_omni_stages, qwen3_omni_ckpt):
+    """Image grids that do not fit the prompt's image placeholders (a direct client's IMAGE_GRID_THW) are a
+    RequestError naming the tensor when the request is added, not a failure of the talker's step."""
+    stages = qwen3_omni_stages
+    talker = Talker(stages.talker, stages.config, load_tts_embeds(qwen3_omni_ckpt, stages.config))
+    ids = Thinker(stages.thinker, stages.config, stages.tokenizer, stages.feature_extractor,
+                  image_processor=stages.image_processor).prompts.build(_messages(1), images=[_image(1, SIZES[1])]
+                                                                        ).input_ids
+    hidden = torch.zeros(len(ids), stages.config.thinker_config.text_config.hidden_size)
+    params = talker.sampling_params(do_sample=False)
+    for grids, message in (([[1, 6, 4], [1, 2, 4]], "of shape (2, 3) for 1 images"),
+                           ([[1, 2, 4]], "a run of 6 tokens for a grid of 1x1x2")):
+        with pytest.raises(RequestError) as err:
+            talker.add_request("r", TalkerPrompt(ids, hidden, hidden[:6], torch.tensor(grids)), "ethan", params)
+        assert err.value.param == "IMAGE_GRID_THW" and message in err.value.message, err.value.message
+    talker.add_request("r", TalkerPrompt(ids, hidden, hidden[:6], torch.tensor([[1, 6, 4]])), "ethan", params)
+    assert "r" in talker
