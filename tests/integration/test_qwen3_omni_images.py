@@ -14,6 +14,7 @@ import httpx
 import numpy as np
 import openai
 import pytest
+import torch
 from PIL import Image
 from transformers import AutoTokenizer, Qwen3OmniMoeForConditionalGeneration, WhisperFeatureExtractor
 
@@ -26,6 +27,7 @@ from tests.qwen3_omni_reference import answer_text, greedy_text, processor
 pytestmark = pytest.mark.integration
 
 MAX_TOKENS = 12
+SPOKEN_FRAMES = 12   # <= the code2wav left context (25 frames)
 MAX_PIXELS = OMNI_CHAT_MAX_IMAGE_PIXELS   # the server's --max-image-pixels
 QUESTION = "What is in the picture?"
 
@@ -115,7 +117,7 @@ def test_chat_with_a_data_url_png_answers_as_generate(server, reference):
     assert reply.usage.completion_tokens == len(ids)
     assert reply.usage.prompt_tokens == len(prompt)
     assert int((prompt == reference[0].config.thinker_config.image_token_id).sum()) == 2   # 32x64 pixels after resize
-    spoken = _client(server).chat.completions.create(   # the talker speaks it (not compared: README's open item)
+    spoken = _client(server).chat.completions.create(   # the talker speaks it (compared in the next test)
         model="qwen3_omni", modalities=["text", "audio"], audio={"voice": "ethan", "format": "wav"}, temperature=0,
         max_tokens=MAX_TOKENS, extra_body={"talker_max_frames": 8},
         messages=[{"role": "user", "content": [{"type": "text", "text": QUESTION},
@@ -163,6 +165,33 @@ def test_voice_refuses_images_naming_the_part_type(server):
         _chat(server, _data_url(_png(FIRST)), model="voice")
     error = info.value.body
     assert (error["param"], error["code"]) == ("messages[0].content[1].type", "unsupported_content"), error
+
+
+def test_spoken_answer_about_an_image_equals_generate_in_both_layouts(server, reference):
+    """The talker's M-RoPE positions of a 3-row image (IMAGE_GRID_THW from the thinker to the talker in the stage
+    layout, in process in the co-located one): the served audio is `generate(return_audio=True)`'s (frames <= the
+    code2wav left context, so the streamed audio is one full decode)."""
+    model, proc = reference
+    chat = [{"role": "user", "content": [{"type": "text", "text": QUESTION}, {"type": "image"}]}]
+    inputs = proc(text=[proc.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)],
+                  images=[SECOND], return_tensors="pt")
+    assert inputs["image_grid_thw"].tolist() == [[1, 6, 4]]   # 3 rows of merged patches
+    with torch.no_grad():
+        seq, wav = model.generate(**inputs, return_audio=True, speaker="ethan", thinker_max_new_tokens=MAX_TOKENS,
+                                  thinker_do_sample=False, thinker_eos_token_id=model.config.im_end_token_id,
+                                  talker_max_new_tokens=SPOKEN_FRAMES + 1, talker_do_sample=False,
+                                  talker_repetition_penalty=1.0)
+    body = {"messages": chat, "voice": "ethan", "return_token_ids": True, "temperature": 0, "max_tokens": MAX_TOKENS,
+            "talker_do_sample": False, "talker_repetition_penalty": 1.0, "talker_max_frames": SPOKEN_FRAMES}
+    tensors = {"REQUEST": np.array([json.dumps(body).encode()], dtype=np.object_), "INPUT_IMAGES": SECOND[None],
+               "INPUT_IMAGE_SIZES": np.array([SECOND.shape[:2]], np.int32)}
+    for name in ("qwen3_omni", "qwen3_omni_colocated"):
+        responses = triton_stream(server.grpc_url, name, tensors, 120)
+        events = [json.loads(r.as_numpy("EVENT")[0]) for r in responses]
+        audio = np.concatenate([r.as_numpy("AUDIO") for r, e in zip(responses, events) if e["type"] == "audio.delta"])
+        assert events[-1]["token_ids"] == seq[0, inputs["input_ids"].shape[1]:].tolist(), name
+        assert audio.shape == wav[0, 0].shape and wav.std() > 0.01, name
+        np.testing.assert_allclose(audio, wav[0, 0].numpy(), atol=1e-5, err_msg=name)
 
 
 def test_triton_clients_send_image_tensors_to_both_layouts(server, reference):
