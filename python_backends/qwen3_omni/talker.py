@@ -500,7 +500,7 @@ class Talker:
         n = embeds.shape[0]
         if positions is None:
             start = req.position + req.rope_delta
-            positions = torch.arange(start, start + n).expand(3, n)
+            positions = torch.arange(start, start + n, device=self.device).expand(3, n)
         out = self.model(inputs_embeds=embeds[None], attention_mask=torch.ones(1, req.position + n, dtype=torch.long,
                                                                                 device=self.device),
                          position_ids=positions[:, None].to(self.device), **cache_kwargs(self.model, req.cache),
