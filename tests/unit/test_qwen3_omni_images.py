@@ -250,6 +250,25 @@ def test_spoken_answer_about_images_matches_generate(qwen3_omni_stages, qwen3_om
     np.testing.assert_allclose(result.audio, wav[0, 0].numpy(), atol=1e-5)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (run on the device: docs/gpu.md)")
+def test_spoken_answer_about_images_on_cuda_alike_with_and_without_graphs(tmp_path, monkeypatch):
+    """On CUDA (bf16, as served): a spoken answer about two images (the second's grid 3 rows) from the static engine
+    with its graphs (talker steps at position + rope delta, code-predictor frames) has exactly the codec codes of the
+    same engine run eagerly; the image prompt's talker prefill is the eager forward with its M-RoPE positions in both.
+    No conftest fixtures: the device runs this file with --noconftest."""
+    from omni_backends.engine import fused
+    from omni_backends.qwen3_omni.checkpoint import write_checkpoint
+    from omni_backends.qwen3_omni.loading import load_stages
+
+    monkeypatch.setattr(fused, "active", lambda x: False)   # the fused decode attention needs head_dim >= 32
+    ckpt = write_checkpoint(tmp_path / "qwen3_omni_tiny")
+    stages = load_stages(ckpt, "cuda", torch.bfloat16)
+    runs = [_spoken(stages, ckpt, EngineOptions(engine="static", max_len=256, cuda_graphs=graphs),
+                    [("two_images", SPOKEN["two_images"])])["two_images"] for graphs in (False, True)]
+    assert runs[0].token_ids == runs[1].token_ids and len(runs[0].token_ids) == TALKER_TOKENS
+    assert runs[0].codes.shape[-1] >= 10 and torch.equal(runs[0].codes, runs[1].codes)
+
+
 def test_talker_image_positions_equal_transformers_get_rope_index(qwen3_omni_stages, reference, monkeypatch):
     """`mrope.image_positions` over talker ids (audio, text and two images, one of 3 rows) == the talker's own
     `get_rope_index` (positions and delta)."""
