@@ -12,9 +12,10 @@ talker holds its maximum of 2 requests"). Four concurrent non-streamed chats wit
 (the frontend admits 4) -> 3 x 200 and 1 x 500, every time; streamed ones get a 200 head and an error event. It also
 hits right after clients disconnect from streams (the talker's slots are freed a little later). With the H200 deploy
 (talker max_running 32) the same happens once `--max-inflight` exceeds 32, as docs/gpu.md suggests raising it to
-"the engine's capacity".
-What is right: a request beyond the talker's slots waits for one (as the thinker's do), or at worst is refused as an
-overload (429/503 with Retry-After), never a 500; all answered.
+"the engine's capacity". `scripts/bench --workload chat-audio --model qwen3_omni --voice ethan --max-concurrency 4`
+against server S: 5 of 8 requests failed with this error.
+What is right: a request beyond the talker's slots waits for one (as the thinker's do), or is refused as the frontend's
+overload is (429 with Retry-After, docs/reliability.md); never a 5xx. (Stage layout: a 503 `overloaded`.)
 Exits 1 while any of the rounds gets a 5xx, 0 once fixed. Env BASE_URL (default http://127.0.0.1:43000).
 """
 import asyncio
