@@ -88,7 +88,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="model repository folder (repeatable; default: ./model_repository)")
     p.add_argument("--deploy", type=Path, metavar="YAML",
                    help="deploy file (deploy/*.yaml): render its pipeline's models with the file's devices and "
-                        "settings into var/deploy/<name>/ and serve that pipeline from there")
+                        "settings into a folder of this run (var/deploy/<name>.run-*/, removed at the stop) "
+                        "and serve that pipeline from there")
     p.add_argument("--host", type=_host, default="127.0.0.1",
                    help="address the frontend listens on (default: %(default)s)")
     p.add_argument("--port", type=_port, default=8000, help="frontend port, 1-65535 (default: %(default)s)")
@@ -242,9 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.deploy is not None:
             deployment = deploy.load(args.deploy)
             check_gpus(args.deploy, deployment)
-            rendered = deploy.render(deployment, ROOT / "var" / "deploy" / deployment.name)   # DeployError too
-            log.info("rendered %s into %s", args.deploy, rendered)
-            args.pipelines, args.model_repository = deployment.pipeline, [rendered]
+            args.pipelines = deployment.pipeline   # rendered below, once the cheap checks passed
             args.models = deployment.models   # the co-located layout renders one model for the whole pipeline
             args.prepare_only = [deployment.checkpoint] if deployment.checkpoint else None
         extra = [registry.parse_extra(s) for s in args.extra_pipeline]
@@ -264,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     server = None
-    stack = contextlib.ExitStack()   # the run copy of the repository (--tts-engine), removed after the server
+    stack = contextlib.ExitStack()   # the run copies of the repository (--deploy, --tts-engine), removed after the server
     # SIGTERM unwinds through `finally` from here on, also while models load (it used to kill the launcher
     # there, leaving the run copy and stub processes behind); so does SIGINT, also when it was inherited ignored
     # (`./scripts/serve &` in a script: the launcher went on loading and served, uvicorn's handler later did stop it).
@@ -275,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_frontend:   # the frontend's port only; tritonserver checks its own in start()
             check_listen_address(args.host, args.port)
         models = getattr(args, "models", None) or registry.triton_models(selected)
+        if args.deploy is not None:
+            args.model_repository = [render_run_copy(args.deploy, deployment, stack)]
         repositories = [r.resolve() for r in (args.model_repository or [ROOT / "model_repository"])]
         if args.tts_engine is not None:
             run_copy = stack.enter_context(tempfile.TemporaryDirectory(prefix="omni-triton-repository-"))
@@ -332,6 +333,9 @@ def main(argv: list[str] | None = None) -> int:
     except LaunchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except deploy.DeployError as exc:   # the deploy file's run folder could not be rendered
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
     finally:
@@ -402,6 +406,22 @@ def check_listen_address(host: str, port: int) -> None:
             if exc.errno == errno.EADDRINUSE:
                 raise LaunchError(f"port {host}:{port} is already in use (pass --port)") from None
             raise LaunchError(f"--host {host} --port {port}: cannot listen there: {exc.strerror or exc}") from None
+
+
+def render_run_copy(path: Path, deployment: deploy.Deployment, stack: contextlib.ExitStack) -> Path:
+    """Render the deploy file into a folder of this run (`var/deploy/<name>.run-<random>/`, removed after the server):
+    Triton reloads models from it on a wake or a stage recovery, so another render of a file with the same name (a
+    render-only call, a second serve that then fails its port check) must not replace it. Raises DeployError."""
+    parent = ROOT / "var" / "deploy"
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        run_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=f"{deployment.name}.run-", dir=parent)))
+    except OSError as exc:
+        raise deploy.DeployError(f"{parent}: cannot make the run folder of the deploy file: {exc.strerror or exc}"
+                                 ) from None
+    rendered = deploy.render(deployment, run_dir)
+    log.info("rendered %s into %s", path, rendered)
+    return rendered
 
 
 def tts_engine_repository(repositories: list[Path], models: list[str], engine: str, out_dir: Path) -> Path:

@@ -637,13 +637,24 @@ def test_a_killed_orchestrator_stops_every_stage_within_seconds(server):
 
 def test_a_colocated_deploy_is_healthy_and_sleeps_its_one_model(tmp_path):
     """`--deploy` with `layout: colocated` loads one model; /health, /v1/models and sleep/wake follow it (they
-    looked for the stage models, which that layout never loads: /health stayed 503 for good)."""
-    deploy_file = tmp_path / "test_colocated_health.yaml"
+    looked for the stage models, which that layout never loads: /health stayed 503 for good).
+    Sixteenth outside test: the server rendered into var/deploy/<name>/ and reloaded from there on a wake or a stage
+    recovery, so any later render of a file of that name (render-only, or a second serve that then failed its port
+    check) replaced the running server's models. It now serves a run folder of its own, removed at the stop: a wake
+    after another render of the same name still loads what the server started with."""
+    from omni_frontend import deploy
+
+    name = f"test_colocated_health_{os.getpid()}"
+    deploy_file, other = tmp_path / f"{name}.yaml", tmp_path / "other" / f"{name}.yaml"
     deploy_file.write_text("pipeline: qwen3_omni\nlayout: colocated\ncheckpoint: qwen3_omni_tiny\n"
                            "stages: {thinker: {device: cpu}, talker: {device: cpu}, code2wav: {device: cpu}, "
                            "orchestrator: {device: cpu}}\n")
+    other.parent.mkdir()
+    other.write_text("pipeline: qwen3_omni\nlayout: colocated\ncheckpoint: qwen3_omni_30b_a3b_random\n")
+    rendered = deploy.ROOT / "var" / "deploy"
     server = start_server(tmp_path, "--deploy", str(deploy_file), ready_timeout_s=240)   # waits for /health 200
     try:
+        assert len(list(rendered.glob(f"{name}.run-*/qwen3_omni/config.pbtxt"))) == 1
         health = httpx.get(f"{server.base_url}/health").json()
         assert health["models"] == ["qwen3_omni"], health
         (entry,) = httpx.get(f"{server.base_url}/v1/models").json()["data"]
@@ -651,13 +662,19 @@ def test_a_colocated_deploy_is_healthy_and_sleeps_its_one_model(tmp_path):
         reply = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=120, json={
             "model": "qwen3_omni", "max_tokens": 4, "modalities": ["text"], "messages": [{"role": "user", "content": "Hi"}]})
         assert reply.status_code == 200, reply.text
+        assert deploy.main([str(other)]) == 0   # renders var/deploy/<name>/: the 30B checkpoint, not for this CPU
         for action, state in (("sleep", "sleeping"), ("wake", "awake")):
             done = httpx.post(f"{server.base_url}/v1/admin/pipelines/qwen3_omni/{action}", timeout=240)
             assert done.status_code == 200, done.text
             assert httpx.get(f"{server.base_url}/v1/models").json()["data"][0]["state"] == state
         assert wait_for(lambda: httpx.get(f"{server.base_url}/health").status_code == 200, 60)
+        reply = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=120, json={
+            "model": "qwen3_omni", "max_tokens": 4, "modalities": ["text"], "messages": [{"role": "user", "content": "Hi"}]})
+        assert reply.status_code == 200, reply.text
     finally:
         server.stop()
+        shutil.rmtree(rendered / name, ignore_errors=True)
+    assert not list(rendered.glob(f"{name}.run-*"))   # the run folder went with the server
 
 
 def test_a_stop_after_the_talker_finished_before_the_text_does_not_wait_for_its_sequence(tmp_path):
