@@ -6,11 +6,12 @@ mock and image servers, whose work is done by then."""
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.harness import TEST_REPOSITORY, start_server
+from tests.harness import MAIN_REPOSITORY, TEST_REPOSITORY, start_server
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -73,17 +74,36 @@ def voice_server(tmp_path_factory):
 OMNI_CHAT_MAX_IMAGE_PIXELS = 100_000   # omni_chat_server's --max-image-pixels
 
 
+def _whole_audio_repository(out: Path) -> Path:
+    """A copy of model_repository/ whose qwen3_omni code2wav (stage and co-located) decodes every chunk with a left
+    context covering all previous frames (1000), in chunks of 4 frames after a first of 2: streamed audio then equals
+    one decode of all the codes, i.e. transformers' generate(return_audio=True)'s."""
+    shutil.copytree(MAIN_REPOSITORY, out)
+    for name, prefix in (("qwen3_omni_code2wav", ""), ("qwen3_omni_colocated", "code2wav.")):
+        config = out / name / "config.pbtxt"
+        text = config.read_text()
+        for key, old, new in (("chunk_frames", "25", "4"), ("first_chunk_frames", "5", "2"),
+                              ("left_context_frames", "25", "1000")):
+            line = f'key: "{prefix}{key}" value {{ string_value: "{old}" }}'
+            assert line in text
+            text = text.replace(line, line.replace(f'"{old}"', f'"{new}"'))
+        config.write_text(text)
+    return out
+
+
 @pytest.fixture(scope="session")
 def omni_chat_server(tmp_path_factory):
-    """Launcher serving qwen3_omni (stage layout), voice, and qwen3_omni's co-located layout as model id "colocated",
-    with --max-image-pixels OMNI_CHAT_MAX_IMAGE_PIXELS and --allow-private-media-urls (image URLs of a local
-    http.server): test_completions.py and test_qwen3_omni_images.py share it."""
+    """Launcher serving qwen3_omni (stage layout), voice, and qwen3_omni's co-located layout as model id "colocated"
+    (a repository copy whose code2wav decodes with a whole left context: `_whole_audio_repository`), with
+    --max-image-pixels OMNI_CHAT_MAX_IMAGE_PIXELS and --allow-private-media-urls (image URLs of a local http.server):
+    test_completions.py, test_qwen3_omni.py and test_qwen3_omni_images.py share it."""
     from omni_backends.voice.models import prepare_voice_models
 
     prepare_voice_models()
+    repository = _whole_audio_repository(tmp_path_factory.mktemp("omni_chat_repository") / "repo")
     server = _shared("omni_chat_server", start_server(
         tmp_path_factory.mktemp("omni_chat_server"), "--pipelines", "qwen3_omni,voice",
-        "--extra-pipeline", "colocated=chat:qwen3_omni_colocated",
+        "--extra-pipeline", "colocated=chat:qwen3_omni_colocated", "--model-repository", str(repository),
         "--max-image-pixels", str(OMNI_CHAT_MAX_IMAGE_PIXELS), "--allow-private-media-urls"))
     yield server
     server.stop()

@@ -47,25 +47,11 @@ VOICES = ["Ethan", "chelsie", "AIDEN", "ethan"]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """The stage layout (qwen3_omni and its stage models) and, beside it, the co-located layout's model
-    (COLOCATED, model id "colocated"): both with a code2wav left context covering every previous frame."""
-    repo = tmp_path_factory.mktemp("repo")
-    for name in (*STAGES, COLOCATED):
-        shutil.copytree(MAIN_REPOSITORY / name, repo / name)
-    for name, prefix in (("qwen3_omni_code2wav", ""), (COLOCATED, "code2wav.")):
-        config = repo / name / "config.pbtxt"
-        text = config.read_text()
-        for key, old, new in (("chunk_frames", "25", "4"), ("first_chunk_frames", "5", "2"),
-                              ("left_context_frames", "25", "1000")):
-            line = f'key: "{prefix}{key}" value {{ string_value: "{old}" }}'
-            assert line in text
-            text = text.replace(line, line.replace(f'"{old}"', f'"{new}"'))
-        config.write_text(text)
-    server = start_server(tmp_path_factory.mktemp("qwen3_omni"), "--pipelines", "qwen3_omni",
-                          "--extra-pipeline", f"colocated=chat:{COLOCATED}", "--model-repository", str(repo))
-    yield server
-    server.stop()
+def server(omni_chat_server):
+    """The session's qwen3_omni server (tests/conftest.py): the stage layout (qwen3_omni and its stage models) and,
+    beside it, the co-located layout's model (COLOCATED, model id "colocated"), both with a code2wav left context
+    covering every previous frame."""
+    return omni_chat_server
 
 
 @pytest.fixture(scope="module")
@@ -237,9 +223,10 @@ def test_voices_are_listed_for_the_chat_pipeline(server):
     listed = httpx.get(f"{server.base_url}/v1/audio/voices", params={"model": "qwen3_omni"}, timeout=30).json()
     assert sorted(v["id"] for v in listed["voices"]) == ["aiden", "chelsie", "ethan"]
     assert all(v["model"] == "qwen3_omni" for v in listed["voices"]) and listed["default"] == {"qwen3_omni": "ethan"}
-    # unfiltered: every speaking pipeline of this server, the co-located layout (model id "colocated") included
+    # unfiltered: every speaking pipeline of this server, the co-located layout (model id "colocated") and the
+    # session server's voice pipeline included
     assert httpx.get(f"{server.base_url}/v1/audio/voices", timeout=30).json()["default"] == {
-        "qwen3_omni": "ethan", "colocated": "ethan"}
+        "qwen3_omni": "ethan", "colocated": "ethan", "voice": "jf_alpha"}
 
 
 def test_text_only_never_runs_the_audio_stages(server):
