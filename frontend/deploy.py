@@ -1,6 +1,6 @@
 """Deploy files: one YAML per deployment -> a rendered Triton model repository (no model code here).
 
-    python -m omni_frontend.deploy deploy/qwen3_omni_h200.yaml [--out var/deploy/qwen3_omni_h200]
+    ./scripts/deploy deploy/qwen3_omni_h200.yaml [--out var/deploy/qwen3_omni_h200]   # render only
     ./scripts/serve --deploy deploy/qwen3_omni_h200.yaml      # renders, then serves the rendered repository
 
 The idea of vLLM-Omni's stage deploy YAML and TensorRT-LLM's `fill_template.py`: the checked-in
@@ -27,12 +27,15 @@ File layout (every key optional except `pipeline`):
 (`model_repository/qwen3_omni_colocated`, served under the entry name `qwen3_omni`, same tensors for
 clients) holding every engine in one process, each on its own thread and CUDA stream, so their kernels
 run concurrently instead of time-slicing the GPU between stage processes. Every stage must then name
-the same device; each stage's settings become parameters `<stage>.<key>` of that model (shared ones stay
-unprefixed); `instances` and `max_batch` of the inner stages and `gpu_tensors` have no meaning there.
+the same device; each stage's settings become parameters `<stage>.<key>` of that model (the shared `checkpoint`,
+`kernels` and `threads` -- one torch thread count for the process, so stages that give different ones are
+refused -- stay unprefixed); `instances` and `max_batch` of the inner stages and `gpu_tensors` have no meaning there.
 
-Errors (`DeployError`) are one line naming the file and the key: unknown keys, unfilled placeholders,
-bad values, a value of the wrong type anywhere (a list or mapping where a name, number or stage mapping
-belongs), a file that cannot be read or is not UTF-8.
+Errors (`DeployError`) are one line naming the file and the key: unknown keys, keys given twice, YAML
+anchors / aliases, unfilled placeholders, bad values (an integer outside its `RANGES`, a static talker whose
+`max_len` cannot hold the thinker's prompts), a value of the wrong type anywhere (a list or mapping where a
+name, number or stage mapping belongs), a file that cannot be read, is not a regular file, is larger than
+`MAX_FILE_BYTES` or is not UTF-8. Rendered string values are escaped as protobuf text (backslash, quote, newline).
 """
 from __future__ import annotations
 
@@ -40,6 +43,7 @@ import argparse
 import os
 import re
 import shutil
+import stat
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,7 +61,7 @@ PIPELINE_STAGES = {
 # pipeline -> (source folder of its co-located model, the stage that names the served model)
 COLOCATED = {"qwen3_omni": ("qwen3_omni_colocated", "orchestrator")}
 LAYOUTS = ("stages", "colocated")
-SHARED_PARAMETERS = ("checkpoint", "kernels")   # unprefixed in a co-located model
+SHARED_PARAMETERS = ("checkpoint", "kernels", "threads")   # unprefixed in a co-located model (one process)
 INT, BOOL, STR = "int", "bool", "str"
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 ENGINES = ("dynamic", "static")
@@ -73,6 +77,18 @@ STAGE_KEYS = {
     "orchestrator": {"default_voice": STR, "sm_split": STR},
 }
 TOP_KEYS = {"pipeline", "layout", "checkpoint", "kernels", "gpu_tensors", "stages"}
+# Allowed (lowest, highest) of every integer key: what the stages can use, and bounds that keep a typo from
+# starting 10^8 stub processes or sizing a cache past memory. `max_len` etc. are tokens, `*_frames` codec frames
+# (12.5 per second of audio), `threads` torch intra-op threads.
+RANGES = {"instances": (1, 64), "max_batch": (1, 1024), "threads": (1, 256), "max_running": (1, 1024),
+          "max_len": (2, 1 << 20), "prefill_chunk": (0, 1 << 20), "prefill_graph_tokens": (0, 1 << 20),
+          "max_tokens": (1, 1 << 20), "max_frames": (1, 1 << 20), "chunk_frames": (1, 4096),
+          "first_chunk_frames": (1, 4096), "left_context_frames": (0, 4096)}
+DEFAULT_MAX_LEN = 4096   # EngineOptions.max_len's default (omni_backends/engine/options.py)
+# Talker positions = the prompt's user-turn tokens + TALKER_PROMPT_EXTRA (+ the frames it speaks), so a static
+# talker's max_len must be at least the thinker's + this to take every prompt the thinker takes.
+TALKER_PROMPT_EXTRA = 9
+MAX_FILE_BYTES = 1 << 20   # a deploy file is a few hundred bytes; anything past this is the wrong file
 PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 DEVICE = re.compile(r"^(cpu|cuda:(\d+))$")
 
@@ -114,23 +130,10 @@ class Deployment:
 def load(path: str | os.PathLike, environ: dict[str, str] | None = None) -> Deployment:
     """Parse and validate a deploy file. Raises DeployError (one line, naming the key)."""
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise DeployError(f"{path}: cannot read the deploy file: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise DeployError(f"{path}: cannot read the deploy file: not UTF-8 (byte {exc.object[exc.start]:#04x} "
-                          f"at offset {exc.start})") from None
-    except yaml.YAMLError as exc:
-        raise DeployError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
-    except RecursionError:   # an alias that contains itself, or absurd nesting
-        raise DeployError(f"{path}: not valid YAML: nested too deeply") from None
+    raw = _parse(path, _read(path))
     if not isinstance(raw, dict):
         raise DeployError(f"{path}: the deploy file must be a mapping with at least 'pipeline'")
-    try:
-        raw = _fill(raw, os.environ if environ is None else environ, path, "")
-    except RecursionError:   # `a: &a [*a]`: safe_load builds a list that holds itself
-        raise DeployError(f"{path}: a value refers to itself (a YAML alias inside its own anchor)") from None
+    raw = _fill(raw, os.environ if environ is None else environ, path, "")
     _check_keys(raw, TOP_KEYS, path, "")
     pipeline = raw.get("pipeline")
     if not isinstance(pipeline, str) or pipeline not in PIPELINE_STAGES:   # a list or mapping was a TypeError
@@ -153,20 +156,126 @@ def load(path: str | os.PathLike, environ: dict[str, str] | None = None) -> Depl
         raise DeployError(f"{path}: layout: must be one of {', '.join(known)}, got {layout!r}")
     stages = {name: _stage(name, model, {} if stages_raw.get(name) is None else stages_raw[name], shared, path)
               for name, model in PIPELINE_STAGES[pipeline].items()}
+    _check_talker_len(stages_raw, stages, path)
     if layout == "colocated":
         stages = _colocate(pipeline, stages, path)
     return Deployment(name=path.stem, pipeline=pipeline, checkpoint=checkpoint, stages=stages, layout=layout)
 
 
+def _read(path: Path) -> str:
+    """The text of a deploy file: a regular file of at most MAX_FILE_BYTES, UTF-8 (a FIFO, /dev/zero or a
+    checkpoint named by mistake are refused before reading)."""
+    try:
+        info = path.stat()   # before open(): opening a FIFO waits for a writer
+        if not stat.S_ISREG(info.st_mode):
+            raise DeployError(f"{path}: cannot read the deploy file: not a regular file")
+        if info.st_size > MAX_FILE_BYTES:
+            raise DeployError(f"{path}: cannot read the deploy file: larger than {MAX_FILE_BYTES >> 20} MiB "
+                              f"({info.st_size} bytes)")
+        with open(path, "rb") as file:
+            data = file.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise DeployError(f"{path}: cannot read the deploy file: {exc.strerror or exc}") from None
+    if len(data) > MAX_FILE_BYTES:   # grew since the stat
+        raise DeployError(f"{path}: cannot read the deploy file: larger than {MAX_FILE_BYTES >> 20} MiB")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DeployError(f"{path}: cannot read the deploy file: not UTF-8 (byte {exc.object[exc.start]:#04x} "
+                          f"at offset {exc.start})") from None
+
+
+class _Loader(yaml.SafeLoader):
+    """safe_load without anchors and aliases (a deploy file never needs them; nested aliases made `_fill`
+    visit 9^9 nodes): the first one raises DeployError naming its key and line."""
+
+    path: Path
+    keys: list[str]
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        key = index.value if isinstance(index, yaml.ScalarNode) else f"[{index}]" if isinstance(index, int) else None
+        if key is not None:
+            self.keys.append(key)
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            where = ".".join(self.keys).replace(".[", "[") or "(top)"
+            mark = f"*{event.anchor}" if isinstance(event, yaml.AliasEvent) else f"&{event.anchor}"
+            raise DeployError(f"{self.path}: {where}: YAML anchors and aliases are not allowed in a deploy file "
+                              f"({mark} on line {event.start_mark.line + 1})")
+        node = super().compose_node(parent, index)
+        if key is not None:
+            self.keys.pop()
+        return node
+
+
+def _parse(path: Path, text: str):
+    """The YAML document of a deploy file as Python values. Raises DeployError for invalid YAML, anchors or
+    aliases, and a key given twice in one mapping (safe_load keeps the last silently)."""
+    loader = _Loader(text)
+    loader.path, loader.keys = path, []
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_duplicates(node, path, "")
+        return loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        raise DeployError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+    except RecursionError:   # absurd nesting
+        raise DeployError(f"{path}: not valid YAML: nested too deeply") from None
+    finally:
+        loader.dispose()
+
+
+def _check_duplicates(node: yaml.Node, path: Path, where: str) -> None:
+    if isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _check_duplicates(item, path, f"{where}[{i}]")
+    if not isinstance(node, yaml.MappingNode):
+        return
+    lines = {}
+    for key, value in node.value:
+        name = key.value if isinstance(key, yaml.ScalarNode) else None
+        dotted = f"{where}{'.' if where else ''}{name}"
+        if name is not None:
+            line = key.start_mark.line + 1
+            if name in lines:
+                where = f"lines {lines[name]} and {line}" if lines[name] != line else f"both on line {line}"
+                raise DeployError(f"{path}: {dotted}: given twice ({where})")
+            lines[name] = line
+        _check_duplicates(value, path, dotted)
+
+
+def _check_talker_len(stages_raw: dict, stages: dict[str, StageSpec], path: Path) -> None:
+    """A static talker's max_len must hold every prompt the thinker accepts: the thinker's max_len (default
+    DEFAULT_MAX_LEN) + TALKER_PROMPT_EXTRA positions; the dynamic engine has no max_len."""
+    if "talker" not in stages or stages["talker"].parameters.get("engine") != "static":
+        return
+    given = "max_len" in (stages_raw.get("talker") or {})
+    talker = int(stages["talker"].parameters.get("max_len", DEFAULT_MAX_LEN))
+    thinker = int(stages["thinker"].parameters.get("max_len", DEFAULT_MAX_LEN))
+    if talker < thinker + TALKER_PROMPT_EXTRA:
+        raise DeployError(f"{path}: stages.talker.max_len: must be >= stages.thinker.max_len + {TALKER_PROMPT_EXTRA} "
+                          f"= {thinker + TALKER_PROMPT_EXTRA} (a talker prompt is the thinker's prompt + "
+                          f"{TALKER_PROMPT_EXTRA} positions), got {talker}{'' if given else ' (the default)'}")
+
+
 def _colocate(pipeline: str, stages: dict[str, StageSpec], path: Path) -> dict[str, StageSpec]:
     """The one model of the co-located layout: the entry stage's device and instances, its parameters
-    unprefixed, every other stage's as `<stage>.<key>` (shared keys unprefixed)."""
+    unprefixed, every other stage's as `<stage>.<key>` (SHARED_PARAMETERS unprefixed; `threads` must agree)."""
     source, entry_stage = COLOCATED[pipeline]
     devices = {name: (spec.kind, spec.gpus) for name, spec in stages.items()}
     if len(set(devices.values())) > 1:
         named = ", ".join(f"{name}: {'cpu' if not gpus else f'cuda:{gpus[0]}'}" for name, (_, gpus) in devices.items())
         raise DeployError(f"{path}: layout: colocated runs every stage in one process, so every stage needs the "
                           f"same device ({named})")
+    threads = [(name, spec.parameters["threads"]) for name, spec in stages.items() if "threads" in spec.parameters]
+    first, value = threads[0] if threads else (None, None)
+    name, other = next(((n, v) for n, v in threads if v != value), (None, None))
+    if name is not None:   # torch.set_num_threads is one setting of the process
+        raise DeployError(f"{path}: stages.{name}.threads: layout: colocated runs every stage in one process with one "
+                          f"torch thread count, so every stage that gives threads needs the same value "
+                          f"(stages.{first}.threads: {value}, here {other})")
     entry = stages[entry_stage]
     spec = StageSpec(model=entry.model, source=source, kind=entry.kind, gpus=entry.gpus, instances=entry.instances)
     spec.parameters = {k: v for k, v in entry.parameters.items() if k != "gpu_tensors"}
@@ -195,14 +304,12 @@ def _stage(name: str, model: str, raw, shared: dict, path: Path) -> StageSpec:
         raise DeployError(f"{path}: {where}.device: must be 'cpu' or 'cuda:N', got {device!r}")
     if match.group(2) is not None:
         spec.kind, spec.gpus = "KIND_GPU", (int(match.group(2)),)
+    for key, value in values.items():
+        low, high = RANGES[key] if allowed[key] == INT else (value, value)
+        if not low <= value <= high:
+            raise DeployError(f"{path}: {where}.{key}: must be >= {low} and <= {high}, got {value}")
     spec.instances = values.pop("instances", 1)
     spec.max_batch = values.pop("max_batch", None)
-    for key, positive in (("instances", spec.instances), ("max_batch", spec.max_batch or 1)):
-        if positive < 1:
-            raise DeployError(f"{path}: {where}.{key}: must be >= 1, got {positive}")
-    for key, value in values.items():
-        if isinstance(value, int) and not isinstance(value, bool) and value < 0:
-            raise DeployError(f"{path}: {where}.{key}: must be >= 0, got {value}")
     params = {k: v for k, v in shared.items() if k != "gpu_tensors" or name in ("thinker", "orchestrator")}
     if name in ("code2wav", "orchestrator"):
         params.pop("kernels", None)
@@ -303,13 +410,20 @@ def render_config(text: str, spec: StageSpec) -> str:
 
 
 def set_parameters(text: str, parameters: dict[str, str]) -> str:
-    """A config.pbtxt with `parameters` set: each replaces the line of its key, or is appended."""
+    """A config.pbtxt with `parameters` set: each replaces the line of its key, or is appended. Values are
+    escaped as protobuf text strings (a checkpoint path with `"` or `\\` parses back to itself)."""
     for key, value in parameters.items():
-        line = f'parameters {{ key: "{key}" value {{ string_value: "{value}" }} }}'
-        text, found = re.subn(rf'(?m)^parameters {{ key: "{re.escape(key)}" .*$', line.replace("\\", "\\\\"), text)
+        line = f'parameters {{ key: "{_escape(key)}" value {{ string_value: "{_escape(value)}" }} }}'
+        pattern = rf'(?m)^parameters {{ key: "{re.escape(_escape(key))}" .*$'
+        text, found = re.subn(pattern, lambda _: line, text)
         if not found:
             text = text.rstrip("\n") + "\n" + line + "\n"
     return text
+
+
+def _escape(value: str) -> str:
+    """`value` as the inside of a protobuf text-format string literal (one line)."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r")
 
 
 def render_parameters(repositories: list[Path], models: list[str], parameters: dict[str, dict[str, str]],

@@ -243,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.deploy is not None:
             deployment = deploy.load(args.deploy)
             check_gpus(args.deploy, deployment)
+            check_checkpoint(args.deploy, deployment)
             args.pipelines = deployment.pipeline   # rendered below, once the cheap checks passed
             args.models = deployment.models   # the co-located layout renders one model for the whole pipeline
             args.prepare_only = [deployment.checkpoint] if deployment.checkpoint else None
@@ -390,9 +391,27 @@ def check_folders(args: argparse.Namespace, selected) -> None:
     if any(p.kind == registry.VIDEO for p in selected) and not args.no_frontend:
         usable_folder("--data-dir", args.data_dir)
     if not args.no_prepare and _preparable(_to_prepare(args, selected)):
-        home = os.environ.get("OMNI_MODEL_HOME")
-        usable_folder("$OMNI_MODEL_HOME", Path(home).expanduser() if home else
-                      Path.home() / ".cache" / "omni-triton" / "models")
+        usable_folder("$OMNI_MODEL_HOME", model_home())
+
+
+def model_home() -> Path:
+    """Where checkpoints live: $OMNI_MODEL_HOME, else ~/.cache/omni-triton/models (as omni_backends.paths)."""
+    home = os.environ.get("OMNI_MODEL_HOME")
+    return Path(home).expanduser() if home else Path.home() / ".cache" / "omni-triton" / "models"
+
+
+def check_checkpoint(path: Path, deployment: deploy.Deployment) -> None:
+    """Raises ValueError (one line naming the key) when the deploy file's checkpoint is a directory, not a preset,
+    that does not exist (absolute, or relative to the model home); tritonserver found it only after starting,
+    one traceback per model. Presets are prepared by the launcher."""
+    name = deployment.checkpoint
+    if name is None or name in CHECKPOINT_PRESETS:
+        return
+    folder = Path(name).expanduser()
+    folder = folder if folder.is_absolute() else model_home() / folder
+    if not folder.is_dir():
+        raise ValueError(f"{path}: checkpoint: directory {folder} does not exist (a relative one is taken under "
+                         f"$OMNI_MODEL_HOME; presets: {', '.join(CHECKPOINT_PRESETS)})")
 
 
 def check_listen_address(host: str, port: int) -> None:

@@ -95,13 +95,120 @@ def test_placeholders_are_filled_from_the_environment(tmp_path):
     ("pipeline: qwen3_omni\nstages: {thinker: [cpu]}\n", "stages.thinker: must be a mapping"),
     ("pipeline: qwen3_omni\nstages: {talker: 0}\n", "stages.talker: must be a mapping"),
     ("pipeline: qwen3_omni\nstages: {thinker: {dtype: [bfloat16]}}\n", "stages.thinker.dtype: must be one of"),
-    ("a: &a [*a]\n", "a value refers to itself"),
+    # anchors / aliases are refused while composing (nested aliases made the loader visit 9^9 nodes)
+    ("a: &a [*a]\n", "a: YAML anchors and aliases are not allowed in a deploy file (&a on line 1)"),
+    ("pipeline: qwen3_omni\nstages:\n  thinker: {threads: 2}\n  talker: {threads: *t}\n",
+     "stages.talker.threads: YAML anchors and aliases are not allowed in a deploy file (*t on line 4)"),
+    # a key given twice (safe_load kept the last one silently)
+    ("pipeline: qwen3_omni\ncheckpoint: qwen3_omni_tiny\ncheckpoint: /elsewhere/ckpt\n",
+     "checkpoint: given twice (lines 2 and 3)"),
+    ("pipeline: qwen3_omni\nstages:\n  thinker: {device: cpu}\n  thinker: {device: cpu, threads: 2}\n",
+     "stages.thinker: given twice (lines 3 and 4)"),
+    ("pipeline: qwen3_omni\nstages:\n  thinker: {threads: 1, threads: 2}\n",
+     "stages.thinker.threads: given twice (both on line 3)"),
+    # sizes a stage cannot use (they failed inside tritonserver, or served 500s: max_batch 0, max_tokens 0)
+    ("pipeline: qwen3_omni\nstages: {talker: {max_batch: 0}}\n",
+     "stages.talker.max_batch: must be >= 1 and <= 1024, got 0"),
+    ("pipeline: qwen3_omni\nstages: {code2wav: {max_batch: 0}}\n",
+     "stages.code2wav.max_batch: must be >= 1 and <= 1024, got 0"),
+    ("pipeline: qwen3_omni\nstages: {talker: {max_batch: 99999999999999999999}}\n",
+     "stages.talker.max_batch: must be >= 1 and <= 1024, got 99999999999999999999"),
+    ("pipeline: qwen3_omni\nstages: {thinker: {instances: 100000000}}\n",
+     "stages.thinker.instances: must be >= 1 and <= 64, got 100000000"),
+    ("pipeline: qwen3_omni\nstages: {thinker: {engine: static, max_len: 0}}\n",
+     "stages.thinker.max_len: must be >= 2 and <= 1048576, got 0"),
+    ("pipeline: qwen3_omni\nstages: {code2wav: {chunk_frames: 0}}\n",
+     "stages.code2wav.chunk_frames: must be >= 1 and <= 4096, got 0"),
+    ("pipeline: qwen3_omni\nstages: {code2wav: {first_chunk_frames: 0}}\n",
+     "stages.code2wav.first_chunk_frames: must be >= 1 and <= 4096, got 0"),
+    ("pipeline: qwen3_omni\nstages: {thinker: {threads: 0}}\n",
+     "stages.thinker.threads: must be >= 1 and <= 256, got 0"),
+    ("pipeline: qwen3_omni\nstages: {thinker: {max_tokens: 0}}\n",
+     "stages.thinker.max_tokens: must be >= 1 and <= 1048576, got 0"),
+    # a static talker must hold every prompt the thinker takes (it ended longer ones at once: no speech, a 200)
+    ("pipeline: qwen3_omni\nstages:\n  thinker: {engine: static, max_len: 128}\n"
+     "  talker: {engine: static, max_len: 136}\n",
+     "stages.talker.max_len: must be >= stages.thinker.max_len + 9 = 137 (a talker prompt is the thinker's prompt + 9 "
+     "positions), got 136"),
+    ("pipeline: qwen3_omni\nstages: {talker: {engine: static}}\n",
+     "stages.talker.max_len: must be >= stages.thinker.max_len + 9 = 4105 (a talker prompt is the thinker's prompt + 9 "
+     "positions), got 4096 (the default)"),
+    # co-located: one process, one torch thread count
+    ("pipeline: qwen3_omni\nlayout: colocated\nstages: {thinker: {threads: 2}, code2wav: {threads: 3}}\n",
+     "stages.code2wav.threads: layout: colocated runs every stage in one process with one torch thread count, so "
+     "every stage that gives threads needs the same value (stages.thinker.threads: 2, here 3)"),
 ])
 def test_bad_deploy_files_name_the_key(tmp_path, text, message):
     path = _write(tmp_path, text)
     with pytest.raises(deploy.DeployError) as info:
         deploy.load(path, environ={})
     assert message in str(info.value) and str(path) in str(info.value) and "\n" not in str(info.value)
+
+
+LAUGHS = "pipeline: qwen3_omni\na: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"{name}: &{name} [{', '.join([f'*{prev}'] * 9)}]\n" for prev, name in zip("abcdefgh", "bcdefghi"))
+
+
+def test_nested_aliases_are_refused_before_they_are_expanded(tmp_path):
+    """The outside test's 10-line file: `_fill` walked 9^9 nodes (still running after 60 s at 1.7 GB)."""
+    path = _write(tmp_path, LAUGHS)
+    with pytest.raises(deploy.DeployError) as info:
+        deploy.load(path, environ={})
+    assert str(info.value) == f"{path}: a: YAML anchors and aliases are not allowed in a deploy file (&a on line 2)"
+
+
+@pytest.mark.parametrize("stage, key", [(stage, key) for stage in deploy.PIPELINE_STAGES["qwen3_omni"]
+                                        for key, kind in {**deploy.COMMON_KEYS, **deploy.STAGE_KEYS[stage]}.items()
+                                        if kind == deploy.INT])
+def test_every_integer_key_takes_its_range_and_nothing_outside(tmp_path, stage, key):
+    low, high = deploy.RANGES[key]
+    for value in (low, high):
+        spec = deploy.load(_write(tmp_path, f"pipeline: qwen3_omni\nstages: {{{stage}: {{{key}: {value}}}}}\n"),
+                           environ={}).stages[stage]
+        assert {"instances": spec.instances, "max_batch": spec.max_batch}.get(key, spec.parameters.get(key)) in (
+            value, str(value))
+    for value in (low - 1, high + 1):
+        path = _write(tmp_path, f"pipeline: qwen3_omni\nstages: {{{stage}: {{{key}: {value}}}}}\n")
+        with pytest.raises(deploy.DeployError) as info:
+            deploy.load(path, environ={})
+        assert str(info.value) == f"{path}: stages.{stage}.{key}: must be >= {low} and <= {high}, got {value}"
+
+
+def _parameters(config: Path) -> dict[str, str]:
+    """The parameters of a rendered config.pbtxt as Triton parses them (protobuf text format)."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    parsed = text_format.Parse(config.read_text(), model_config_pb2.ModelConfig())
+    return {key: value.string_value for key, value in parsed.parameters.items()}
+
+
+@pytest.mark.parametrize("value", ['/models/my "best" ckpt', 'a" } parameters { key: "x', "C:\\models\\q3",
+                                   "two\nlines"])
+def test_string_values_are_escaped_in_the_rendered_config(tmp_path, value):
+    """A `"` broke the config.pbtxt (Triton refused the model after starting) or injected parameters; a `\\`
+    was not escaped either. The parsed parameter equals the file's value, and nothing else is added."""
+    quoted = '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    path = _write(tmp_path, f"pipeline: qwen3_omni\ncheckpoint: {quoted}\n")
+    out = deploy.render(deploy.load(path, environ={}), tmp_path / "repo")
+    for model in ("qwen3_omni_thinker", "qwen3_omni_talker", "qwen3_omni_code2wav"):
+        parameters = _parameters(out / model / "config.pbtxt")
+        template = _parameters(ROOT / "model_repository" / model / "config.pbtxt")
+        assert parameters["checkpoint"] == value and set(parameters) <= set(template) | {"checkpoint"}
+
+
+def test_colocated_threads_reach_every_stage(tmp_path):
+    """`stages.thinker.threads: 2` was rendered as `thinker.threads`, which no stage reads (the process kept the
+    template's `threads: 1`): now the one process's `threads`, which every engine's setup reads."""
+    from omni_backends.qwen3_omni.serving import protocol
+
+    path = _write(tmp_path, "pipeline: qwen3_omni\nlayout: colocated\nstages: {thinker: {threads: 2}, "
+                            "talker: {threads: 2}}\n")
+    parameters = _parameters(deploy.render(deploy.load(path, environ={}), tmp_path / "repo") / "qwen3_omni"
+                             / "config.pbtxt")
+    assert parameters["threads"] == "2" and not any(key.endswith(".threads") for key in parameters)
+    assert [protocol.stage_parameters(parameters, stage)["threads"] for stage in ("thinker", "talker", "code2wav")] \
+        == ["2", "2", "2"]
 
 
 def _every_key():
@@ -133,12 +240,16 @@ def test_a_list_or_mapping_anywhere_in_a_deploy_file_names_its_key(tmp_path, bad
 @pytest.mark.parametrize("content, message", [
     (b"\xff\xfe pipeline: qwen3_omni\n", "cannot read the deploy file: not UTF-8 (byte 0xff at offset 0)"),
     (b"pipeline: qwen3_omni\ncheckpoint: caf\xe9\n", "cannot read the deploy file: not UTF-8 (byte 0xe9"),
-    (None, "cannot read the deploy file: Is a directory"),
+    (None, "cannot read the deploy file: not a regular file"),
+    ("fifo", "cannot read the deploy file: not a regular file"),   # open() would wait for a writer
+    (b"#" * (1 << 20) + b"\n", f"cannot read the deploy file: larger than 1 MiB ({(1 << 20) + 1} bytes)"),
 ])
 def test_unreadable_deploy_files_name_the_file(tmp_path, content, message):
     path = tmp_path / "d.yaml"
     if content is None:
         path.mkdir()
+    elif content == "fifo":
+        os.mkfifo(path)
     else:
         path.write_bytes(content)
     with pytest.raises(deploy.DeployError) as info:
@@ -153,6 +264,41 @@ def test_serve_reports_a_bad_deploy_file_in_one_line(tmp_path, capsys):
     assert main(["--deploy", str(path), "--no-prepare"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "stages.thinker.devise: unknown key" in err and len(err.splitlines()) == 1
+
+
+def test_serve_refuses_a_missing_checkpoint_directory_before_starting(tmp_path, capsys, monkeypatch):
+    """`checkpoint: /nonexistent/ckpt` started tritonserver and ended ~20 s later in ~20 lines (one traceback per
+    model). A relative directory is taken under $OMNI_MODEL_HOME; presets are prepared by the launcher."""
+    from omni_frontend import serve
+
+    monkeypatch.setenv("OMNI_MODEL_HOME", str(tmp_path / "home"))
+    (tmp_path / "home" / "mine").mkdir(parents=True)
+    for checkpoint in ("mine", str(tmp_path / "home" / "mine"), "qwen3_omni_tiny", "qwen3_omni_30b_a3b_random"):
+        serve.check_checkpoint(Path("f.yaml"), deploy.load(_write(tmp_path, f"pipeline: qwen3_omni\ncheckpoint: "
+                                                                             f"{checkpoint}\n"), environ={}))
+    path = _write(tmp_path, "pipeline: qwen3_omni\ncheckpoint: /nonexistent/ckpt\n")
+    assert serve.main(["--deploy", str(path), "--log-dir", str(tmp_path / "log")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"error: {path}: checkpoint: directory /nonexistent/ckpt does not exist (a relative one is taken "
+                   "under $OMNI_MODEL_HOME; presets: qwen3_omni_tiny, qwen3_omni_30b_a3b_random)")
+    with pytest.raises(ValueError, match=f"checkpoint: directory {tmp_path}/home/other does not exist"):
+        serve.check_checkpoint(path, deploy.load(_write(tmp_path, "pipeline: qwen3_omni\ncheckpoint: other\n"),
+                                                 environ={}))
+    assert not (tmp_path / "log").exists() or not any((tmp_path / "log").iterdir())   # nothing started
+
+
+def test_the_documented_render_only_command_runs_without_the_venv_on_path(tmp_path):
+    """docs/gpu.md's render-only line (`python -m omni_frontend.deploy`) failed from a fresh shell (no module
+    omni_frontend): it is now `./scripts/deploy`, which bootstraps .venv like scripts/serve."""
+    line = next(line for line in (ROOT / "docs" / "gpu.md").read_text().splitlines() if "# render only" in line)
+    assert line.split("#")[0].split() == ["./scripts/deploy", "deploy/qwen3_omni_h200.yaml"]
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if ".venv" not in p)
+    done = subprocess.run(["./scripts/deploy", "deploy/qwen3_omni_cpu.yaml", "--out", str(tmp_path / "out")], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == str(tmp_path / "out"), done.stderr
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(deploy.load(
+        ROOT / "deploy" / "qwen3_omni_cpu.yaml", environ={}).models)
 
 
 def test_serve_refuses_a_gpu_deploy_file_on_a_machine_without_that_gpu(tmp_path, capsys):
