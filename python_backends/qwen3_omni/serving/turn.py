@@ -83,14 +83,14 @@ def thinker_request(thinker, body: dict, media: Media | None,
     """The thinker's inputs, sampling parameters and text stream of one REQUEST with its media tensors (`thinker`:
     a `Thinker`; `media`: `media_inputs`).
 
-    Sampling (`request_sampling_params`): temperature (0 or null: greedy), top_p, top_k (-1/0: off),
-    max_tokens (null: `default_max_tokens`, cut at the room the prompt leaves in the context, as OpenAI and vLLM
-    do; only a max_tokens the request sends is refused for not fitting), min_tokens (vLLM's extension:
-    `<|im_end|>` is suppressed before that many tokens), seed, presence_penalty, frequency_penalty,
-    repetition_penalty; stop strings end the text. A REQUEST with `prompt` (text or token ids) prefills it as it is (`token_actions.completion_ids`), without
-    the chat template, and takes no media tensor. A prompt too long for the context is refused from its length
-    before it is tokenized. `body` has passed `chat_request.check_request` (`validate` runs it; a stage called alone
-    runs it first). Raises RequestError naming a bad field (or a prompt that does not fit)."""
+    Sampling (`request_sampling_params`): temperature (0 or null: greedy), top_p, top_k (-1/0: off), max_tokens
+    (null: `default_max_tokens`, cut at the room the prompt leaves in the context, as OpenAI and vLLM do; only a
+    max_tokens the request sends is refused for not fitting), min_tokens (vLLM's extension: `<|im_end|>` is
+    suppressed before that many tokens), seed, presence_penalty, frequency_penalty, repetition_penalty; stop strings
+    end the text. A REQUEST with `prompt` (text or token ids) prefills it as it is (`token_actions.completion_ids`),
+    without the chat template, and takes no media tensor. A prompt too long for the context is refused from its
+    length before it is tokenized. `body` has passed `chat_request.check_request` (`validate` runs it; a stage
+    called alone runs it first). Raises RequestError naming a bad field (or a prompt that does not fit)."""
     media = media or {}
     params = request_sampling_params(body, thinker.sampling_params(max_tokens=default_max_tokens, temperature=0.0))
     sent = body.get("max_tokens") is not None
