@@ -14,6 +14,7 @@ a 404). Errors of the chat mapping name the Responses field: `messages[k]...` be
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from typing import Any
 
@@ -121,31 +122,43 @@ def chat_body(req: ResponsesRequest) -> dict:
             "stream": req.stream}
 
 
+_CHAT_FIELDS = re.compile(r"\b(?:the messages hold|messages\[\d+\](?:\.\w+|\[\d+\])*|messages|max_tokens)\b")
+
+
 @contextlib.contextmanager
 def responses_params(req: ResponsesRequest):
-    """An APIError raised inside (by the chat mapping or the pipeline) names the Responses field: `messages[k]...`
-    is `instructions` or `input[i]...` (`...image_url.url` is `...image_url`), `messages` is `input`, `max_tokens`
-    is `max_output_tokens`."""
+    """An APIError raised inside (by the chat mapping or the pipeline) names the Responses fields, in its param and
+    its message: `messages[k]...` is `instructions` or `input[i]...` (`...image_url.url` is `...image_url`),
+    `messages` is `input`, `max_tokens` is `max_output_tokens`."""
     try:
         yield
     except APIError as exc:
-        offset = 1 if req.instructions is not None else 0
-        param = exc.param or ""
-        if param == "max_tokens":
-            exc.param = "max_output_tokens"
-        elif param == "messages":
-            exc.param = "input"
-        elif param.startswith("messages["):
-            index, _, rest = param[len("messages["):].partition("]")
-            k = int(index)
-            if k < offset:
-                exc.param = "instructions"
-            elif isinstance(req.input, str):
-                exc.param = "input"
-            else:   # an input_image's URL is its `image_url` string, chat's `image_url.url`
-                exc.param = f"input[{k - offset}]{rest.removesuffix('.image_url.url')}" + \
-                    (".image_url" if rest.endswith(".image_url.url") else "")
+        exc.message = _CHAT_FIELDS.sub(lambda m: "the input holds" if m.group(0) == "the messages hold"
+                                       else _responses_field(req, m.group(0)), exc.message)
+        if exc.param:
+            exc.param = _responses_field(req, exc.param)
         raise
+
+
+def _responses_field(req: ResponsesRequest, name: str) -> str:
+    """The Responses field of the chat field `name` of `chat_body(req)` (`responses_params`); other names as they
+    are."""
+    if name == "max_tokens":
+        return "max_output_tokens"
+    if name == "messages":
+        return "input"
+    if not name.startswith("messages["):
+        return name
+    offset = 1 if req.instructions is not None else 0
+    index, _, rest = name[len("messages["):].partition("]")
+    k = int(index)
+    if k < offset:
+        return "instructions"
+    if isinstance(req.input, str):
+        return "input"
+    # an input_image's URL is its `image_url` string, chat's `image_url.url`
+    return f"input[{k - offset}]{rest.removesuffix('.image_url.url')}" + \
+        (".image_url" if rest.endswith(".image_url.url") else "")
 
 
 class ResponseObject:

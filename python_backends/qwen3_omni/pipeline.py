@@ -38,6 +38,7 @@ import torch
 from omni_backends.engine import SamplingParams, sm_split
 from omni_backends.engine.options import EngineOptions
 from omni_backends.engine.transfer import to_device
+from omni_backends.errors import RequestError
 from omni_backends.qwen3_omni.code2wav import Code2WavStreamer
 from omni_backends.qwen3_omni.first_audio import FirstAudioTimeline
 from omni_backends.qwen3_omni.loading import Qwen3OmniStages
@@ -66,14 +67,15 @@ class SpeechChunk:
         codes: int64 [16, n] codec frames (12.5 Hz) made since the previous chunk (n may be 0).
         pcm: float32 [samples] at 24 kHz that became final (may be empty).
         finished: the request's last chunk; finish_reason: the talker's ("stop" | "length").
-        error: set (with finished) when the talker or code2wav failed for this request.
+        error: set (with finished) when the talker or code2wav failed for this request: its text, or the talker's
+            RequestError when it refused the request (the client's fault, e.g. a prompt past the talker's max_len).
     """
 
     codes: torch.Tensor
     pcm: np.ndarray
     finished: bool = False
     finish_reason: str | None = None
-    error: str | None = None
+    error: str | RequestError | None = None
 
 
 OnEvent = Callable[[ThinkerToken | SpeechChunk], None]
@@ -155,7 +157,7 @@ class _Speech:
     started: bool = False                                            # talker thread: talker request exists
     codes: list[torch.Tensor] = field(default_factory=list)          # code2wav thread: frames not reported
     pending: list[torch.Tensor] = field(default_factory=list)        # code2wav thread: frames not decoded
-    ending: tuple[str, str | None] | None = None                     # code2wav thread: (reason, error) to end with
+    ending: tuple[str, str | RequestError | None] | None = None      # code2wav thread: (reason, error) to end with
     frames: int = 0                                                  # talker thread: frames made so far
 
 
@@ -326,8 +328,8 @@ class LocalOmniPipeline:
                 tensor.record_stream(torch.cuda.current_stream())
         try:
             self.talker.add_request(rid, prompt, speech.voice, speech.params)
-        except Exception as exc:  # noqa: BLE001 - overloaded or a bad prompt: fails this request only
-            self._code2wav.post(("end", rid, "error", str(exc)))
+        except Exception as exc:  # noqa: BLE001 - a bad prompt: fails this request only
+            self._code2wav.post(("end", rid, "error", exc if isinstance(exc, RequestError) else str(exc)))
             return
         speech.started = True
 

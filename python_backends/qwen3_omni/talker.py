@@ -18,6 +18,7 @@ Two engines (`EngineOptions.engine`):
 - "static" (GPU serving): all requests step together through a static KV cache, and a frame — code 0
   picked on the device for greedy requests, the code predictor's 15-step inner loop, the codec embeddings —
   runs as one CUDA graph (`talker_static`); same codes as "dynamic" for greedy requests (tested on CPU).
+  Requests beyond its `max_running` KV slots queue in arrival order (their text buffers) until a slot frees.
   A step's host work overlaps the GPU's: the next talker step is launched before the frame's codes are
   read, and that read (one per step) waits for the frame alone; greedy requests without penalties need no
   other host synchronisation (sampled or penalised ones read their code-0 logits first).
@@ -43,6 +44,7 @@ from omni_backends.qwen3_omni.mrope import image_positions
 from omni_backends.qwen3_omni.talker_static import CodePredictorFrames, TalkerDecode
 
 CODE_PREDICTOR_SAMPLING = SamplingParams(do_sample=True, top_k=50, top_p=0.8)   # generate()'s, when sampling
+ASSISTANT_PREFILL = 9   # talker prompt positions after the user turns (`_prefill_embeds`)
 
 
 def codec_suppress(talker_config) -> tuple[int, ...]:
@@ -121,7 +123,7 @@ class Talker:
         tts_embeds: float [3, H_thinker] thinker layer-0 embeddings of [tts_bos, tts_eos, tts_pad]
             (`loading.load_tts_embeds`).
         options: engine choice (module doc); `max_len` bounds a request's talker positions (prompt + frames)
-            with the "static" engine. max_running: most requests held by the "static" engine.
+            with the "static" engine. max_running: the "static" engine's KV slots (requests beyond them queue).
     """
 
     def __init__(self, model, config, tts_embeds: torch.Tensor, options: EngineOptions | None = None,
@@ -172,13 +174,21 @@ class Talker:
         return len(self._requests)
 
     def has_ready(self) -> bool:
-        """True when `step` would advance at least one request (else it must wait for thinker text)."""
-        return any(req.can_step() for req in self._requests.values())
+        """True when `step` would advance at least one request (else it must wait for thinker text, or for a
+        static slot)."""
+        free = self._free_slots()
+        return any(req.can_step() and (req.prefilled or req.first_text is None or free > 0)
+                   for req in self._requests.values())
 
     def ready(self, request_id: str) -> bool:
-        """True when `step` would advance this request; False while it waits for thinker text (or is unknown)."""
+        """True when `step` would advance this request once it holds a slot (a request queued for a static slot is
+        ready: it needs no more text); False while it waits for thinker text (or is unknown)."""
         req = self._requests.get(request_id)
         return req is not None and req.can_step()
+
+    def _free_slots(self) -> int:
+        """Static KV slots free for the prefill of queued requests (unbounded with the "dynamic" engine)."""
+        return self.decode.decoder.cache.free_slots if self.decode is not None else len(self._requests)
 
     def speaker_id(self, voice: str) -> int:
         """Codec id of a voice, case-insensitive. Raises RequestError (a ValueError) naming the valid voices."""
@@ -199,17 +209,23 @@ class Talker:
                               stop_token_ids=(self.tc.codec_eos_token_id,), suppress_token_ids=self.suppress)
 
     def add_request(self, request_id: str, prompt: TalkerPrompt, voice: str, params: SamplingParams) -> None:
-        """Start a request; it prefills once its first text token arrives (`push_text`).
+        """Start a request; it prefills once its first text token arrives (`push_text`) and, with the "static"
+        engine, a KV slot is free: requests beyond the `max_running` slots wait in arrival order (their text
+        buffers meanwhile) and are prefilled as slots free.
 
         `params.max_tokens` is the most frames (generate's `talker_max_new_tokens - 1`).
-        Raises RequestError on an unknown voice or image grids that do not fit the prompt's image placeholders,
-        ValueError on a duplicate request id.
+        Raises RequestError on an unknown voice, image grids that do not fit the prompt's image placeholders, or
+        (400 `context_length_exceeded`, param "messages") a talker prompt (the user turns plus 9 positions) that
+        leaves no frame within the static engine's `max_len`; ValueError on a duplicate request id.
         """
         if request_id in self._requests:
             raise ValueError(f"talker request {request_id!r} already exists")
-        if self.decode is not None and len(self._requests) >= self.decode.decoder.cache.slots:
-            raise RequestError(f"the talker holds its maximum of {self.decode.decoder.cache.slots} requests",
-                               status=503, code="overloaded")
+        if self.decode is not None:
+            length = int(self._user_turns(prompt.prompt_ids.to(torch.long)).sum()) + ASSISTANT_PREFILL
+            if length >= self.options.max_len:
+                raise RequestError(f"the talker's prompt ({length} positions: the user turns of the messages plus "
+                                   f"{ASSISTANT_PREFILL}) leaves no room for speech within the talker's max_len "
+                                   f"{self.options.max_len}", param="messages", code="context_length_exceeded")
         req = _Request(prompt=prompt, speaker_id=self.speaker_id(voice), max_frames=params.max_tokens, params=params,
                        generator=make_generator(params.seed))
         try:
@@ -272,14 +288,12 @@ class Talker:
         prefill of new requests is launched (started: its `time.monotonic()` start; the device may still run it)."""
         out: dict[str, TalkerOutput] = {}
         new = [rid for rid, req in self._requests.items() if not req.prefilled and req.first_text is not None]
+        new = new[:self._free_slots()]   # arrival order: the others wait for a static slot
         if new:
             started = time.monotonic()
             self._prefill(new)
             if on_prefill is not None:
                 on_prefill([rid for rid in new if self._requests[rid].prefilled], started)
-        for rid in new:
-            if not self._requests[rid].prefilled:
-                out[rid] = TalkerOutput(self._no_codes(), True, "length")   # prompt beyond max_len
         for rid, req in self._requests.items():
             if not req.prefilled and req.first_text is None and req.text_ended:
                 out[rid] = TalkerOutput(self._no_codes(), True, "stop")   # the thinker said nothing to speak
@@ -427,8 +441,8 @@ class Talker:
     def _prefill(self, rids: list[str]) -> None:
         """Run the talker prompts of new requests: per request into its own `DynamicCache` ("dynamic"), or, with
         the "static" engine, all in one right-padded forward whose rows' KV go to decoder slots (a burst of
-        requests costs one forward, not one each). Leaves a request unprefilled when its prompt does not fit
-        the static cache."""
+        requests costs one forward, not one each); `add_request` has checked that each prompt fits the static cache
+        and `step` that each gets a free slot."""
         embeds = {rid: self._prefill_embeds(self._requests[rid]) for rid in rids}
         if self.decode is None:
             for rid in rids:
@@ -437,11 +451,8 @@ class Talker:
                 self._forward(req, embeds[rid], req.prompt_positions)
                 req.prefilled = True
             return
-        fits = [rid for rid in rids if embeds[rid].shape[0] < self.options.max_len]
-        if not fits:
-            return
         # prompts with M-RoPE image positions run eagerly with their position ids (the graphs take 0..W-1)
-        plain = [rid for rid in fits if self._requests[rid].prompt_positions is None]
+        plain = [rid for rid in rids if self._requests[rid].prompt_positions is None]
         lengths = [embeds[rid].shape[0] for rid in plain]
         if self.prefill_graphs is not None and self.prefill_graphs.fits_batch(lengths):
             batch = self.prefill_graphs.run_batch([embeds[rid] for rid in plain])
@@ -450,10 +461,10 @@ class Talker:
                                  torch.stack([r.logits for r in batch.rows]))
             for rid, n in zip(plain, lengths):
                 self._prefilled(rid, n)
-            fits = [rid for rid in fits if rid not in plain]
-            if not fits:
+            rids = [rid for rid in rids if rid not in plain]
+            if not rids:
                 return
-        self._prefill_eager(fits, embeds)
+        self._prefill_eager(rids, embeds)
 
     def _prefill_eager(self, fits: list[str], embeds: dict[str, torch.Tensor]) -> None:
         """One right-padded eager forward over the talker prompts `fits` ("static" engine), each row with its own

@@ -641,3 +641,126 @@ def test_prefill_and_first_chunk_cuda_graphs_equal_eager(tmp_path, monkeypatch, 
         assert torch.equal(graphed[rid].codes, expected.codes) and expected.codes.shape[-1] == 14
         torch.testing.assert_close(graphed[rid].audio, expected.audio, rtol=0, atol=0)
 
+
+
+def _talker_and_prompts(stages, ckpt, options, max_running):
+    from omni_backends.qwen3_omni.prompt import PromptBuilder
+    from omni_backends.qwen3_omni.talker import Talker, TalkerPrompt
+
+    prompts = PromptBuilder(stages.tokenizer, stages.feature_extractor,
+                            stages.config.thinker_config.audio_config.n_window)
+    embed = stages.thinker.get_input_embeddings()
+    talker = Talker(copy.deepcopy(stages.talker), stages.config, load_tts_embeds(ckpt, stages.config),
+                    options=options, max_running=max_running)
+
+    def prompt(text):
+        ids = prompts.build([{"role": "user", "content": text}]).input_ids
+        return TalkerPrompt(ids, embed(ids), torch.zeros(0, embed.embedding_dim))
+    return talker, prompt, embed
+
+
+def test_static_talker_queues_requests_beyond_its_slots(qwen3_omni_stages, qwen3_omni_ckpt):
+    """A static talker with 2 slots and 4 requests (and a 5th cancelled while it waits): the requests past the slots
+    wait in arrival order with their text buffered (`has_ready` is False while the slot holders wait for text, the
+    queued ones stay `ready`), take the slots as they free, and every request speaks the codes it speaks alone."""
+    talker, prompt, embed = _talker_and_prompts(qwen3_omni_stages, qwen3_omni_ckpt,
+                                                EngineOptions(engine="static", max_len=64), max_running=2)
+    texts = {f"r{i}": embed(torch.arange(100 + 3 * i, 108 + 4 * i)) for i in range(4)}
+    params = talker.sampling_params(do_sample=False, repetition_penalty=1.0, max_frames=12)
+
+    def alone(rid):
+        talker.add_request(rid, prompt(PROMPTS[int(rid[1]) % len(PROMPTS)]), "ethan", params)
+        talker.push_text(rid, texts[rid], final=True)
+        codes = []
+        while rid in talker:
+            codes += [out.codes for out in talker.step().values()]
+        return torch.cat(codes, -1)
+
+    with torch.no_grad():
+        expected = {rid: alone(rid) for rid in texts}
+        codes = {rid: [] for rid in texts}
+        for rid in ("r0", "r1"):   # the slot holders get their text in two parts
+            talker.add_request(rid, prompt(PROMPTS[int(rid[1])]), "ethan", params)
+            talker.push_text(rid, texts[rid][:4])
+        for rid in ("r2", "r4", "r3"):
+            talker.add_request(rid, prompt(PROMPTS[int(rid[1]) % len(PROMPTS)]), "ethan", params)
+            talker.push_text(rid, texts.get(rid, texts["r0"]), final=True)
+        while talker.has_ready():
+            for rid, out in talker.step().items():
+                codes[rid].append(out.codes)
+        assert talker.decode.decoder.cache.request_ids == ["r0", "r1"] and talker.decode.decoder.cache.free_slots == 0
+        assert talker.ready("r2") and talker.ready("r3") and not talker.ready("r0") and len(talker) == 5
+        talker.cancel("r4")   # a waiting request leaves without touching the slots
+        assert talker.decode.decoder.cache.request_ids == ["r0", "r1"] and "r4" not in talker
+        for rid in ("r0", "r1"):
+            talker.push_text(rid, texts[rid][4:], final=True)
+        order = []
+        while len(talker):
+            assert len(talker.decode.decoder.cache.request_ids) <= 2
+            for rid, out in talker.step().items():
+                codes[rid].append(out.codes)
+                if out.finished:
+                    order.append(rid)
+            if "r3" in talker.decode.decoder.cache.request_ids:
+                assert "r2" in talker.decode.decoder.cache.request_ids or "r2" in order   # arrival order
+    assert sorted(order) == ["r0", "r1", "r2", "r3"]
+    for rid, frames in expected.items():
+        assert frames.shape[-1] >= 3 and torch.equal(torch.cat(codes[rid], -1), frames), rid
+
+
+def test_static_talker_refuses_a_prompt_past_its_max_len(qwen3_omni_stages, qwen3_omni_ckpt):
+    """A talker prompt (the user turns plus 9 positions) that leaves no frame within the static max_len is a 400
+    `context_length_exceeded` naming the limit (never a request ended with no frame); one position less speaks."""
+    from omni_backends.errors import RequestError
+
+    talker, prompt, embed = _talker_and_prompts(qwen3_omni_stages, qwen3_omni_ckpt, EngineOptions(), max_running=2)
+    length = int(talker._user_turns(prompt(PROMPTS[1]).prompt_ids).sum()) + 9
+    assert length > 20
+    for max_len, fits in ((length + 1, True), (length, False)):
+        talker, prompt, embed = _talker_and_prompts(qwen3_omni_stages, qwen3_omni_ckpt,
+                                                    EngineOptions(engine="static", max_len=max_len), max_running=2)
+        params = talker.sampling_params(do_sample=False, repetition_penalty=1.0, max_frames=12)
+        if not fits:
+            with pytest.raises(RequestError) as refused:
+                talker.add_request("r", prompt(PROMPTS[1]), "ethan", params)
+            assert (refused.value.status, refused.value.code, refused.value.param) == \
+                (400, "context_length_exceeded", "messages")
+            assert f"({length} positions" in refused.value.message and f"max_len {max_len}" in refused.value.message
+            assert "r" not in talker
+            continue
+        with torch.no_grad():
+            talker.add_request("r", prompt(PROMPTS[1]), "ethan", params)
+            talker.push_text("r", embed(torch.arange(100, 110)), final=True)
+            out = talker.step()["r"]
+        assert out.codes.shape == (16, 1) and out.finished and out.finish_reason == "length"
+
+
+def test_an_absent_max_tokens_is_cut_at_the_room_the_prompt_leaves(qwen3_omni_stages):
+    """`turn.thinker_request` on a static thinker (max_len 64, default max_tokens 40): without max_tokens a prompt that
+    fits gets max_tokens = min(default, room left) (OpenAI / vLLM), one that leaves no room is a 400 naming the
+    messages; a max_tokens the client sends past the room stays a 400 naming max_tokens."""
+    from omni_backends.errors import RequestError
+    from omni_backends.qwen3_omni.serving import turn
+    from omni_backends.qwen3_omni.thinker import Thinker
+
+    stages = qwen3_omni_stages
+    thinker = Thinker(stages.thinker, stages.config, stages.tokenizer, stages.feature_extractor,
+                      options=EngineOptions(engine="static", max_len=64))
+    try:
+        def request(words, **fields):
+            return turn.thinker_request(thinker, {"messages": [{"role": "user", "content": " ".join(["word"] * words)}],
+                                                  **fields}, {}, 40)
+
+        short = len(request(1)[0].input_ids)
+        inputs, params, _ = request(8)
+        prompt = len(inputs.input_ids)
+        assert 64 - prompt < 40 and params.max_tokens == 64 - prompt   # the default 40 would not fit
+        assert short + 40 < 64 and request(1)[1].max_tokens == 40   # the default where it fits
+        assert request(8, max_tokens=64 - prompt)[1].max_tokens == 64 - prompt
+        assert request(8, min_tokens=3)[1].max_tokens == 64 - prompt
+        for fields, words, param in (({"max_tokens": 65 - prompt}, 8, "max_tokens"), ({}, 32, "messages")):
+            with pytest.raises(RequestError) as refused:
+                request(words, **fields)
+            assert (refused.value.code, refused.value.param) == ("context_length_exceeded", param)
+    finally:
+        thinker.shutdown()

@@ -45,6 +45,7 @@ import triton_python_backend_utils as pb_utils
 from transformers import AutoTokenizer, WhisperFeatureExtractor
 
 from omni_backends.engine import sm_split
+from omni_backends.errors import RequestError
 from omni_backends.qwen3_omni.code2wav import SAMPLE_RATE, Code2WavStreamer
 from omni_backends.qwen3_omni.first_audio import FirstAudioTimeline
 from omni_backends.qwen3_omni.loading import load_code2wav, load_config, load_image_processor, load_talker, \
@@ -175,8 +176,8 @@ class TritonPythonModel(AsyncDecoupledModel):
                         if text_open:
                             text_open = self._on_token(rid, event, text, turn, pending)
                         continue
-                    if event.error is not None:
-                        raise RuntimeError(event.error)
+                    if event.error is not None:   # a talker's RequestError reaches the client as it is (a 4xx)
+                        raise event.error if isinstance(event.error, RequestError) else RuntimeError(event.error)
                     turn.frames += event.codes.shape[-1]
                     speech_open = not event.finished
                     if event.pcm.size:

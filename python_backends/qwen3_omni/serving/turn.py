@@ -5,6 +5,7 @@ orchestrator (`omni_model`) and the co-located stage (`colocated_model`).
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Mapping, Sequence
 
@@ -82,28 +83,34 @@ def thinker_request(thinker, body: dict, media: Media | None,
     """The thinker's inputs, sampling parameters and text stream of one REQUEST with its media tensors (`thinker`:
     a `Thinker`; `media`: `media_inputs`).
 
-    Sampling (`request_sampling_params`): temperature (0 or null: greedy), top_p, top_k (-1/0: off),
-    max_tokens (null: `default_max_tokens`), min_tokens (vLLM's extension: `<|im_end|>` is suppressed before
-    that many tokens), seed, presence_penalty, frequency_penalty, repetition_penalty; stop strings end the
-    text. A REQUEST with `prompt` (text or token ids) prefills it as it is (`token_actions.completion_ids`), without
-    the chat template, and takes no media tensor. A prompt too long for the context is refused from its length
-    before it is tokenized. `body` has passed `chat_request.check_request` (`validate` runs it; a stage called alone
-    runs it first). Raises RequestError naming a bad field (or a prompt that does not fit)."""
+    Sampling (`request_sampling_params`): temperature (0 or null: greedy), top_p, top_k (-1/0: off), max_tokens
+    (null: `default_max_tokens`, cut at the room the prompt leaves in the context, as OpenAI and vLLM do; only a
+    max_tokens the request sends is refused for not fitting), min_tokens (vLLM's extension: `<|im_end|>` is
+    suppressed before that many tokens), seed, presence_penalty, frequency_penalty, repetition_penalty; stop strings
+    end the text. A REQUEST with `prompt` (text or token ids) prefills it as it is (`token_actions.completion_ids`),
+    without the chat template, and takes no media tensor. A prompt too long for the context is refused from its
+    length before it is tokenized. `body` has passed `chat_request.check_request` (`validate` runs it; a stage
+    called alone runs it first). Raises RequestError naming a bad field (or a prompt that does not fit)."""
     media = media or {}
     params = request_sampling_params(body, thinker.sampling_params(max_tokens=default_max_tokens, temperature=0.0))
+    sent = body.get("max_tokens") is not None
+    least = params.max_tokens if sent else max(1, params.min_tokens)   # the tokens the prompt must leave room for
     if body.get("prompt") is not None:   # a completion: the prompt as it is, no chat template
         if media:
             name = next(iter(media))
             raise RequestError(f"a completion's prompt is text or token ids: it takes no {name} tensor", param=name)
-        ids = completion_ids(thinker.prompts.tokenizer, body["prompt"], params.max_tokens, thinker.context_length,
+        ids = completion_ids(thinker.prompts.tokenizer, body["prompt"], least, thinker.context_length,
                              thinker.longest_token)
         inputs = ThinkerInputs(input_ids=torch.tensor(ids, dtype=torch.long))
     else:
         messages = body["messages"]
-        check_prompt_chars(text_chars(messages), params.max_tokens, thinker.context_length, thinker.longest_token)
+        check_prompt_chars(text_chars(messages), least, thinker.context_length, thinker.longest_token)
         inputs = thinker.prompts.build(messages, audio_clips(messages, media.get(INPUT_AUDIO), images=True),
                                        input_images(messages, media.get(INPUT_IMAGES), media.get(INPUT_IMAGE_SIZES)))
-        check_context_length(len(inputs.input_ids), params.max_tokens, thinker.context_length)
+        check_context_length(len(inputs.input_ids), least, thinker.context_length)
+    if not sent:
+        params = dataclasses.replace(params, max_tokens=min(params.max_tokens,
+                                                            thinker.context_length - len(inputs.input_ids)))
     stop = body.get("stop") or []
     text = TextStream(thinker.prompts.tokenizer, len(inputs.input_ids), [stop] if isinstance(stop, str) else stop)
     return inputs, params, text
