@@ -240,8 +240,8 @@ def _check_duplicates(node: yaml.Node, path: Path, where: str) -> None:
         if name is not None:
             line = key.start_mark.line + 1
             if name in lines:
-                where = f"lines {lines[name]} and {line}" if lines[name] != line else f"both on line {line}"
-                raise DeployError(f"{path}: {dotted}: given twice ({where})")
+                seen = f"lines {lines[name]} and {line}" if lines[name] != line else f"both on line {line}"
+                raise DeployError(f"{path}: {dotted}: given twice ({seen})")
             lines[name] = line
         _check_duplicates(value, path, dotted)
 
