@@ -735,7 +735,7 @@ def test_ordinary_requests_wait_one_item_not_whole_batches_that_hold_every_slot(
 
     def batch():
         response = httpx.post(f"{server.base_url}/v1/chat/completions/batch", timeout=600, json={
-            "model": "qwen3_omni", "modalities": ["text"], "max_tokens": 64, "messages": [user] * 32})
+            "model": "qwen3_omni", "modalities": ["text"], "max_tokens": 32, "messages": [user] * 32})
         ended.append((response.status_code, time.perf_counter()))
 
     threads = [threading.Thread(target=batch) for _ in range(4)]
@@ -744,7 +744,7 @@ def test_ordinary_requests_wait_one_item_not_whole_batches_that_hold_every_slot(
         time.sleep(0.3)
     time.sleep(1.0)
     single = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=300, json={
-        "model": "qwen3_omni", "modalities": ["text"], "max_tokens": 64, "messages": user})
+        "model": "qwen3_omni", "modalities": ["text"], "max_tokens": 32, "messages": user})
     answered = time.perf_counter()
     for thread in threads:
         thread.join()
