@@ -304,10 +304,10 @@ def _stage(name: str, model: str, raw, shared: dict, path: Path) -> StageSpec:
         raise DeployError(f"{path}: {where}.device: must be 'cpu' or 'cuda:N', got {device!r}")
     if match.group(2) is not None:
         spec.kind, spec.gpus = "KIND_GPU", (int(match.group(2)),)
-    for key, value in values.items():
-        low, high = RANGES[key] if allowed[key] == INT else (value, value)
-        if not low <= value <= high:
-            raise DeployError(f"{path}: {where}.{key}: must be >= {low} and <= {high}, got {value}")
+    for key in (key for key in values if allowed[key] == INT):
+        low, high = RANGES[key]
+        if not low <= values[key] <= high:
+            raise DeployError(f"{path}: {where}.{key}: must be >= {low} and <= {high}, got {values[key]}")
     spec.instances = values.pop("instances", 1)
     spec.max_batch = values.pop("max_batch", None)
     params = {k: v for k, v in shared.items() if k != "gpu_tensors" or name in ("thinker", "orchestrator")}

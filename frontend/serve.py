@@ -31,6 +31,7 @@ import threading
 import time
 from pathlib import Path
 
+from omni_backends.paths import QWEN3_OMNI_30B_RANDOM, QWEN3_OMNI_TINY, model_home   # no model code
 from omni_frontend import deploy
 from omni_frontend import pipelines as registry
 from omni_frontend.config import AdmissionLimits, RequestLimits
@@ -38,7 +39,7 @@ from omni_frontend.stopping import GRACEFUL_SHUTDOWN_S
 from omni_frontend.tritonserver import LaunchError, TritonServer
 
 ROOT = Path(__file__).resolve().parent.parent
-CHECKPOINT_PRESETS = ("qwen3_omni_tiny", "qwen3_omni_30b_a3b_random")   # python -m omni_backends.prepare NAME
+CHECKPOINT_PRESETS = (QWEN3_OMNI_TINY, QWEN3_OMNI_30B_RANDOM)   # python -m omni_backends.prepare NAME
 TTS_STAGE = "voice_tts"
 # Signals that stop the launcher cleanly: Ctrl-C, a supervisor's SIGTERM, and SIGHUP (its terminal closed: killed at
 # once by default, it cut the requests in flight without an answer and left the --tts-engine run copy behind).
@@ -392,12 +393,6 @@ def check_folders(args: argparse.Namespace, selected) -> None:
         usable_folder("--data-dir", args.data_dir)
     if not args.no_prepare and _preparable(_to_prepare(args, selected)):
         usable_folder("$OMNI_MODEL_HOME", model_home())
-
-
-def model_home() -> Path:
-    """Where checkpoints live: $OMNI_MODEL_HOME, else ~/.cache/omni-triton/models (as omni_backends.paths)."""
-    home = os.environ.get("OMNI_MODEL_HOME")
-    return Path(home).expanduser() if home else Path.home() / ".cache" / "omni-triton" / "models"
 
 
 def check_checkpoint(path: Path, deployment: deploy.Deployment) -> None:
