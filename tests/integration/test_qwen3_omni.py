@@ -634,8 +634,9 @@ def test_a_colocated_deploy_is_healthy_and_sleeps_its_one_model(tmp_path):
     name = f"test_colocated_health_{os.getpid()}"
     deploy_file, other = tmp_path / f"{name}.yaml", tmp_path / "other" / f"{name}.yaml"
     deploy_file.write_text("pipeline: qwen3_omni\nlayout: colocated\ncheckpoint: qwen3_omni_tiny\n"
-                           "stages: {thinker: {device: cpu}, talker: {device: cpu}, code2wav: {device: cpu}, "
-                           "orchestrator: {device: cpu}}\n")
+                           "stages: {thinker: {device: cpu, engine: static, max_running: 2, max_len: 256}, "
+                           "talker: {device: cpu, engine: static, max_running: 2, max_len: 512}, "
+                           "code2wav: {device: cpu}, orchestrator: {device: cpu}}\n")
     other.parent.mkdir()
     other.write_text("pipeline: qwen3_omni\nlayout: colocated\ncheckpoint: qwen3_omni_30b_a3b_random\n")
     rendered = deploy.ROOT / "var" / "deploy"
@@ -649,6 +650,19 @@ def test_a_colocated_deploy_is_healthy_and_sleeps_its_one_model(tmp_path):
         reply = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=120, json={
             "model": "qwen3_omni", "max_tokens": 4, "modalities": ["text"], "messages": [{"role": "user", "content": "Hi"}]})
         assert reply.status_code == 200, reply.text
+        # Sixteenth outside test: past the static talker's 2 slots a spoken chat was a 500 ("the talker holds its
+        # maximum of 2 requests"); it now waits for a slot: 4 at once (the frontend admits 4) all speak
+        spoken = {"model": "qwen3_omni", "max_tokens": 6, "min_tokens": 6, "talker_max_frames": 4, **_SPEAKS,
+                  "modalities": ["text", "audio"], "audio": {"voice": "ethan", "format": "wav"}}
+        with ThreadPoolExecutor(4) as pool:
+            replies = list(pool.map(lambda p: httpx.post(f"{server.base_url}/v1/chat/completions", timeout=300,
+                                                         json={**spoken, "messages": _messages(p)}), PROMPTS))
+        for spoken_reply in replies:
+            assert spoken_reply.status_code == 200, spoken_reply.text
+            body = spoken_reply.json()
+            wav, rate = soundfile.read(io.BytesIO(base64.b64decode(body["choices"][0]["message"]["audio"]["data"])))
+            assert rate == 24000 and len(wav) > 0 and np.abs(wav).max() > 0
+            assert body["usage"]["completion_tokens_details"]["audio_tokens"] == 4
         assert deploy.main([str(other)]) == 0   # renders var/deploy/<name>/: the 30B checkpoint, not for this CPU
         for action, state in (("sleep", "sleeping"), ("wake", "awake")):
             done = httpx.post(f"{server.base_url}/v1/admin/pipelines/qwen3_omni/{action}", timeout=240)
